@@ -243,6 +243,34 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// withDefaults fills the zero defaults of a valid Config: token_bucket Burst = Limit,
+// time_wheel Slots = DefaultSlots, calendar-day Window = 24h and Location = UTC,
+// concurrency Lease = DefaultLease.
+func (c Config) withDefaults() Config {
+	switch c.Algorithm {
+	case TokenBucket:
+		if c.Burst == 0 {
+			c.Burst = c.Limit
+		}
+	case TimeWheel:
+		if c.Slots == 0 {
+			c.Slots = DefaultSlots
+		}
+	case FixedWindow:
+		if c.CalendarDay {
+			c.Window = CalendarDayWindow
+			if c.Location == nil {
+				c.Location = time.UTC
+			}
+		}
+	case Concurrency:
+		if c.Lease == 0 {
+			c.Lease = DefaultLease
+		}
+	}
+	return c
+}
+
 // capacity is the bucket size in cost units of a TokenBucket (Burst, default Limit)
 // or a GCRA (Burst+1, see gcra.go); 0 for the others.
 func (c Config) capacity() uint64 {
@@ -324,8 +352,12 @@ type Limiter interface {
 	// no-op. It returns false for every other algorithm (next = copy of state).
 	Release(state, next []byte, now, acquiredAt int64, cost uint64) bool
 	// Idle reports whether state is equivalent to a fresh key at now and at every later
-	// time (so a table may reuse its entry).
+	// time if nothing else is committed (so a table may reuse its entry).
 	Idle(state []byte, now int64) bool
+	// IdleAt returns the earliest time (Unix nanoseconds, >= now) from which state is
+	// equivalent to a fresh key if nothing else is committed; now if it already is.
+	// Tables store it beside the state so finding a reusable entry needs no decoding.
+	IdleAt(state []byte, now int64) int64
 }
 
 // New validates c and returns its Limiter, or the *ConfigError of Validate.
@@ -333,6 +365,7 @@ func New(c Config) (Limiter, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	c = c.withDefaults()
 	switch c.Algorithm {
 	case TokenBucket, GCRA:
 		return newTAT(c), nil

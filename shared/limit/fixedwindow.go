@@ -1,0 +1,154 @@
+package limit
+
+import "time"
+
+// fixed_window: at most Limit cost units per window, counted from zero at each window
+// start. Windows are [k·Window, (k+1)·Window) Unix nanoseconds (aligned to the Unix
+// epoch, so every worker and every Envoy agrees), or, with CalendarDay, local calendar
+// days in Location: a window ends at the next local midnight, computed with time.Date
+// in the location, so DST days are 23 or 25 hours long (where midnight itself is
+// skipped, the day ends at the first instant of the next local date).
+//
+// The well-known weakness, kept on purpose because it is what users of fixed windows
+// expect: the bound holds per window only, so up to 2·Limit units can pass in a short
+// time straddling a window boundary (Limit at the end of one window, Limit at the start
+// of the next). time_wheel, sliding_log and gcra do not have it.
+//
+// Decision.Limit = Limit; Remaining = Limit minus the units counted in the window;
+// Reset = time until the window ends; RetryAfter = Reset when denied (the next window
+// starts empty), Never if cost > Limit.
+//
+// Adjust(delta) changes the count of the window containing now (saturating at 0 and
+// 2^64-1): a correction that arrives after the window ended charges or refunds the new
+// window, so a refund can let through at most its own size more in that window.
+//
+// State layout (16 bytes, little-endian):
+//
+//	[0:8]  end    int64   Unix ns at which the counted window ends, exclusive (0 = fresh)
+//	[8:16] count  uint64  cost units admitted in that window
+//
+// A state whose end is at or before now belongs to a past window and reads as an empty
+// window. An end later than now by more than two windows (50 hours for calendar days)
+// cannot have been written by this limiter and reads as fresh; an end up to that far
+// ahead (another worker's clock ran ahead across a boundary) is trusted, so the request
+// counts in that later window.
+type fixedWindow struct {
+	base
+	limit  uint64
+	window int64
+	loc    *time.Location // nil unless CalendarDay
+	trust  int64          // how far ahead of now a stored end is believed
+}
+
+const fixedWindowSize = 16
+
+func newFixedWindow(c Config) *fixedWindow {
+	f := &fixedWindow{base: newBase(c), limit: c.Limit, window: int64(c.Window), trust: 2 * int64(c.Window)}
+	if c.CalendarDay {
+		f.loc = c.Location
+		f.trust = int64(50 * time.Hour)
+	}
+	return f
+}
+
+// StateSize is 16 bytes.
+func (f *fixedWindow) StateSize() int { return fixedWindowSize }
+
+// windowEnd returns the exclusive end of the window containing now (now >= 0).
+func (f *fixedWindow) windowEnd(now int64) int64 {
+	if f.loc == nil {
+		return addSat(now-now%f.window, uint64(f.window))
+	}
+	y, m, d := time.Unix(0, now).In(f.loc).Date()
+	end := time.Date(y, m, d+1, 0, 0, 0, 0, f.loc).UnixNano()
+	if end <= now {
+		// Local midnight of the next day does not exist (a DST jump at midnight) and
+		// time.Date chose the earlier offset: the next date starts one hour later.
+		end = time.Date(y, m, d+1, 1, 0, 0, 0, f.loc).UnixNano()
+	}
+	if end <= now { // unreachable with real zone data; never return an empty window
+		end = addSat(now, uint64(CalendarDayWindow))
+	}
+	return end
+}
+
+// current decodes state at now: the end of the window counted in and its count.
+func (f *fixedWindow) current(state []byte, now int64) (end int64, count uint64) {
+	if len(state) == fixedWindowSize {
+		end, count = int64(ld64(state, 0)), ld64(state, 8)
+		if end > now && end-now <= f.trust {
+			return end, count
+		}
+	}
+	return f.windowEnd(now), 0
+}
+
+// Decide admits cost units iff the window's count plus cost is at most Limit.
+func (f *fixedWindow) Decide(state, next []byte, now int64, cost uint64) Decision {
+	now = clampNow(now)
+	end, count := f.current(state, now)
+	d := Decision{Limit: f.limit, Reset: time.Duration(end - now)}
+	switch {
+	case cost > f.limit:
+		d.RetryAfter = Never
+	case count <= f.limit-cost:
+		count += cost
+		d.Allowed = true
+	default:
+		d.RetryAfter = d.Reset
+	}
+	if count < f.limit {
+		d.Remaining = f.limit - count
+	}
+	st64(next, 0, uint64(end))
+	st64(next, 8, count)
+	return d
+}
+
+// Adjust adds delta to the count of the window at now; see the type comment.
+func (f *fixedWindow) Adjust(state, next []byte, now int64, delta int64) bool {
+	now = clampNow(now)
+	end, count := f.current(state, now)
+	if delta >= 0 {
+		if c := count + uint64(delta); c >= count {
+			count = c
+		} else {
+			count = 1<<64 - 1
+		}
+	} else {
+		count -= min(count, uint64(-(delta+1))+1)
+	}
+	st64(next, 0, uint64(end))
+	st64(next, 8, count)
+	return true
+}
+
+// Release is not supported: it copies state to next and returns false.
+func (f *fixedWindow) Release(state, next []byte, now, acquiredAt int64, cost uint64) bool {
+	copyState(state, next, fixedWindowSize)
+	return false
+}
+
+// live reports whether state counts units in a window that has not ended at now.
+func (f *fixedWindow) live(state []byte, now int64) (end int64, ok bool) {
+	if len(state) != fixedWindowSize {
+		return 0, false
+	}
+	end = int64(ld64(state, 0))
+	return end, ld64(state, 8) != 0 && end > now && end-now <= f.trust
+}
+
+// Idle reports whether the window at now has counted nothing.
+func (f *fixedWindow) Idle(state []byte, now int64) bool {
+	_, ok := f.live(state, clampNow(now))
+	return !ok
+}
+
+// IdleAt returns the end of the counted window (now if nothing is counted).
+func (f *fixedWindow) IdleAt(state []byte, now int64) int64 {
+	now = clampNow(now)
+	if end, ok := f.live(state, now); ok {
+		return end
+	}
+	return now
+}

@@ -1,0 +1,174 @@
+package limit
+
+// token_bucket and gcra.
+//
+// Both are one algorithm, kept exact by tracking a theoretical arrival time (TAT) in
+// rational nanoseconds: with rate Limit per Window, each cost unit advances the TAT by
+// Window/Limit ns. The "debt" D = max(0, TAT-now), measured in ticks of 1/Limit ns, is
+// what the bucket lacks from full: a unit costs Window ticks, refill is Limit ticks per
+// ns, and a request of cost c is admitted iff D + c·Window <= capacity·Window. All of it
+// is 128-bit integer arithmetic: no float drift, no rounding of Window/Limit.
+//
+// token_bucket: a bucket of capacity Burst (default Limit) cost units, full for a fresh
+// key, refilled continuously at Limit units per Window; a request of cost c takes c
+// tokens if at least c are present, else it is denied and takes nothing. Over any time
+// interval of length t it admits at most Burst + Limit·t/Window units. This follows
+// Envoy's local_ratelimit token_bucket {max_tokens = Burst, tokens_per_fill = Limit,
+// fill_interval = Window}
+// (https://www.envoyproxy.io/docs/envoy/latest/api-v3/type/v3/token_bucket.proto), with
+// one deliberate difference: Envoy's classic bucket adds tokens_per_fill in discrete
+// fills at every fill_interval, while this bucket refills continuously (Envoy's
+// AtomicTokenBucket, and x/time/rate, do the same). Discrete fills admit a burst of
+// max_tokens + tokens_per_fill right across a fill and make the schedule depend on when
+// the first fill timer started, which differs between workers; continuous refill has
+// the tighter bound above and needs no timer.
+//
+// gcra: the Generic Cell Rate Algorithm (ATM Forum TM 4.0 "virtual scheduling", the
+// leaky bucket as a meter) with emission interval T = Window/Limit and burst tolerance
+// τ = Burst·T, with nginx limit_req nodelay semantics
+// (https://nginx.org/en/docs/http/ngx_http_limit_req_module.html): requests beyond the
+// burst are rejected, never delayed (a filter has no queue). A request is admitted iff
+// TAT - now <= τ, then TAT = max(TAT, now) + cost·T. So a fresh key admits Burst+1
+// requests at once and then one per T: nginx's "burst=5" admits 6 at once, exactly as
+// its excess counter does (excess 0 for the first, 1..5 for the burst, 6 > burst
+// rejected). That is a token bucket of capacity Burst+1, which is how it is computed;
+// over any interval of length t gcra admits at most Burst+1 + Limit·t/Window units.
+// nginx counts in milliseconds; this counts in exact rational nanoseconds.
+//
+// Both report Decision.Limit = capacity (Burst for token_bucket, Burst+1 for gcra),
+// Remaining = whole units left in the bucket, Reset = time until the bucket is full,
+// RetryAfter = time until cost units are available.
+//
+// Adjust(delta): delta > 0 takes delta more units (the bucket may go into debt, at most
+// one capacity below empty: further charges are dropped); delta < 0 puts |delta| units
+// back (never above capacity).
+//
+// State layout (16 bytes, little-endian):
+//
+//	[0:8]  tat   int64   theoretical arrival time, integer Unix nanoseconds (0 = fresh)
+//	[8:16] frac  uint64  fractional part of tat in units of 1/Limit ns, < Limit
+//
+// A state with frac >= Limit, or a tat beyond now + 2·capacity·Window/Limit (more than
+// the deepest debt), cannot have been written by this limiter and reads as fresh.
+type tat struct {
+	base
+	limit    uint64 // L, ticks per ns
+	window   uint64 // W, ticks per cost unit
+	capacity uint64 // C, cost units
+	capHi    uint64 // C·W (ticks), 128-bit
+	capLo    uint64
+	maxHi    uint64 // 2·C·W, the deepest debt
+	maxLo    uint64
+}
+
+const tatSize = 16
+
+func newTAT(c Config) *tat {
+	t := &tat{base: newBase(c), limit: c.Limit, window: uint64(c.Window), capacity: c.capacity()}
+	t.capHi, t.capLo = mul64(t.capacity, t.window)
+	t.maxHi, t.maxLo = add128(t.capHi, t.capLo, t.capHi, t.capLo)
+	return t
+}
+
+// StateSize is 16 bytes.
+func (t *tat) StateSize() int { return tatSize }
+
+// debt decodes state at now into D = max(0, tat-now)·L + frac ticks (128-bit).
+func (t *tat) debt(state []byte, now int64) (hi, lo uint64) {
+	if len(state) != tatSize {
+		return 0, 0
+	}
+	at := int64(ld64(state, 0))
+	frac := ld64(state, 8)
+	if frac >= t.limit || at < now || (at == now && frac == 0) {
+		return 0, 0
+	}
+	hi, lo = mul64(uint64(at-now), t.limit)
+	hi, lo = add128(hi, lo, 0, frac)
+	if cmp128(hi, lo, t.maxHi, t.maxLo) > 0 {
+		return 0, 0 // implausible: reads as fresh
+	}
+	return hi, lo
+}
+
+// encode writes the state whose debt at now is D ticks.
+func (t *tat) encode(next []byte, now int64, hi, lo uint64) {
+	if hi == 0 && lo == 0 {
+		st64(next, 0, 0)
+		st64(next, 8, 0)
+		return
+	}
+	q, r := div128(hi, lo, t.limit)
+	st64(next, 0, uint64(addSat(now, q)))
+	st64(next, 8, r)
+}
+
+// report fills Remaining and Reset for debt D at now.
+func (t *tat) report(d *Decision, hi, lo uint64) {
+	d.Limit = t.capacity
+	rhi, rlo := sub128(t.capHi, t.capLo, hi, lo)
+	d.Remaining, _ = div128(rhi, rlo, t.window)
+	d.Reset = dur(ceilDiv128(hi, lo, t.limit))
+}
+
+// Decide admits cost units iff they are in the bucket now; see the type comment.
+func (t *tat) Decide(state, next []byte, now int64, cost uint64) Decision {
+	now = clampNow(now)
+	hi, lo := t.debt(state, now)
+	var d Decision
+	if cost <= t.capacity {
+		chi, clo := mul64(cost, t.window)
+		nhi, nlo := add128(hi, lo, chi, clo)
+		if cmp128(nhi, nlo, t.capHi, t.capLo) <= 0 {
+			t.encode(next, now, nhi, nlo)
+			d.Allowed = true
+			t.report(&d, nhi, nlo)
+			return d
+		}
+		// Wait until D - wait·L <= (C-cost)·W, i.e. wait = ceil((D + cost·W - C·W)/L).
+		ehi, elo := sub128(nhi, nlo, t.capHi, t.capLo)
+		d.RetryAfter = dur(ceilDiv128(ehi, elo, t.limit))
+	} else {
+		d.RetryAfter = Never
+	}
+	t.encode(next, now, hi, lo)
+	t.report(&d, hi, lo)
+	return d
+}
+
+// Adjust charges (delta > 0) or refunds (delta < 0) delta units; see the type comment.
+func (t *tat) Adjust(state, next []byte, now int64, delta int64) bool {
+	now = clampNow(now)
+	hi, lo := t.debt(state, now)
+	if delta >= 0 {
+		chi, clo := mul64(uint64(delta), t.window)
+		hi, lo = add128(hi, lo, chi, clo)
+		if chi > t.maxHi || cmp128(hi, lo, t.maxHi, t.maxLo) > 0 {
+			hi, lo = t.maxHi, t.maxLo
+		}
+	} else {
+		chi, clo := mul64(uint64(-(delta+1))+1, t.window)
+		hi, lo = sub128(hi, lo, chi, clo)
+	}
+	t.encode(next, now, hi, lo)
+	return true
+}
+
+// Release is not supported: it copies state to next and returns false.
+func (t *tat) Release(state, next []byte, now, acquiredAt int64, cost uint64) bool {
+	copyState(state, next, tatSize)
+	return false
+}
+
+// Idle reports whether the bucket is full at now.
+func (t *tat) Idle(state []byte, now int64) bool {
+	hi, lo := t.debt(state, clampNow(now))
+	return hi == 0 && lo == 0
+}
+
+// IdleAt returns when the bucket is full again: now + ceil(D/L).
+func (t *tat) IdleAt(state []byte, now int64) int64 {
+	now = clampNow(now)
+	hi, lo := t.debt(state, now)
+	return addSat(now, ceilDiv128(hi, lo, t.limit))
+}

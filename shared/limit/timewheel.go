@@ -1,0 +1,209 @@
+package limit
+
+// time_wheel: a sliding window of Window split into Slots equal slots, kept as a ring of
+// per-slot counters (the time-wheel design: rotate by the slots elapsed, zero the slots
+// that fall out, count in the current slot).
+//
+// Slot k covers [ceil(k·Window/Slots), ceil((k+1)·Window/Slots)) Unix nanoseconds, so
+// slot boundaries are exact even when Window/Slots is not a whole number of ns; slot
+// index of now is floor(now·Slots/Window) (128-bit). A request of cost c at now, in
+// slot i, is admitted iff the units counted in slots i-Slots+1 .. i, plus c, are at most
+// Limit; it is then counted in slot i.
+//
+// Exact bound: in any Slots consecutive slots at most Limit units are admitted, hence
+// in any time interval of length Window·(Slots-1)/Slots at most Limit; an arbitrary
+// interval of length Window overlaps Slots+1 slots and may see up to Limit plus what
+// was admitted in the oldest, partially overlapped slot (the granularity cost of the
+// wheel; more slots, less slack). With Slots = 1 this is a fixed window aligned to the
+// Unix epoch.
+//
+// Decision.Limit = Limit; Remaining = Limit minus the units in the current window;
+// Reset = time until the newest counted slot leaves the window; RetryAfter = time until
+// enough old slots leave for cost units to fit.
+//
+// Adjust(delta): delta > 0 counts delta more units in the current slot (saturating a
+// slot at 2^32-1); delta < 0 removes |delta| units from the newest slots backwards,
+// never below zero (a refund is applied to the window at now, not to the slot where the
+// request was counted, which may have left the window already).
+//
+// State layout (8 + 4·Slots bytes, little-endian):
+//
+//	[0:8]          head    uint64  slot index of the newest slot written (0 = fresh)
+//	[8+4j:12+4j]   count   uint32  units counted in the slot k with k mod Slots = j,
+//	                               for the Slots slots k in (head-Slots, head]
+//
+// A head more than one window ahead of now cannot be current state and reads as fresh;
+// a head less than one window ahead (another worker's clock ran slightly ahead) is
+// used as is and the request is counted in slot head.
+type timeWheel struct {
+	base
+	limit  uint64
+	window uint64
+	slots  uint64
+	size   int
+}
+
+func newTimeWheel(c Config) *timeWheel {
+	return &timeWheel{base: newBase(c), limit: c.Limit, window: uint64(c.Window),
+		slots: uint64(c.Slots), size: 8 + 4*int(c.Slots)}
+}
+
+// StateSize is 8 + 4·Slots bytes.
+func (w *timeWheel) StateSize() int { return w.size }
+
+// index returns the slot of now (now >= 0).
+func (w *timeWheel) index(now int64) uint64 {
+	hi, lo := mul64(uint64(now), w.slots)
+	q, _ := div128(hi, lo, w.window)
+	return q
+}
+
+// start returns the first nanosecond of slot k, saturated at MaxInt64.
+func (w *timeWheel) start(k uint64) int64 {
+	hi, lo := mul64(k, w.window)
+	q := ceilDiv128(hi, lo, w.slots)
+	if q > 1<<63-1 {
+		return 1<<63 - 1
+	}
+	return int64(q)
+}
+
+func (w *timeWheel) count(s []byte, k uint64) uint64 {
+	return uint64(ld32(s, 8+4*int(k%w.slots)))
+}
+
+// rotate writes into next the state moved to now's slot and returns that slot and
+// the units counted in the window ending with it.
+func (w *timeWheel) rotate(state, next []byte, now int64) (i, total uint64) {
+	i = w.index(now)
+	if !loadState(state, next, w.size) {
+		st64(next, 0, i)
+		return i, 0
+	}
+	head := ld64(next, 0)
+	switch {
+	case head > i && head-i < w.slots:
+		i = head
+	case head > i, i-head >= w.slots:
+		clear(next[8:w.size])
+	default:
+		for k := head + 1; k <= i; k++ {
+			st32(next, 8+4*int(k%w.slots), 0)
+		}
+	}
+	st64(next, 0, i)
+	for j := 8; j < w.size; j += 4 {
+		total += uint64(ld32(next, j))
+	}
+	return i, total
+}
+
+// reset returns the time from now until the newest non-empty slot of s (rotated to
+// slot i) leaves the window; 0 if all are empty.
+func (w *timeWheel) reset(s []byte, i uint64, now int64) int64 {
+	for m := uint64(0); m < w.slots && m <= i; m++ {
+		if w.count(s, i-m) != 0 {
+			return max(0, w.start(i-m+w.slots)-now)
+		}
+	}
+	return 0
+}
+
+// Decide admits cost units iff they fit in the window of slot i; see the type comment.
+func (w *timeWheel) Decide(state, next []byte, now int64, cost uint64) Decision {
+	now = clampNow(now)
+	i, total := w.rotate(state, next, now)
+	d := Decision{Limit: w.limit}
+	if cost <= w.limit && total+cost <= w.limit {
+		off := 8 + 4*int(i%w.slots)
+		st32(next, off, ld32(next, off)+uint32(cost))
+		total += cost
+		d.Allowed = true
+	} else if cost > w.limit {
+		d.RetryAfter = Never
+	} else {
+		// Drop the oldest slots one by one until cost fits.
+		left := total
+		for m := uint64(1); m <= w.slots; m++ {
+			left -= w.count(next, i+m) // slot i-Slots+m shares the position of i+m
+			if left+cost <= w.limit {
+				d.RetryAfter = dur(uint64(max(0, w.start(i+m)-now)))
+				break
+			}
+		}
+	}
+	if total < w.limit {
+		d.Remaining = w.limit - total
+	}
+	d.Reset = dur(uint64(w.reset(next, i, now)))
+	return d
+}
+
+// Adjust counts delta more units (or removes -delta); see the type comment.
+func (w *timeWheel) Adjust(state, next []byte, now int64, delta int64) bool {
+	now = clampNow(now)
+	i, _ := w.rotate(state, next, now)
+	if delta >= 0 {
+		off := 8 + 4*int(i%w.slots)
+		c := uint64(ld32(next, off)) + uint64(delta)
+		if c > 1<<32-1 || c < uint64(delta) {
+			c = 1<<32 - 1
+		}
+		st32(next, off, uint32(c))
+		return true
+	}
+	refund := uint64(-(delta + 1)) + 1
+	for m := uint64(0); m < w.slots && refund > 0; m++ {
+		off := 8 + 4*int((i-m)%w.slots)
+		c := uint64(ld32(next, off))
+		take := min(c, refund)
+		st32(next, off, uint32(c-take))
+		refund -= take
+	}
+	return true
+}
+
+// Release is not supported: it copies state to next and returns false.
+func (w *timeWheel) Release(state, next []byte, now, acquiredAt int64, cost uint64) bool {
+	copyState(state, next, w.size)
+	return false
+}
+
+// newest returns the newest non-empty slot of state as seen at now, and false if the
+// window at now is empty (or state reads as fresh).
+func (w *timeWheel) newest(state []byte, now int64) (uint64, bool) {
+	if len(state) != w.size {
+		return 0, false
+	}
+	i := w.index(now)
+	head := ld64(state, 0)
+	if head > i && head-i >= w.slots {
+		return 0, false
+	}
+	for m := uint64(0); m < w.slots && m <= head; m++ {
+		k := head - m
+		if k+w.slots <= i {
+			break // left the window
+		}
+		if w.count(state, k) != 0 {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// Idle reports whether no unit is counted in the window at now.
+func (w *timeWheel) Idle(state []byte, now int64) bool {
+	_, ok := w.newest(state, clampNow(now))
+	return !ok
+}
+
+// IdleAt returns when the newest counted slot leaves the window (now if none).
+func (w *timeWheel) IdleAt(state []byte, now int64) int64 {
+	now = clampNow(now)
+	k, ok := w.newest(state, now)
+	if !ok {
+		return now
+	}
+	return max(now, w.start(k+w.slots))
+}
