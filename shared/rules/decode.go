@@ -1,0 +1,335 @@
+package rules
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
+)
+
+// ParsePolicy decodes a policy document strictly (RFC 8259 JSON, valid UTF-8, at
+// most MaxPolicyBytes bytes, no duplicate keys, no unknown fields, no trailing data;
+// null is accepted for any member and means "absent") and validates it as
+// [Policy.Validate] does. On any problem it returns a nil policy and an Errors listing
+// every problem found, each with its JSON path; malformed JSON is reported at the
+// path where it broke ("" for the top level), and decoding stops there.
+func ParsePolicy(doc []byte) (*Policy, error) {
+	d := strictjson.NewDecoder(doc, strictjson.Limits{MaxBytes: MaxPolicyBytes, MaxDepth: MaxDepth})
+	p := new(Policy)
+	_ = d.Object(func(key string) error { return decodePolicyMember(d, p, key) })
+	_ = d.End()
+	errs := finish(d, "", func(v *validator) { v.policy(p) })
+	if errs != nil {
+		return nil, errs
+	}
+	return p, nil
+}
+
+// ParseRule decodes and validates one rule object, as sent to the control plane's
+// rule endpoints, with at most MaxRuleBytes bytes. field is the JSON path the rule
+// will have, prefixed to every error path: "" gives "id", "rules[3]" gives
+// "rules[3].id". It validates what the rule alone can show ([Rule.Validate]);
+// duplicate ids and identity headers are checked by [Policy.Validate] on the policy
+// the rule goes into.
+func ParseRule(doc []byte, field string) (*Rule, error) {
+	d := strictjson.NewDecoder(doc, strictjson.Limits{MaxBytes: MaxRuleBytes, MaxDepth: MaxDepth})
+	r := new(Rule)
+	_ = d.Object(func(key string) error { return decodeRuleMember(d, r, key) })
+	_ = d.End()
+	errs := finish(d, field, func(v *validator) { v.rule(r, field, nil) })
+	if errs != nil {
+		return nil, errs
+	}
+	return r, nil
+}
+
+// finish turns the decoder's errors into Errors (paths prefixed by field) and, if the
+// document was well-formed, adds the validation errors, except those about a value
+// that already failed to decode.
+func finish(d *strictjson.Decoder, field string, validate func(*validator)) Errors {
+	var errs Errors
+	syntax := false
+	for _, e := range d.Errors() {
+		errs = append(errs, FieldError{Field: join(field, e.Path), Message: e.Message})
+		syntax = syntax || e.Syntax
+	}
+	if syntax {
+		return errs
+	}
+	var v validator
+	validate(&v)
+	for _, ve := range v.errs {
+		if !covered(errs, ve.Field) {
+			errs = append(errs, ve)
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs
+}
+
+// covered reports whether field is, or is inside, a field that already has an error.
+func covered(errs Errors, field string) bool {
+	for _, e := range errs {
+		if field == e.Field || e.Field == "" {
+			return true
+		}
+		if strings.HasPrefix(field, e.Field) && len(field) > len(e.Field) {
+			if c := field[len(e.Field)]; c == '.' || c == '[' {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func decodePolicyMember(d *strictjson.Decoder, p *Policy, key string) error {
+	switch key {
+	case "policy":
+		p.Name = str(d)
+	case "version":
+		p.Version, _ = u64(d)
+	case "identity":
+		if d.Null() {
+			return nil
+		}
+		return softly(d.Object(func(key string) error {
+			switch key {
+			case "user_header":
+				p.Identity.UserHeader = str(d)
+			case "tenant_header":
+				p.Identity.TenantHeader = str(d)
+			}
+			return nil
+		}))
+	case "exempt":
+		return decodeExempt(d, &p.Exempt)
+	case "rules":
+		if d.Null() {
+			return nil
+		}
+		var rules []Rule
+		err := d.Array(func(int) error {
+			rules = append(rules, Rule{})
+			r := &rules[len(rules)-1]
+			return softly(d.Object(func(key string) error { return decodeRuleMember(d, r, key) }))
+		})
+		if len(rules) > 0 {
+			p.Rules = rules
+		}
+		return softly(err)
+	}
+	return nil
+}
+
+// softly passes on a decoding error only if it stops decoding; value errors are
+// already recorded by the decoder, and the caller goes on to find more.
+func softly(err error) error {
+	if e, ok := err.(*strictjson.Error); ok && !e.Syntax {
+		return nil
+	}
+	return err
+}
+
+func decodeExempt(d *strictjson.Decoder, e *Exempt) error {
+	if d.Null() {
+		return nil
+	}
+	return softly(d.Object(func(key string) error {
+		switch key {
+		case "cidrs":
+			e.CIDRs = strList(d)
+		case "users":
+			e.Users = strList(d)
+		case "tenants":
+			e.Tenants = strList(d)
+		}
+		return nil
+	}))
+}
+
+func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
+	switch key {
+	case "id":
+		r.ID = str(d)
+	case "description":
+		r.Description = str(d)
+	case "match":
+		if d.Null() {
+			return nil
+		}
+		return softly(d.Object(func(key string) error { return decodeMatchMember(d, &r.Match, key) }))
+	case "key":
+		r.Key = strList(d)
+	case "algorithm":
+		r.Algorithm = str(d)
+	case "limit":
+		r.Limit, _ = u64(d)
+	case "window":
+		r.Window, _ = dur(d)
+	case "burst":
+		r.Burst, _ = u64(d)
+	case "slots":
+		if v, err := u64(d); err == nil {
+			if v > uint64(limit.MaxSlots) {
+				d.Fail("must be <= " + strconv.Itoa(int(limit.MaxSlots)) + ", got " + strconv.FormatUint(v, 10))
+			} else {
+				r.Slots = uint32(v)
+			}
+		}
+	case "align":
+		r.Align = str(d)
+	case "timezone":
+		r.Timezone = str(d)
+	case "lease":
+		r.Lease, _ = dur(d)
+	case "cost":
+		if v, err := u64(d); err == nil {
+			if v == 0 {
+				d.Fail("must be >= 1 (omit it for the default of 1)")
+			}
+			r.Cost = v
+		}
+	case "cost_header":
+		r.CostHeader = str(d)
+	case "max_cost":
+		r.MaxCost, _ = u64(d)
+	case "response_cost_header":
+		r.ResponseCostHeader = str(d)
+	case "shadow":
+		r.Shadow, _ = boolean(d)
+	case "status":
+		if v, err := u64(d); err == nil {
+			if v < MinStatus || v > MaxStatus {
+				d.Fail("must be between 400 and 599")
+			} else {
+				r.Status = int(v)
+			}
+		}
+	case "exempt":
+		return decodeExempt(d, &r.Exempt)
+	}
+	return nil
+}
+
+func decodeMatchMember(d *strictjson.Decoder, m *Match, key string) error {
+	switch key {
+	case "path_prefix":
+		m.PathPrefix = str(d)
+		if m.PathPrefix == "" {
+			d.Fail("must not be empty (omit it to match every path)")
+		}
+	case "path":
+		m.Path = str(d)
+		if m.Path == "" {
+			d.Fail("must not be empty (omit it to match every path)")
+		}
+	case "methods":
+		m.Methods = strList(d)
+	case "headers":
+		if d.Null() {
+			return nil
+		}
+		var hs []HeaderMatch
+		err := d.Array(func(int) error {
+			hs = append(hs, HeaderMatch{})
+			h := &hs[len(hs)-1]
+			return softly(d.Object(func(key string) error {
+				switch key {
+				case "name":
+					h.Name = str(d)
+				case "exact":
+					h.Exact = str(d)
+					if h.Exact == "" {
+						d.Fail("must not be empty (use present: true)")
+					}
+				case "prefix":
+					h.Prefix = str(d)
+					if h.Prefix == "" {
+						d.Fail("must not be empty (use present: true)")
+					}
+				case "present":
+					h.Present = boolTrue(d, "must be true when given (use absent: true to match requests without the header)")
+				case "absent":
+					h.Absent = boolTrue(d, "must be true when given (use present: true to match requests with the header)")
+				}
+				return nil
+			}))
+		})
+		if len(hs) > 0 {
+			m.Headers = hs
+		}
+		return softly(err)
+	}
+	return nil
+}
+
+func boolTrue(d *strictjson.Decoder, msg string) bool {
+	if d.Null() {
+		return false
+	}
+	v, err := d.Bool()
+	if err == nil && !v {
+		d.Fail(msg)
+	}
+	return v
+}
+
+// The readers below treat null as absent (the zero value). A value error is recorded
+// by the decoder and yields the zero value too.
+
+func str(d *strictjson.Decoder) string {
+	if d.Null() {
+		return ""
+	}
+	s, _ := d.String()
+	return s
+}
+
+func u64(d *strictjson.Decoder) (uint64, error) {
+	if d.Null() {
+		return 0, errNull
+	}
+	return d.Uint64()
+}
+
+func dur(d *strictjson.Decoder) (time.Duration, error) {
+	if d.Null() {
+		return 0, errNull
+	}
+	return d.Duration()
+}
+
+func boolean(d *strictjson.Decoder) (bool, error) {
+	if d.Null() {
+		return false, errNull
+	}
+	return d.Bool()
+}
+
+// errNull tells a caller of u64, dur or boolean that the value was null (absent).
+var errNull = &strictjson.Error{Message: "null"}
+
+// strList reads an array of strings; nil for null or an empty array.
+func strList(d *strictjson.Decoder) []string {
+	if d.Null() {
+		return nil
+	}
+	var out []string
+	_ = d.Array(func(int) error {
+		s, err := d.String()
+		if err == nil {
+			out = append(out, s)
+		} else {
+			out = append(out, "")
+		}
+		return nil
+	})
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}

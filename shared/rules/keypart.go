@@ -1,0 +1,74 @@
+package rules
+
+import "strings"
+
+// partKind is one source of a key value.
+type partKind uint8
+
+const (
+	partClientIP partKind = iota + 1
+	partUser
+	partTenant
+	partRoute
+	partMethod
+	partPath
+	partHeader
+)
+
+// keyAlt is one alternative of a key part.
+type keyAlt struct {
+	kind   partKind
+	header string // partHeader: the header name
+	tag    string // the tag written before the value in the counter key, escaped
+}
+
+const keyPartRule = "want client_ip, user, tenant, route, method, path or header:<name>, or alternatives joined by '|'"
+
+// parseKeyPart parses one element of Rule.Key; msg is "" on success.
+func parseKeyPart(s string) (alts []keyAlt, msg string) {
+	if s == "" {
+		return nil, "empty key part; " + keyPartRule
+	}
+	n := strings.Count(s, "|") + 1
+	if n > MaxKeyAlternatives {
+		return nil, "at most " + itoa(MaxKeyAlternatives) + " alternatives"
+	}
+	alts = make([]keyAlt, 0, n)
+	for _, one := range strings.Split(s, "|") {
+		a, ok := parseKeyAlt(one)
+		if !ok {
+			if len(one) > 64 {
+				one = one[:64] + "..."
+			}
+			return nil, "unknown key part " + q(one) + "; " + keyPartRule
+		}
+		for _, b := range alts {
+			if b == a {
+				return nil, "duplicate alternative " + q(one)
+			}
+		}
+		alts = append(alts, a)
+	}
+	return alts, ""
+}
+
+func parseKeyAlt(s string) (keyAlt, bool) {
+	switch s {
+	case "client_ip":
+		return keyAlt{kind: partClientIP, tag: "ip"}, true
+	case "user":
+		return keyAlt{kind: partUser, tag: "user"}, true
+	case "tenant":
+		return keyAlt{kind: partTenant, tag: "tenant"}, true
+	case "route":
+		return keyAlt{kind: partRoute, tag: "route"}, true
+	case "method":
+		return keyAlt{kind: partMethod, tag: "method"}, true
+	case "path":
+		return keyAlt{kind: partPath, tag: "path"}, true
+	}
+	if name, ok := strings.CutPrefix(s, "header:"); ok && ValidHeaderName(name) {
+		return keyAlt{kind: partHeader, header: name, tag: string(appendEscaped([]byte("h."), name))}, true
+	}
+	return keyAlt{}, false
+}
