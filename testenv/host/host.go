@@ -1,0 +1,295 @@
+package host
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+)
+
+// Config describes one Envoy Wasm HTTP filter configuration: the module,
+// its vm_config and plugin config, and the Envoy around it.
+type Config struct {
+	// Wasm is the module's binary (required).
+	Wasm []byte
+	// VMID is vm_config.vm_id: the shared-data and shared-queue namespace
+	// (PROXYWASM-ENVOY.md §2) and the plugin_vm_id property.
+	VMID string
+	// PluginName is PluginConfig.name, the plugin_name property.
+	PluginName string
+	// RootID is PluginConfig.root_id, the plugin_root_id property.
+	RootID string
+	// VMConfig is vm_config.configuration, buffer 6, readable only during
+	// proxy_on_vm_start.
+	VMConfig []byte
+	// PluginConfig is PluginConfig.configuration, buffer 7, readable only
+	// during proxy_on_configure.
+	PluginConfig []byte
+	// Env is vm_config.environment_variables, served by WASI environ_get
+	// as "KEY=value" entries (sorted by key).
+	Env map[string]string
+	// Workers is the number of worker VMs (Envoy --concurrency); 0 means 1.
+	Workers int
+	// Clock drives the WASI wall clock, proxy_get_current_time_nanoseconds
+	// and ticks; nil means SystemClock.
+	Clock Clock
+	// Clusters maps Envoy cluster names, the first argument of
+	// proxy_http_call, to "host:port" addresses reached with plain HTTP.
+	Clusters map[string]string
+	// Profile selects Envoy's WASI behaviour; the zero value means
+	// EnvoyPrePR533.
+	Profile Profile
+	// Logger receives every guest log line, with attributes worker,
+	// context_id and source ("proxy_log", "stdout", "stderr"); nil
+	// discards them (they are still returned in Response.Logs and by
+	// Host.Logs).
+	Logger *slog.Logger
+	// LogLevel is the level proxy_get_log_level reports; proxy_log calls
+	// below it are dropped, as Envoy's logger drops them. The zero value
+	// is LogTrace (everything).
+	LogLevel LogLevel
+	// NoCanary skips Envoy's short-lived canary VM (CPPHOST
+	// WasmHandleBase::canary), saving one instantiation.
+	NoCanary bool
+	// Trace records every callback into the guest and every hostcall out
+	// of it; see Worker.Trace and Response.Trace.
+	Trace bool
+	// HTTPClient performs proxy_http_call requests; nil means a client of
+	// its own (no timeout beyond the call's).
+	HTTPClient *http.Client
+}
+
+// Host is a set of worker VMs of one module, as Envoy runs one Wasm HTTP
+// filter configuration: a canary VM that runs the configuration and is
+// discarded, then Config.Workers VMs that share shared data, queues and
+// metrics. Each VM has its own goroutine (event loop); every call into a
+// VM runs there, so a Host is safe for concurrent use.
+type Host struct {
+	cfg      Config
+	profile  Profile
+	clock    Clock
+	logger   *slog.Logger
+	rt       wazero.Runtime
+	compiled wazero.CompiledModule
+	abi      string
+	exports  map[string]api.FunctionDefinition
+	client   *http.Client
+	env      []string
+
+	store   *sharedStore
+	metrics *metricStore
+
+	workers []*vm
+
+	logMu sync.Mutex
+	logs  []LogEntry
+
+	callCtx    context.Context
+	callCancel context.CancelFunc
+	callWG     sync.WaitGroup
+
+	closeOnce sync.Once
+}
+
+// maxHostLogs bounds Host.Logs; older entries are dropped.
+const maxHostLogs = 10000
+
+// compilationCache is shared by every Host in the process, so that many
+// tests compiling the same module pay wazero's compile (hundreds of ms)
+// once.
+var compilationCache = wazero.NewCompilationCache()
+
+// New compiles cfg.Wasm, runs the canary VM (unless cfg.NoCanary) and
+// starts cfg.Workers worker VMs, each through _initialize,
+// proxy_on_context_create(root, 0), proxy_on_vm_start and
+// proxy_on_configure, as Envoy does (CPPHOST createWasm, canary,
+// getOrCreateThreadLocalPlugin).
+//
+// # Errors
+//
+// ErrNoABIVersion for a module without an ABI marker; a *TrapError if
+// _initialize or a start callback traps (e.g. a hostcall other than
+// proxy_log from Go init()); ErrStartFailed or ErrConfigureFailed,
+// wrapped with the VM and plugin name, if a start callback returns false.
+func New(ctx context.Context, cfg Config) (*Host, error) {
+	if len(cfg.Wasm) == 0 {
+		return nil, errors.New("host: Config.Wasm is empty")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
+	}
+	h := &Host{
+		cfg:     cfg,
+		profile: cfg.Profile.orDefault(),
+		clock:   cfg.Clock,
+		logger:  cfg.Logger,
+		client:  cfg.HTTPClient,
+		store:   newSharedStore(),
+		metrics: newMetricStore(),
+	}
+	if h.clock == nil {
+		h.clock = SystemClock
+	}
+	if h.logger == nil {
+		h.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if h.client == nil {
+		h.client = &http.Client{Transport: &http.Transport{}}
+	}
+	h.env = sortedEnv(cfg.Env)
+	h.callCtx, h.callCancel = context.WithCancel(context.Background())
+
+	h.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().
+		WithCompilationCache(compilationCache).
+		WithCloseOnContextDone(false))
+	compiled, err := h.rt.CompileModule(ctx, cfg.Wasm)
+	if err != nil {
+		h.rt.Close(ctx)
+		return nil, fmt.Errorf("host: compile: %w", err)
+	}
+	h.compiled = compiled
+	h.exports = compiled.ExportedFunctions()
+	// CPPHOST src/bytecode_util.cc getAbiVersion: the first marker found.
+	for _, m := range []string{"proxy_abi_version_0_2_1", "proxy_abi_version_0_2_0", "proxy_abi_version_0_1_0"} {
+		if _, ok := h.exports[m]; ok {
+			h.abi = m
+			break
+		}
+	}
+	if h.abi == "" {
+		h.rt.Close(ctx)
+		return nil, ErrNoABIVersion
+	}
+	if err := h.instantiateImports(ctx); err != nil {
+		h.rt.Close(ctx)
+		return nil, err
+	}
+	if !cfg.NoCanary {
+		// CPPHOST WasmHandleBase::canary: a clone runs start and configure,
+		// then is killed; its ticks never fire.
+		c, err := h.startVM(ctx, -1)
+		if err != nil {
+			h.Close()
+			return nil, err
+		}
+		c.close()
+	}
+	for i := 0; i < cfg.Workers; i++ {
+		w, err := h.startVM(ctx, i)
+		if err != nil {
+			h.Close()
+			return nil, err
+		}
+		h.workers = append(h.workers, w)
+	}
+	return h, nil
+}
+
+// Workers returns the number of worker VMs.
+func (h *Host) Workers() int { return len(h.workers) }
+
+// Worker returns worker i (0 ≤ i < Workers()); it panics if i is out of
+// range.
+func (h *Host) Worker(i int) *Worker { return &Worker{v: h.workers[i]} }
+
+// ABIVersion returns the ABI marker the module exports, e.g.
+// "proxy_abi_version_0_2_1".
+func (h *Host) ABIVersion() string { return h.abi }
+
+// Clock returns the Host's clock.
+func (h *Host) Clock() Clock { return h.clock }
+
+// SharedData returns the value and cas of key in the Host's vm_id
+// namespace, as proxy_get_shared_data would; ok is false if the key was
+// never set.
+func (h *Host) SharedData(key string) (value []byte, cas uint32, ok bool) {
+	return h.store.get(h.cfg.VMID, key)
+}
+
+// SetSharedData stores value under key unconditionally (cas 0 semantics),
+// as if a guest had, and returns the new cas.
+func (h *Host) SetSharedData(key string, value []byte) uint32 {
+	cas, _ := h.store.set(h.cfg.VMID, key, value, 0)
+	return cas
+}
+
+// Metric returns the metric name as the guest defined it (without
+// Envoy's "wasmcustom." prefix, which is also accepted), aggregated over
+// all VMs; ok is false if no VM defined it.
+func (h *Host) Metric(name string) (Metric, bool) { return h.metrics.lookup(name) }
+
+// Logs returns the last (up to 10000) log entries of every VM, oldest
+// first.
+func (h *Host) Logs() []LogEntry {
+	h.logMu.Lock()
+	defer h.logMu.Unlock()
+	return append([]LogEntry(nil), h.logs...)
+}
+
+// Close shuts the VMs down as Envoy does (proxy_on_done then
+// proxy_on_delete on each root context, CPPHOST WasmBase::startShutdown),
+// cancels HTTP callouts in flight and frees the runtime. It is safe to
+// call more than once.
+func (h *Host) Close() error {
+	h.closeOnce.Do(func() {
+		for _, w := range h.workers {
+			w.shutdown()
+		}
+		h.callCancel()
+		h.callWG.Wait()
+		for _, w := range h.workers {
+			w.close()
+		}
+		h.rt.Close(context.Background())
+	})
+	return nil
+}
+
+func (h *Host) addLog(e LogEntry, source string) {
+	h.logMu.Lock()
+	if len(h.logs) >= maxHostLogs {
+		h.logs = append(h.logs[:0], h.logs[len(h.logs)-maxHostLogs/2:]...)
+	}
+	h.logs = append(h.logs, e)
+	h.logMu.Unlock()
+	lvl := slog.LevelInfo
+	switch e.Level {
+	case LogTrace:
+		lvl = slog.LevelDebug - 4
+	case LogDebug:
+		lvl = slog.LevelDebug
+	case LogWarn:
+		lvl = slog.LevelWarn
+	case LogError:
+		lvl = slog.LevelError
+	case LogCritical:
+		lvl = slog.LevelError + 4
+	}
+	h.logger.LogAttrs(context.Background(), lvl, e.Message,
+		slog.Int("worker", e.Worker), slog.Uint64("context_id", uint64(e.ContextID)), slog.String("source", source))
+}
+
+func randRead(b []byte) { _, _ = rand.Read(b) }
+
+func sortedEnv(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sortStrings(out)
+	return out
+}
+
+var realStart = time.Now()
+
+// monotonicNanos is the WASI monotonic clock: real time since process
+// start, plus one second so it is never zero.
+func monotonicNanos() uint64 { return uint64(time.Since(realStart)) + uint64(time.Second) }
