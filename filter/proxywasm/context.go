@@ -1,0 +1,346 @@
+package proxywasm
+
+import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+
+// The context registry. Context ids come from the host (spec v0.2.1
+// "proxy_on_context_create"; Envoy starts at 1 per VM): a context created
+// with parent 0 is a root (plugin) context, any other is a stream whose
+// parent is its root. One VM runs one callback at a time, so plain maps
+// suffice.
+var (
+	vmContext   types.VMContext
+	roots       = map[uint32]*rootContext{}
+	httpStreams = map[uint32]*httpStream{}
+	tcpStreams  = map[uint32]*tcpStream{}
+
+	// activeContextID is the context the running callback belongs to, or
+	// the one named by the last SetEffectiveContext. It decides which root
+	// context owns an HTTP callout, as Envoy's contextOrEffectiveContext().
+	activeContextID uint32
+)
+
+type rootContext struct {
+	plugin   types.PluginContext
+	callouts map[uint32]callout // by proxy_http_call token
+}
+
+// callout is a pending proxy_http_call: the callback and the stream it was
+// dispatched from (0 for a root context).
+type callout struct {
+	callback func(numHeaders, bodySize, numTrailers int)
+	streamID uint32
+}
+
+type httpStream struct {
+	ctx    types.HttpContext
+	rootID uint32
+	done   bool // OnHttpStreamDone has been called
+}
+
+type tcpStream struct {
+	ctx    types.TcpContext
+	rootID uint32
+	done   bool // OnStreamDone has been called
+}
+
+// SetVMContext registers the plugin's VM context. Call it exactly once, from
+// an init function of package main: a c-shared module never runs main.
+// While _initialize runs, Envoy allows only the proxy_log hostcall (fact
+// sheet §0.1), so SetVMContext makes no hostcall and the VMContext
+// constructor must not make any other than logging.
+//
+// Every later root context is created with vm.NewPluginContext, and every
+// stream with the root's NewHttpContext or, if that returns nil,
+// NewTcpContext.
+func SetVMContext(vm types.VMContext) {
+	vmContext = vm
+	clear(roots)
+	clear(httpStreams)
+	clear(tcpStreams)
+	activeContextID = 0
+}
+
+// rootIDOf returns the root context id that owns context id, and whether
+// id is known.
+func rootIDOf(id uint32) (uint32, bool) {
+	if _, ok := roots[id]; ok {
+		return id, true
+	}
+	if s, ok := httpStreams[id]; ok {
+		return s.rootID, true
+	}
+	if s, ok := tcpStreams[id]; ok {
+		return s.rootID, true
+	}
+	return 0, false
+}
+
+// onContextCreate implements proxy_on_context_create(context_id,
+// parent_context_id) (spec v0.2.1 "Contexts").
+func onContextCreate(id, parentID uint32) {
+	activeContextID = id
+	defer catchPanic("proxy_on_context_create")
+	if parentID == 0 {
+		if vmContext == nil {
+			logAlways(LogLevelError, "proxywasm: proxy_on_context_create: no VMContext; call SetVMContext from init")
+			return
+		}
+		p := vmContext.NewPluginContext(id)
+		if p == nil {
+			logAlways(LogLevelError, "proxywasm: NewPluginContext returned nil; root context "+itoa(id)+" ignored")
+			return
+		}
+		roots[id] = &rootContext{plugin: p}
+		return
+	}
+	root, ok := roots[parentID]
+	if !ok {
+		logAlways(LogLevelError, "proxywasm: proxy_on_context_create: unknown root context "+itoa(parentID)+" for context "+itoa(id))
+		return
+	}
+	if hc := root.plugin.NewHttpContext(id); hc != nil {
+		httpStreams[id] = &httpStream{ctx: hc, rootID: parentID}
+		return
+	}
+	if tc := root.plugin.NewTcpContext(id); tc != nil {
+		tcpStreams[id] = &tcpStream{ctx: tc, rootID: parentID}
+		return
+	}
+	LogDebug("proxywasm: plugin created no stream context for " + itoa(id) + "; its callbacks will continue")
+}
+
+// onVMStart implements proxy_on_vm_start(root_context_id,
+// vm_configuration_size) (spec v0.2.1 "Lifecycle"; Envoy passes the root
+// id, which the spec calls unused). A missing VMContext fails the start.
+func onVMStart(rootID, vmConfigurationSize uint32) (ok bool) {
+	activeContextID = rootID
+	refreshLogLevel()
+	ok = true
+	defer catchPanic("proxy_on_vm_start")
+	if vmContext == nil {
+		logAlways(LogLevelError, "proxywasm: proxy_on_vm_start: no VMContext; call SetVMContext from init")
+		return false
+	}
+	return bool(vmContext.OnVMStart(int(vmConfigurationSize)))
+}
+
+// onConfigure implements proxy_on_configure(root_context_id,
+// plugin_configuration_size) (spec v0.2.1 "Configuration"). An unknown root
+// context fails configuration.
+func onConfigure(rootID, pluginConfigurationSize uint32) (ok bool) {
+	activeContextID = rootID
+	refreshLogLevel()
+	ok = true
+	defer catchPanic("proxy_on_configure")
+	root, known := roots[rootID]
+	if !known {
+		logAlways(LogLevelError, "proxywasm: proxy_on_configure: unknown root context "+itoa(rootID))
+		return false
+	}
+	return bool(root.plugin.OnPluginStart(int(pluginConfigurationSize)))
+}
+
+// onTick implements proxy_on_tick(root_context_id) (spec v0.2.1 "Timers").
+// It also refreshes the cached log level.
+func onTick(rootID uint32) {
+	activeContextID = rootID
+	refreshLogLevel()
+	defer catchPanic("proxy_on_tick")
+	if root, ok := roots[rootID]; ok {
+		root.plugin.OnTick()
+	}
+}
+
+// onQueueReady implements proxy_on_queue_ready(root_context_id, queue_id)
+// (spec v0.2.1 "Shared queues").
+func onQueueReady(rootID, queueID uint32) {
+	activeContextID = rootID
+	defer catchPanic("proxy_on_queue_ready")
+	if root, ok := roots[rootID]; ok {
+		root.plugin.OnQueueReady(queueID)
+	}
+}
+
+// httpCallback runs f on the HTTP stream id, failing open (continue) when
+// the stream is unknown or f panics.
+func httpCallback(where string, id uint32, f func(types.HttpContext) types.Action) (a types.Action) {
+	activeContextID = id
+	a = types.ActionContinue
+	defer catchPanic(where)
+	if s, ok := httpStreams[id]; ok {
+		a = f(s.ctx)
+	}
+	return a
+}
+
+// tcpCallback is httpCallback for TCP streams.
+func tcpCallback(where string, id uint32, f func(types.TcpContext) types.Action) (a types.Action) {
+	activeContextID = id
+	a = types.ActionContinue
+	defer catchPanic(where)
+	if s, ok := tcpStreams[id]; ok {
+		a = f(s.ctx)
+	}
+	return a
+}
+
+// onRequestHeaders implements proxy_on_request_headers(context_id,
+// num_headers, end_of_stream) (spec v0.2.1 "HTTP fields").
+func onRequestHeaders(id, numHeaders uint32, endOfStream bool) types.Action {
+	return httpCallback("proxy_on_request_headers", id, func(h types.HttpContext) types.Action {
+		return h.OnHttpRequestHeaders(int(numHeaders), endOfStream)
+	})
+}
+
+// onRequestBody implements proxy_on_request_body(context_id, body_size,
+// end_of_stream); body_size is the buffered size in bytes.
+func onRequestBody(id, bodySize uint32, endOfStream bool) types.Action {
+	return httpCallback("proxy_on_request_body", id, func(h types.HttpContext) types.Action {
+		return h.OnHttpRequestBody(int(bodySize), endOfStream)
+	})
+}
+
+// onRequestTrailers implements proxy_on_request_trailers(context_id,
+// num_trailers).
+func onRequestTrailers(id, numTrailers uint32) types.Action {
+	return httpCallback("proxy_on_request_trailers", id, func(h types.HttpContext) types.Action {
+		return h.OnHttpRequestTrailers(int(numTrailers))
+	})
+}
+
+// onResponseHeaders implements proxy_on_response_headers(context_id,
+// num_headers, end_of_stream).
+func onResponseHeaders(id, numHeaders uint32, endOfStream bool) types.Action {
+	return httpCallback("proxy_on_response_headers", id, func(h types.HttpContext) types.Action {
+		return h.OnHttpResponseHeaders(int(numHeaders), endOfStream)
+	})
+}
+
+// onResponseBody implements proxy_on_response_body(context_id, body_size,
+// end_of_stream).
+func onResponseBody(id, bodySize uint32, endOfStream bool) types.Action {
+	return httpCallback("proxy_on_response_body", id, func(h types.HttpContext) types.Action {
+		return h.OnHttpResponseBody(int(bodySize), endOfStream)
+	})
+}
+
+// onResponseTrailers implements proxy_on_response_trailers(context_id,
+// num_trailers).
+func onResponseTrailers(id, numTrailers uint32) types.Action {
+	return httpCallback("proxy_on_response_trailers", id, func(h types.HttpContext) types.Action {
+		return h.OnHttpResponseTrailers(int(numTrailers))
+	})
+}
+
+// onNewConnection implements proxy_on_new_connection(context_id) (spec
+// v0.2.1 "TCP/UDP/QUIC stream").
+func onNewConnection(id uint32) types.Action {
+	return tcpCallback("proxy_on_new_connection", id, func(t types.TcpContext) types.Action {
+		return t.OnNewConnection()
+	})
+}
+
+// onDownstreamData implements proxy_on_downstream_data(context_id,
+// data_size, end_of_stream).
+func onDownstreamData(id, dataSize uint32, endOfStream bool) types.Action {
+	return tcpCallback("proxy_on_downstream_data", id, func(t types.TcpContext) types.Action {
+		return t.OnDownstreamData(int(dataSize), endOfStream)
+	})
+}
+
+// onUpstreamData implements proxy_on_upstream_data(context_id, data_size,
+// end_of_stream).
+func onUpstreamData(id, dataSize uint32, endOfStream bool) types.Action {
+	return tcpCallback("proxy_on_upstream_data", id, func(t types.TcpContext) types.Action {
+		return t.OnUpstreamData(int(dataSize), endOfStream)
+	})
+}
+
+// onDownstreamConnectionClose implements
+// proxy_on_downstream_connection_close(context_id, peer_type).
+func onDownstreamConnectionClose(id, peerType uint32) {
+	tcpCallback("proxy_on_downstream_connection_close", id, func(t types.TcpContext) types.Action {
+		t.OnDownstreamClose(types.PeerType(peerType))
+		return types.ActionContinue
+	})
+}
+
+// onUpstreamConnectionClose implements
+// proxy_on_upstream_connection_close(context_id, peer_type).
+func onUpstreamConnectionClose(id, peerType uint32) {
+	tcpCallback("proxy_on_upstream_connection_close", id, func(t types.TcpContext) types.Action {
+		t.OnUpstreamClose(types.PeerType(peerType))
+		return types.ActionContinue
+	})
+}
+
+// onDone implements proxy_on_done(context_id) (spec v0.2.1 "Contexts").
+// For a root context it returns PluginContext.OnPluginDone (false defers
+// deletion until PluginDone). For streams it returns true and does nothing
+// else: the stream-done callback runs from on_log (see onLog), because
+// Envoy calls on_log before on_done for HTTP streams (fact sheet §1.7).
+func onDone(id uint32) (ok bool) {
+	activeContextID = id
+	ok = true
+	defer catchPanic("proxy_on_done")
+	if root, isRoot := roots[id]; isRoot {
+		ok = root.plugin.OnPluginDone()
+	}
+	return ok
+}
+
+// onLog implements proxy_on_log(context_id) (spec v0.2.1 "Contexts"). It
+// calls HttpContext.OnHttpStreamDone (or TcpContext.OnStreamDone), as the
+// tetratelabs SDK does; this is the last callback in which the stream's
+// request, response and properties are readable. Envoy's HTTP order is
+// on_log → on_done → on_delete; its TCP order and the spec's are on_done →
+// on_log → on_delete: either way on_log comes before on_delete.
+func onLog(id uint32) {
+	activeContextID = id
+	defer catchPanic("proxy_on_log")
+	streamDone(id)
+}
+
+// onDelete implements proxy_on_delete(context_id) (spec v0.2.1
+// "Contexts"). It forgets the context (for a root, with its pending HTTP
+// callouts) and, if on_log never came, calls the stream-done callback so it
+// runs exactly once per stream.
+func onDelete(id uint32) {
+	activeContextID = id
+	defer catchPanic("proxy_on_delete")
+	if _, ok := roots[id]; ok {
+		delete(roots, id)
+		return
+	}
+	// Forget the stream before calling into the plugin, so that a panic
+	// cannot leak it.
+	if s, ok := httpStreams[id]; ok {
+		delete(httpStreams, id)
+		if !s.done {
+			s.done = true
+			s.ctx.OnHttpStreamDone()
+		}
+		return
+	}
+	if s, ok := tcpStreams[id]; ok {
+		delete(tcpStreams, id)
+		if !s.done {
+			s.done = true
+			s.ctx.OnStreamDone()
+		}
+	}
+}
+
+// streamDone calls the stream's done callback unless it already ran. The
+// flag is set first so a panicking callback is not called again.
+func streamDone(id uint32) {
+	if s, ok := httpStreams[id]; ok && !s.done {
+		s.done = true
+		s.ctx.OnHttpStreamDone()
+		return
+	}
+	if s, ok := tcpStreams[id]; ok && !s.done {
+		s.done = true
+		s.ctx.OnStreamDone()
+	}
+}
