@@ -20,7 +20,7 @@ var keySafe = func() (t [256]bool) {
 // appendEscaped appends s to dst with every byte that is not keySafe written as
 // %XX (upper-case hex, as RFC 3986 percent-encoding). The mapping is injective and
 // its output contains no ':', '|' or '='.
-func appendEscaped(dst []byte, s string) []byte {
+func appendEscaped[S ~string | ~[]byte](dst []byte, s S) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if keySafe[c] {

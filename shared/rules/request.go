@@ -1,0 +1,168 @@
+package rules
+
+import (
+	"net/netip"
+	"strings"
+)
+
+// Request is what matching and key building need to know about an HTTP request. The
+// filter fills it once per request; nothing here retains it.
+type Request struct {
+	// Method is the request method as sent (":method"), e.g. "GET".
+	Method string
+	// Path is the request path without the query string or fragment (see PathOnly),
+	// e.g. "/v1/auth/login"; it is compared byte for byte, without decoding or
+	// normalisation (Envoy's normalize_path and merge_slashes act before filters).
+	Path string
+	// Headers are the request headers with lower-case names, as Envoy hands them to
+	// filters (pseudo-headers such as ":authority" included). For a repeated header
+	// the first occurrence counts.
+	Headers []Header
+	// ClientIP is the client address as the filter determined it (from the downstream
+	// connection or a trusted X-Forwarded-For hop; that choice is the filter's).
+	// IPv4-mapped IPv6 addresses are treated as IPv4. The zero Addr means unknown: the
+	// client_ip key part is then missing and CIDR exemptions do not apply.
+	ClientIP netip.Addr
+	// User and Tenant are the caller's ids. When empty, the policy's identity headers
+	// (identity.user_header, identity.tenant_header) are read from Headers instead, so
+	// a filter may leave them empty or set them from elsewhere (JWT metadata, say).
+	User   string
+	Tenant string
+}
+
+// Header is one request header field.
+type Header struct {
+	// Name is the header name in lower case.
+	Name string
+	// Value is the field value.
+	Value string
+}
+
+// Header returns the value of the first header named name (lower case) and whether
+// there is one.
+func (r *Request) Header(name string) (string, bool) {
+	for i := range r.Headers {
+		if r.Headers[i].Name == name {
+			return r.Headers[i].Value, true
+		}
+	}
+	return "", false
+}
+
+// PathOnly returns the path part of a request target ":path", cut at the first '?'
+// or '#': PathOnly("/a/b?x=1") is "/a/b". It does not allocate.
+func PathOnly(target string) string {
+	if i := strings.IndexAny(target, "?#"); i >= 0 {
+		return target[:i]
+	}
+	return target
+}
+
+// user returns the request's user id: Request.User, or the identity header.
+func (c *Compiled) user(req *Request) string {
+	if req.User != "" || c.userHeader == "" {
+		return req.User
+	}
+	v, _ := req.Header(c.userHeader)
+	return v
+}
+
+// tenant returns the request's tenant id: Request.Tenant, or the identity header.
+func (c *Compiled) tenant(req *Request) string {
+	if req.Tenant != "" || c.tenantHeader == "" {
+		return req.Tenant
+	}
+	v, _ := req.Header(c.tenantHeader)
+	return v
+}
+
+// matcher is a compiled Match.
+type matcher struct {
+	path    string
+	hasPath bool
+	prefix  bool
+	methods []string
+	headers []HeaderMatch
+}
+
+func (m *matcher) matches(req *Request) bool {
+	if m.hasPath {
+		if m.prefix {
+			if !strings.HasPrefix(req.Path, m.path) {
+				return false
+			}
+		} else if req.Path != m.path {
+			return false
+		}
+	}
+	if len(m.methods) > 0 {
+		found := false
+		for _, meth := range m.methods {
+			if meth == req.Method {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	for i := range m.headers {
+		h := &m.headers[i]
+		v, ok := req.Header(h.Name)
+		switch {
+		case h.Absent:
+			if ok {
+				return false
+			}
+		case !ok:
+			return false
+		case h.Exact != "":
+			if v != h.Exact {
+				return false
+			}
+		case h.Prefix != "":
+			if !strings.HasPrefix(v, h.Prefix) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Exempt reports whether the request is exempt from the whole policy (policy-level
+// exempt: client IP in a CIDR, user or tenant listed).
+func (c *Compiled) Exempt(req *Request) bool {
+	return c.exempt.contains(req.ClientIP, c.user(req), c.tenant(req))
+}
+
+// RuleExempt reports whether the request is exempt from rule i by the rule's own
+// exempt list (the policy's is not consulted).
+func (c *Compiled) RuleExempt(i int, req *Request) bool {
+	e := &c.rules[i].exempt
+	if e.prefixes == nil && e.users == nil && e.tenants == nil {
+		return false
+	}
+	return e.contains(req.ClientIP, c.user(req), c.tenant(req))
+}
+
+// Matches reports whether rule i's match conditions hold for the request,
+// exemptions aside.
+func (c *Compiled) Matches(i int, req *Request) bool { return c.rules[i].match.matches(req) }
+
+// Match appends to out the indices, in policy order, of the rules that apply to the
+// request: their match conditions hold and the request is exempt neither from the
+// policy nor from the rule. It returns out unchanged when the request is exempt from
+// the policy. It does not allocate when out has room for every rule (make([]int, 0,
+// c.Len())).
+func (c *Compiled) Match(req *Request, out []int) []int {
+	if len(c.rules) == 0 || c.Exempt(req) {
+		return out
+	}
+	for i := range c.rules {
+		if c.rules[i].match.matches(req) && !c.RuleExempt(i, req) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
