@@ -30,8 +30,11 @@ var statusResult = []api.ValueType{i32}
 func (h *Host) exportEnv(b wazero.HostModuleBuilder, name string, params []api.ValueType, fn func(v *vm, s []uint64) status) {
 	key := "env." + name
 	trace := h.cfg.Trace
-	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, s []uint64) {
+	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, s []uint64) {
 		v := vmFrom(ctx)
+		if v.mem == nil {
+			v.mem = mod.Memory() // during _initialize
+		}
 		v.trapIfRestricted(key)
 		st := fn(v, s)
 		if trace {

@@ -31,8 +31,11 @@ func (h *Host) instantiateWASI(ctx context.Context, module string) error {
 	wasi_snapshot_preview1.NewFunctionExporter().ExportFunctions(b)
 	trace := h.cfg.Trace
 	def := func(name string, params []api.ValueType, fn func(v *vm, s []uint64) uint32) {
-		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, s []uint64) {
+		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, s []uint64) {
 			v := vmFrom(ctx)
+			if v.mem == nil {
+				v.mem = mod.Memory() // during _initialize
+			}
 			v.trapIfRestricted(name)
 			e := fn(v, s)
 			if trace {
