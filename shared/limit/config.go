@@ -327,7 +327,7 @@ type Decision struct {
 // fresh key; any other length or content is accepted and treated as fresh where it
 // cannot be decoded) and writes the state to commit into next (len >= StateSize; only
 // next[:StateSize] is written). state and next must not overlap. now is Unix
-// nanoseconds; values below 0 are treated as 0. None of them allocates or panics
+// nanoseconds; values below 0 are treated as 0 and values above MaxTime as MaxTime. None of them allocates or panics
 // (short next is the one exception: it panics, as a programming error).
 type Limiter interface {
 	// Config returns the validated Config with defaults filled in.

@@ -25,7 +25,8 @@ import "time"
 // Logical entry n (0 = oldest, Limit-1 = newest) is at ring position (pos+n) mod Limit;
 // stamps never decrease along it: a unit is recorded at max(now, newest stamp), so a
 // worker whose clock is slightly behind keeps the order (and is conservative). A state
-// with pos >= Limit or a newest stamp more than one Window ahead of now reads as fresh.
+// with pos >= Limit, stamps out of order, or a newest stamp more than one Window ahead
+// of now reads as fresh.
 type slidingLog struct {
 	base
 	limit  uint64
@@ -54,7 +55,17 @@ func (s *slidingLog) decode(st []byte, now int64) (pos uint64, ok bool) {
 	if pos >= s.limit {
 		return 0, false
 	}
-	if newest := s.stamp(st, pos, s.limit-1); newest > uint64(now)+uint64(s.window)+1 {
+	// Stamps never decrease from oldest to newest (empty ones, 0, come first), and the
+	// newest is at most one Window ahead of now.
+	prev := uint64(0)
+	for n := uint64(0); n < s.limit; n++ {
+		v := s.stamp(st, pos, n)
+		if v < prev {
+			return 0, false
+		}
+		prev = v
+	}
+	if prev > uint64(now)+uint64(s.window)+1 {
 		return 0, false
 	}
 	return pos, true

@@ -30,12 +30,18 @@ func loadState(state, next []byte, size int) bool {
 	return false
 }
 
-// clampNow treats times before the Unix epoch as the epoch.
+// MaxTime is the latest time the limiters work with (Unix ns, in the year 2225):
+// later times are treated as MaxTime, so that now plus any duration a state can hold
+// (at most 2·MaxRefill) never overflows int64.
+const MaxTime = int64(1<<63 - 1 - 1<<60)
+
+// clampNow treats times before the Unix epoch as the epoch and times after MaxTime as
+// MaxTime.
 func clampNow(now int64) int64 {
 	if now < 0 {
 		return 0
 	}
-	return now
+	return min(now, MaxTime)
 }
 
 // addSat returns a+b (b >= 0) saturated at MaxInt64.
