@@ -121,15 +121,16 @@ func (d *Decoder) Fail(msg string) *Error {
 }
 
 // UnknownField skips the current value and records the error "unknown field" at its
-// path. Use it in the default branch of an [Decoder.Object] callback.
+// path. It returns an error only if decoding must stop (the value is malformed), so
+// an [Decoder.Object] callback can end with `return d.UnknownField()` in its default
+// branch. (A callback that does not read the value gets the same effect.)
 func (d *Decoder) UnknownField() error {
 	start := d.pos
 	if err := d.Skip(); err != nil {
 		return err
 	}
-	e := &Error{Path: d.Path(), Message: "unknown field", Offset: start}
-	d.record(e)
-	return e
+	d.recordAt(start, "unknown field")
+	return d.stop
 }
 
 // End checks that nothing but whitespace follows the top-level value, and returns
@@ -247,7 +248,7 @@ func (d *Decoder) Object(fn func(key string) error) error {
 			return d.stop
 		}
 		if d.pos == before {
-			if err := d.UnknownField(); d.stop != nil {
+			if err := d.UnknownField(); err != nil {
 				return err
 			}
 		}
