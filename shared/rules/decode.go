@@ -96,7 +96,7 @@ func decodePolicyMember(d *strictjson.Decoder, p *Policy, key string) error {
 		if d.Null() {
 			return nil
 		}
-		return softly(d.Object(func(key string) error {
+		return d.Object(func(key string) error {
 			switch key {
 			case "user_header":
 				p.Identity.UserHeader = str(d)
@@ -104,7 +104,7 @@ func decodePolicyMember(d *strictjson.Decoder, p *Policy, key string) error {
 				p.Identity.TenantHeader = str(d)
 			}
 			return nil
-		}))
+		})
 	case "exempt":
 		return decodeExempt(d, &p.Exempt)
 	case "rules":
@@ -115,30 +115,21 @@ func decodePolicyMember(d *strictjson.Decoder, p *Policy, key string) error {
 		err := d.Array(func(int) error {
 			rules = append(rules, Rule{})
 			r := &rules[len(rules)-1]
-			return softly(d.Object(func(key string) error { return decodeRuleMember(d, r, key) }))
+			return d.Object(func(key string) error { return decodeRuleMember(d, r, key) })
 		})
 		if len(rules) > 0 {
 			p.Rules = rules
 		}
-		return softly(err)
+		return err
 	}
 	return nil
-}
-
-// softly passes on a decoding error only if it stops decoding; value errors are
-// already recorded by the decoder, and the caller goes on to find more.
-func softly(err error) error {
-	if e, ok := err.(*strictjson.Error); ok && !e.Syntax {
-		return nil
-	}
-	return err
 }
 
 func decodeExempt(d *strictjson.Decoder, e *Exempt) error {
 	if d.Null() {
 		return nil
 	}
-	return softly(d.Object(func(key string) error {
+	return d.Object(func(key string) error {
 		switch key {
 		case "cidrs":
 			e.CIDRs = strList(d)
@@ -148,7 +139,7 @@ func decodeExempt(d *strictjson.Decoder, e *Exempt) error {
 			e.Tenants = strList(d)
 		}
 		return nil
-	}))
+	})
 }
 
 func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
@@ -161,7 +152,7 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 		if d.Null() {
 			return nil
 		}
-		return softly(d.Object(func(key string) error { return decodeMatchMember(d, &r.Match, key) }))
+		return d.Object(func(key string) error { return decodeMatchMember(d, &r.Match, key) })
 	case "key":
 		r.Key = strList(d)
 	case "algorithm":
@@ -237,7 +228,7 @@ func decodeMatchMember(d *strictjson.Decoder, m *Match, key string) error {
 		err := d.Array(func(int) error {
 			hs = append(hs, HeaderMatch{})
 			h := &hs[len(hs)-1]
-			return softly(d.Object(func(key string) error {
+			return d.Object(func(key string) error {
 				switch key {
 				case "name":
 					h.Name = str(d)
@@ -257,12 +248,12 @@ func decodeMatchMember(d *strictjson.Decoder, m *Match, key string) error {
 					h.Absent = boolTrue(d, "must be true when given (use present: true to match requests with the header)")
 				}
 				return nil
-			}))
+			})
 		})
 		if len(hs) > 0 {
 			m.Headers = hs
 		}
-		return softly(err)
+		return err
 	}
 	return nil
 }

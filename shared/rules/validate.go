@@ -140,10 +140,13 @@ func isTchar(c byte) bool {
 // by such a token, e.g. ":authority"), at most MaxHeaderNameBytes bytes. Envoy hands
 // header names to filters in lower case.
 func ValidHeaderName(name string) bool {
+	if len(name) > MaxHeaderNameBytes {
+		return false
+	}
 	if len(name) > 0 && name[0] == ':' {
 		name = name[1:]
 	}
-	if len(name) == 0 || len(name) > MaxHeaderNameBytes-1 {
+	if len(name) == 0 {
 		return false
 	}
 	for i := 0; i < len(name); i++ {

@@ -176,11 +176,15 @@ func (d *Decoder) Peek() Kind {
 // decoder's path names that member; fn must read the member's value with one of the
 // decoder's methods. If fn returns without reading the value, the value is skipped
 // and recorded as an unknown field. A duplicate key is a syntax error. If the next
-// value is not an object, Object skips it, records "must be an object" and returns
-// that error. If fn returns an error, decoding stops and every later call returns it.
+// value is not an object, Object skips it and records "must be an object". If fn
+// returns an error, decoding stops and every later call returns it.
+//
+// Object returns an error only when decoding stops (a syntax error, or fn's error),
+// so a callback may simply return the result of a nested Object or Array; value
+// errors are recorded (see [Decoder.Errors]) and decoding goes on.
 func (d *Decoder) Object(fn func(key string) error) error {
 	if !d.expect('{', "must be an object") {
-		return d.current()
+		return d.stop
 	}
 	if !d.enter() {
 		return d.stop
@@ -275,11 +279,12 @@ func (d *Decoder) Object(fn func(key string) error) error {
 // Array reads an array, calling fn with each element's index while the decoder's
 // path names that element; fn must read the element with one of the decoder's
 // methods (if it does not, the element is skipped and recorded as "unexpected
-// value"). If the next value is not an array, Array skips it, records "must be an
-// array" and returns that error. If fn returns an error, decoding stops.
+// value"). If the next value is not an array, Array skips it and records "must be
+// an array". If fn returns an error, decoding stops. Like Object, Array returns an
+// error only when decoding stops.
 func (d *Decoder) Array(fn func(i int) error) error {
 	if !d.expect('[', "must be an array") {
-		return d.current()
+		return d.stop
 	}
 	if !d.enter() {
 		return d.stop

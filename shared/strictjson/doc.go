@@ -25,13 +25,17 @@
 //
 // # Errors
 //
-// Every error returned by the decoder is an [*Error] with the JSON path, a message and
-// the byte offset. Errors come in two kinds. A syntax error (malformed JSON, a limit
-// exceeded) is sticky: the decoder cannot go on, and every later call returns the same
-// error; [Error].Syntax is true. A value error (wrong type, out of range, unknown field
-// reported through [Decoder.UnknownField]) leaves the decoder positioned after the
-// offending value, so a caller that wants to report every problem at once can record it,
-// return nil from its callback and carry on.
+// Every error the decoder finds is an [*Error] with the JSON path, a message and the
+// byte offset, and the decoder records them all in document order ([Decoder.Errors],
+// [Decoder.Err]). Errors come in two kinds. A syntax error (malformed JSON, a limit
+// exceeded) is sticky: the decoder cannot go on, every later call returns the same
+// error, and [Error].Syntax is true. A value error (wrong type, out of range, an
+// unknown field, a problem the caller reports with [Decoder.Fail]) leaves the decoder
+// positioned after the offending value, so decoding goes on and one pass reports every
+// problem. The typed readers return the value error they recorded (and the zero
+// value); Object and Array return an error only when decoding stops, so callbacks can
+// return their result directly. A callback that returns an error of its own stops
+// decoding, and Err returns that error.
 //
 // # Writing
 //
