@@ -132,15 +132,24 @@ func (h *Host) instantiateWASI(ctx context.Context, module string) error {
 		default:
 			return errnoBadf
 		}
+		// fs_flags as the guest last set them: Go's syscall init sets
+		// FDFLAG_NONBLOCK on stdio and os.NewFile then makes stdout
+		// pollable, initialising the runtime poller — the path that meets
+		// an ENOSYS poll_oneoff in golang/go#78513 [UNCONFIRMED that
+		// CPPHOST echoes the flags; it is what reproduces the reported
+		// Envoy crash].
+		st[2] = byte(v.fdFlags[fd])
 		if !v.mem.Write(uint32(s[1]), st[:]) {
 			return errnoInval
 		}
 		return errnoSuccess
 	})
 	def("fd_fdstat_set_flags", i32s(2), func(v *vm, s []uint64) uint32 {
-		if uint32(s[0]) > 2 {
+		fd := uint32(s[0])
+		if fd > 2 || (fd == 0 && !v.h.profile.StdioCharDevice) {
 			return errnoBadf
 		}
+		v.fdFlags[fd] = uint16(s[1])
 		return errnoSuccess
 	})
 	def("fd_prestat_get", i32s(2), func(*vm, []uint64) uint32 { return errnoBadf }) // no preopens

@@ -87,6 +87,7 @@ type vm struct {
 	pendingDone   bool
 	trace         []string
 	stack         []uint64
+	fdFlags       [3]uint16 // WASI fs_flags of stdio
 }
 
 // startVM instantiates the module as worker index (-1: canary) and runs

@@ -217,7 +217,6 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		_ = h.plugin.hist.Record(9)
 		v, err := h.plugin.requests.Value()
 		set("x-requests", strconv.FormatUint(v, 10)+"/"+errString(err))
-		set("x-zero-inc", errString(h.plugin.requests.Increment(0)))
 	case "enqueue":
 		v, _ := proxywasm.GetHttpRequestHeader("x-value")
 		q, err := proxywasm.ResolveSharedQueue("", "abi_queue")
