@@ -61,7 +61,11 @@ func finish(d *strictjson.Decoder, field string, validate func(*validator)) Erro
 	var v validator
 	validate(&v)
 	for _, ve := range v.errs {
-		if !covered(errs, ve.Field) {
+		if len(errs) >= MaxErrors {
+			errs = append(errs, FieldError{Message: tooMany})
+			break
+		}
+		if ve.Message == tooMany || !covered(errs, ve.Field) {
 			errs = append(errs, ve)
 		}
 	}

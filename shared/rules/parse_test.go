@@ -398,3 +398,19 @@ func TestValidateBuiltPolicy(t *testing.T) {
 		t.Error("ValidName")
 	}
 }
+
+func TestTooManyErrors(t *testing.T) {
+	bad := `{"id":"X","algorithm":"x","limit":0,"status":1,"exempt":{"users":["","",""]}}`
+	var rs []string
+	for i := 0; i < 60; i++ {
+		rs = append(rs, bad)
+	}
+	_, err := ParsePolicy([]byte(policyWith(rs...)))
+	var errs Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("error %T", err)
+	}
+	if len(errs) != MaxErrors+1 || errs[MaxErrors] != (FieldError{Message: "too many errors; only the first 100 are listed"}) {
+		t.Errorf("%d errors, last %v", len(errs), errs[len(errs)-1])
+	}
+}

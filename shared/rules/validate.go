@@ -174,12 +174,28 @@ func validMethod(m string) bool {
 	return true
 }
 
+// MaxErrors is how many problems one document reports at most; past it the list
+// ends with a FieldError{Field: "", Message: "too many errors; only the first 100 are
+// listed"}, so a hostile document cannot make validation build a huge list.
+const MaxErrors = 100
+
+const tooMany = "too many errors; only the first 100 are listed"
+
 // validator collects FieldErrors.
 type validator struct {
 	errs Errors
+	full bool
 }
 
 func (v *validator) add(field, msg string) {
+	if v.full {
+		return
+	}
+	if len(v.errs) >= MaxErrors {
+		v.full = true
+		v.errs = append(v.errs, FieldError{Message: tooMany})
+		return
+	}
 	v.errs = append(v.errs, FieldError{Field: field, Message: msg})
 }
 
