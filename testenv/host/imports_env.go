@@ -2,8 +2,6 @@ package host
 
 import (
 	"context"
-	"encoding/binary"
-	"strconv"
 	"strings"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
@@ -590,7 +588,3 @@ func hostSetTickPeriod(v *vm, s []uint64) status {
 	v.setTick(uint32(s[0]))
 	return statusOK
 }
-
-func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
-
-func u64s(v uint64) string { return strconv.FormatUint(v, 10) }

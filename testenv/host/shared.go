@@ -79,18 +79,6 @@ func (s *sharedStore) set(vmID, key string, value []byte, cas uint32) (uint32, s
 	return e.cas, statusOK
 }
 
-// keys lists the keys of vmID, sorted.
-func (s *sharedStore) keys(vmID string) []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.data[vmID]))
-	for k := range s.data[vmID] {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
 func hostRegisterQueue(v *vm, s []uint64) status {
 	name, ok := v.readString(uint32(s[0]), uint32(s[1]))
 	if !ok {

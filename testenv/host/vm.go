@@ -2,7 +2,6 @@ package host
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -455,8 +454,6 @@ func (v *vm) allocate(size uint32) (uint32, error) {
 	}
 	return uint32(st[0]), nil
 }
-
-var errNoStream = errors.New("no stream")
 
 func (v *vm) traceCall(name string, args []uint64) {
 	var b []byte

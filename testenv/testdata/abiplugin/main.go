@@ -113,6 +113,9 @@ type httpContext struct {
 // casSeen is the cas a "cas-get" request read, for the next "cas-set".
 var casSeen uint32
 
+// benchValue is the 1 KiB value of the cas1k op.
+var benchValue [1024]byte
+
 // retained keeps garbage alive across requests so the GC has work.
 var retained [8][]byte
 
@@ -233,8 +236,15 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		proxywasm.LogDebug("debug line")
 		proxywasm.LogInfo("info line")
 		proxywasm.LogWarn("warn line")
-	case "pause-body":
-		return types.ActionContinue
+	case "read3": // BenchmarkRequestHeaders
+		_, _ = proxywasm.GetHttpRequestHeader("x-a")
+		_, _ = proxywasm.GetHttpRequestHeader("x-b")
+		_, _ = proxywasm.GetHttpRequestHeader("x-c")
+	case "cas1k": // BenchmarkSharedDataCAS
+		_, cas, _ := proxywasm.GetSharedData("bench")
+		if err := proxywasm.SetSharedData("bench", benchValue[:], cas); err != nil {
+			proxywasm.LogError("cas1k: " + err.Error())
+		}
 	}
 	return types.ActionContinue
 }
