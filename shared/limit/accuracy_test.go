@@ -7,17 +7,17 @@ import (
 	"time"
 )
 
-// TestAccuracy prints, for each algorithm at 100 requests per 1s, the worst number
+// TestAccuracy prints, for each algorithm at 50 requests per 1s, the worst number
 // admitted in any interval of length Window (any alignment, brute force over the
 // admitted timeline) under three traffic shapes, next to the documented bound, and
 // fails if a bound is broken. Run with -v to see the table.
 //
 //   - steady: Poisson arrivals at 3× the limit for 60 s
-//   - bursty: bursts of 150 requests within 1 ms at random times, ~2 per second, 60 s
-//   - boundary: 150 requests in the last 50 ms before each whole second and 150 in the
+//   - bursty: bursts of 75 requests within 1 ms at random times, ~2 per second, 60 s
+//   - boundary: 75 requests in the last 50 ms before each whole second and 75 in the
 //     first 50 ms after it, every 3 s, for 60 s
 func TestAccuracy(t *testing.T) {
-	const limitN = 100
+	const limitN = 50
 	w := time.Second
 	cfgs := []struct {
 		cfg   Config
@@ -45,8 +45,8 @@ func TestAccuracy(t *testing.T) {
 		{"bursty", func(rng *rand.Rand) []int64 {
 			var ts []int64
 			for at := t0; at < t0+int64(60*time.Second); at += int64(rng.ExpFloat64() * float64(w) / 2) {
-				for i := 0; i < 150; i++ {
-					ts = append(ts, at+int64(i)*int64(time.Millisecond)/150)
+				for i := 0; i < 3*limitN/2; i++ {
+					ts = append(ts, at+int64(i)*int64(time.Millisecond)/(3*limitN/2))
 				}
 			}
 			return ts
@@ -55,17 +55,17 @@ func TestAccuracy(t *testing.T) {
 			var ts []int64
 			for s := int64(3); s < 60; s += 3 {
 				edge := t0 + s*int64(time.Second)
-				for i := int64(0); i < 150; i++ {
-					ts = append(ts, edge-int64(50*time.Millisecond)+i*int64(50*time.Millisecond)/150)
+				for i := int64(0); i < 3*limitN/2; i++ {
+					ts = append(ts, edge-int64(50*time.Millisecond)+i*int64(50*time.Millisecond)/(3*limitN/2))
 				}
-				for i := int64(0); i < 150; i++ {
-					ts = append(ts, edge+i*int64(50*time.Millisecond)/150)
+				for i := int64(0); i < 3*limitN/2; i++ {
+					ts = append(ts, edge+i*int64(50*time.Millisecond)/(3*limitN/2))
 				}
 			}
 			return ts
 		}},
 	}
-	t.Logf("%-30s %8s %8s %8s %6s", "algorithm (100 per 1s)", "steady", "bursty", "boundary", "bound")
+	t.Logf("%-30s %8s %8s %8s %6s", "algorithm (50 per 1s)", "steady", "bursty", "boundary", "bound")
 	for _, c := range cfgs {
 		l := mustNew(t, c.cfg)
 		row := ""

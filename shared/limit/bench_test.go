@@ -17,9 +17,9 @@ var benchConfigs = []struct {
 	{"fixed_window", Config{Algorithm: FixedWindow, Limit: 100, Window: time.Minute}},
 	{"fixed_window/calendar_day", Config{Algorithm: FixedWindow, Limit: 100, CalendarDay: true, Location: time.FixedZone("UTC-5", -5*3600)}},
 	{"sliding_log/10", Config{Algorithm: SlidingLog, Limit: 10, Window: time.Second}},
-	{"sliding_log/128", Config{Algorithm: SlidingLog, Limit: 128, Window: 10 * time.Second}},
+	{"sliding_log/64", Config{Algorithm: SlidingLog, Limit: 64, Window: 10 * time.Second}},
 	{"concurrency/10", Config{Algorithm: Concurrency, Limit: 10, Lease: time.Minute}},
-	{"concurrency/128", Config{Algorithm: Concurrency, Limit: 128, Lease: time.Minute}},
+	{"concurrency/64", Config{Algorithm: Concurrency, Limit: 64, Lease: time.Minute}},
 }
 
 // BenchmarkDecide measures one decision on a key with history (about half its limit

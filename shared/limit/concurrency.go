@@ -1,6 +1,9 @@
 package limit
 
-import "time"
+import (
+	"encoding/binary"
+	"time"
+)
 
 // concurrency: at most Limit cost units (requests) in flight per key. Decide acquires
 // cost slots, each leased until now+Lease; Release(acquiredAt, cost), called when the
@@ -42,30 +45,32 @@ func (c *concurrency) StateSize() int { return c.size }
 func (c *concurrency) held(e, now int64) bool { return e > now && e-now <= c.lease }
 
 // load copies state into next with every slot not held at now zeroed, and returns the
-// number of held slots and the latest expiry.
-func (c *concurrency) load(state, next []byte, now int64) (held uint64, latest int64) {
+// number of held slots and the earliest and latest expiry among them.
+func (c *concurrency) load(state, next []byte, now int64) (held uint64, earliest, latest int64) {
 	next = next[:c.size]
 	if len(state) != c.size {
 		clear(next)
-		return 0, 0
+		return 0, 0, 0
 	}
-	for j := 0; j < c.size; j += 8 {
-		e := int64(ld64(state, j))
-		if c.held(e, now) {
+	copy(next, state)
+	earliest = 1<<63 - 1
+	for b := next; len(b) >= 8; b = b[8:] {
+		e := int64(binary.LittleEndian.Uint64(b))
+		if e > now && e-now <= c.lease {
 			held++
 			latest = max(latest, e)
-		} else {
-			e = 0
+			earliest = min(earliest, e)
+		} else if e != 0 {
+			binary.LittleEndian.PutUint64(b, 0)
 		}
-		st64(next, j, uint64(e))
 	}
-	return held, latest
+	return held, earliest, latest
 }
 
 // Decide acquires cost slots iff that many are free at now.
 func (c *concurrency) Decide(state, next []byte, now int64, cost uint64) Decision {
 	now = clampNow(now)
-	held, latest := c.load(state, next, now)
+	held, earliest, latest := c.load(state, next, now)
 	d := Decision{Limit: c.limit}
 	switch {
 	case cost > c.limit:
@@ -73,9 +78,9 @@ func (c *concurrency) Decide(state, next []byte, now int64, cost uint64) Decisio
 	case held+cost <= c.limit:
 		exp := addSat(now, uint64(c.lease))
 		left := cost
-		for j := 0; j < c.size && left > 0; j += 8 {
-			if ld64(next, j) == 0 {
-				st64(next, j, uint64(exp))
+		for b := next[:c.size]; len(b) >= 8 && left > 0; b = b[8:] {
+			if binary.LittleEndian.Uint64(b) == 0 {
+				binary.LittleEndian.PutUint64(b, uint64(exp))
 				left--
 			}
 		}
@@ -84,6 +89,8 @@ func (c *concurrency) Decide(state, next []byte, now int64, cost uint64) Decisio
 			latest = max(latest, exp)
 		}
 		d.Allowed = true
+	case held+cost-c.limit == 1: // one lease must end: the earliest
+		d.RetryAfter = time.Duration(earliest - now)
 	default:
 		d.RetryAfter = time.Duration(c.kthExpiry(next, held+cost-c.limit) - now)
 	}

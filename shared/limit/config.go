@@ -74,11 +74,12 @@ const (
 	// MaxWheelLimit is the largest Limit of a time_wheel (its slot counters are 32-bit).
 	MaxWheelLimit uint64 = 1<<32 - 1
 	// MaxSlidingLogLimit is the largest Limit of a sliding_log, whose state keeps one
-	// 8-byte timestamp per admitted unit (state 8+8·Limit bytes, copied on every request).
-	MaxSlidingLogLimit uint64 = 128
+	// 8-byte timestamp per admitted unit (state 8+8·Limit bytes, copied and checked on
+	// every decision: about 1.3 ns per unit, so ~100 ns at this bound).
+	MaxSlidingLogLimit uint64 = 64
 	// MaxConcurrencyLimit is the largest Limit of a concurrency limiter, whose state keeps
-	// one 8-byte lease expiry per slot (state 8·Limit bytes).
-	MaxConcurrencyLimit uint64 = 128
+	// one 8-byte lease expiry per slot (state 8·Limit bytes, scanned on every decision).
+	MaxConcurrencyLimit uint64 = 64
 	// MinWindow is the shortest Window.
 	MinWindow = time.Millisecond
 	// MaxWindow is the longest Window: 366 days.

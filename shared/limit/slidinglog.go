@@ -1,6 +1,9 @@
 package limit
 
-import "time"
+import (
+	"encoding/binary"
+	"time"
+)
 
 // sliding_log: the exact sliding window. It keeps the admission time of each of the
 // last Limit admitted cost units, and admits a request of cost c at now iff fewer than
@@ -43,7 +46,11 @@ func (s *slidingLog) StateSize() int { return s.size }
 
 // stamp returns logical entry n of st (0 if empty).
 func (s *slidingLog) stamp(st []byte, pos, n uint64) uint64 {
-	return ld64(st, 8+8*int((pos+n)%s.limit))
+	i := pos + n // pos, n < Limit: one subtraction wraps it, no division
+	if i >= s.limit {
+		i -= s.limit
+	}
+	return ld64(st, 8+8*int(i))
 }
 
 // decode validates st at now and returns pos; ok is false if st reads as fresh.
@@ -57,13 +64,17 @@ func (s *slidingLog) decode(st []byte, now int64) (pos uint64, ok bool) {
 	}
 	// Stamps never decrease from oldest to newest (empty ones, 0, come first), and the
 	// newest is at most one Window ahead of now.
+	ring := st[8:s.size]
+	p := 8 * int(pos)
 	prev := uint64(0)
-	for n := uint64(0); n < s.limit; n++ {
-		v := s.stamp(st, pos, n)
-		if v < prev {
-			return 0, false
+	for _, b := range [2][]byte{ring[p:], ring[:p]} {
+		for ; len(b) >= 8; b = b[8:] {
+			v := binary.LittleEndian.Uint64(b)
+			if v < prev {
+				return 0, false
+			}
+			prev = v
 		}
-		prev = v
 	}
 	if prev > uint64(now)+uint64(s.window)+1 {
 		return 0, false
@@ -113,9 +124,15 @@ func (s *slidingLog) Decide(state, next []byte, now int64, cost uint64) Decision
 				at = newest
 			}
 			for c := uint64(0); c < cost; c++ {
-				st64(next, 8+8*int((pos+c)%s.limit), at)
+				i := pos + c
+				if i >= s.limit {
+					i -= s.limit
+				}
+				st64(next, 8+8*int(i), at)
 			}
-			pos = (pos + cost) % s.limit
+			if pos += cost; pos >= s.limit {
+				pos -= s.limit
+			}
 			st64(next, 0, pos)
 			count += cost
 		}

@@ -74,7 +74,7 @@ const MaxEntries = 64
 
 // MaxBucketSize is the largest bucket, in bytes (shared data values are copied whole
 // into the VM on every read).
-const MaxBucketSize = 64 << 10
+const MaxBucketSize = 32 << 10
 
 // ErrLayout is matched (errors.Is) by New's errors.
 var ErrLayout = errors.New("table: invalid layout")

@@ -64,7 +64,7 @@ func TestLayoutSizeAndHeader(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	l, _ := limit.New(limit.Config{Algorithm: limit.SlidingLog, Limit: 128, Window: time.Second})
+	l, _ := limit.New(limit.Config{Algorithm: limit.SlidingLog, Limit: 64, Window: time.Second})
 	small, _ := limit.New(tb5)
 	tests := []struct {
 		l       limit.Limiter
@@ -74,7 +74,7 @@ func TestNewErrors(t *testing.T) {
 		{small, 0, "table: entries must be 1..64, got 0"},
 		{small, 65, "table: entries must be 1..64, got 65"},
 		{nil, 1, "table: nil limiter"},
-		{l, 64, "table: bucket of 64 entries of 1032-byte state is 67088 bytes, more than 65536"},
+		{l, 64, "table: bucket of 64 entries of 520-byte state is 34320 bytes, more than 32768"},
 	}
 	for _, tt := range tests {
 		_, err := New(tt.l, tt.entries)
