@@ -1,0 +1,367 @@
+// Package redisstore is the store.Store on Redis (go-redis v9 universal
+// client: a single node, Sentinel or Cluster). Several control-plane replicas
+// on one Redis behave as one service: every commit is one Lua script, and
+// every commit publishes a change notice that all replicas receive.
+//
+// # Key layout
+//
+// The policy name is a Cluster hash tag, so one policy's keys share a slot
+// and the commit script is legal on Cluster:
+//
+//	sluice:policy:{<name>}:doc      string: canonical policy JSON; absent when deleted
+//	sluice:policy:{<name>}:version  string: decimal version counter (survives deletion)
+//	sluice:policy:{<name>}:history  list: store.MarshalEntry JSON, newest first,
+//	                                capped with LTRIM to the history depth
+//	sluice:policy:{<name>}:writeid  string: Change.ID of the last commit
+//	sluice:policies                 set: names of the live policies
+//	channel sluice:changes          PUBLISH "<name> <version>" after each commit
+//
+// # Atomicity and acknowledgement
+//
+// The commit script checks the expected version, stores or deletes the
+// document, bumps the version, appends to the capped history, updates the
+// set of names and publishes the notice, all atomically. Commit returns only
+// after Redis replied to the script; a retried script whose first attempt
+// landed is recognised by its write id. On Cluster the set of names lives in
+// another slot, so it is updated right after the script instead (SADD/SREM
+// are idempotent; a crash between the two leaves the set stale until the
+// next write of that policy).
+//
+// # Notices
+//
+// One pub/sub connection per Store feeds its subscribers. Every time the
+// subscription is (re)established a resync event is delivered, because
+// notices published while disconnected are lost; the snapshot layer then
+// re-reads all versions (and polls them periodically as a safety net).
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+)
+
+// Channel is the pub/sub channel carrying change notices ("<name> <version>").
+const Channel = "sluice:changes"
+
+// SetKey is the set of live policy names.
+const SetKey = "sluice:policies"
+
+func docKey(name string) string     { return "sluice:policy:{" + name + "}:doc" }
+func versionKey(name string) string { return "sluice:policy:{" + name + "}:version" }
+func historyKey(name string) string { return "sluice:policy:{" + name + "}:history" }
+func writeIDKey(name string) string { return "sluice:policy:{" + name + "}:writeid" }
+
+// commitScript: KEYS = doc, version, history, writeid[, set];
+// ARGV = base, doc ("" deletes), entry, name, depth, write id, channel.
+// Returns {1, version} on success, {0, current} on a version conflict.
+var commitScript = redis.NewScript(`
+local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
+local base = tonumber(ARGV[1])
+if cur ~= base then
+  if ARGV[6] ~= '' and cur == base + 1 and redis.call('GET', KEYS[4]) == ARGV[6] then
+    return {1, cur}
+  end
+  return {0, cur}
+end
+local new = cur + 1
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+  if KEYS[5] then redis.call('SREM', KEYS[5], ARGV[4]) end
+else
+  redis.call('SET', KEYS[1], ARGV[2])
+  if KEYS[5] then redis.call('SADD', KEYS[5], ARGV[4]) end
+end
+redis.call('SET', KEYS[2], new)
+redis.call('SET', KEYS[4], ARGV[6])
+redis.call('LPUSH', KEYS[3], ARGV[3])
+redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
+redis.call('PUBLISH', ARGV[7], ARGV[4] .. ' ' .. new)
+return {1, new}
+`)
+
+// Options configure Open.
+type Options struct {
+	// URL is a redis:// or rediss:// URL, or a comma-separated list of
+	// host:port addresses or URLs (credentials, database and TLS are taken
+	// from the first URL). With MasterName the addresses are Sentinels; else
+	// several addresses mean a Cluster; else one node.
+	URL string
+	// MasterName selects Sentinel mode: the name of the monitored master.
+	MasterName string
+	// HistoryDepth is how many history entries are kept per policy (≥ 1).
+	HistoryDepth int
+	// OpTimeout bounds each Redis command (dial, read, write); 0 means 2s.
+	OpTimeout time.Duration
+}
+
+// UniversalOptions turns o into go-redis options (exported for tests and
+// the configuration check).
+func (o Options) UniversalOptions() (*redis.UniversalOptions, error) {
+	if strings.TrimSpace(o.URL) == "" {
+		return nil, errors.New("redisstore: empty Redis URL")
+	}
+	u := &redis.UniversalOptions{MasterName: o.MasterName}
+	first := true
+	for _, part := range strings.Split(o.URL, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if strings.Contains(part, "://") {
+			opt, err := redis.ParseURL(part)
+			if err != nil {
+				return nil, fmt.Errorf("redisstore: Redis URL %q: %w", redactURL(part), err)
+			}
+			if first {
+				u.Username, u.Password, u.DB, u.TLSConfig = opt.Username, opt.Password, opt.DB, opt.TLSConfig
+			}
+			part = opt.Addr
+		} else if _, _, err := net.SplitHostPort(part); err != nil {
+			return nil, fmt.Errorf("redisstore: Redis address %q: want host:port or a redis:// URL", part)
+		}
+		first = false
+		u.Addrs = append(u.Addrs, part)
+	}
+	if len(u.Addrs) == 0 {
+		return nil, errors.New("redisstore: no Redis address")
+	}
+	timeout := o.OpTimeout
+	if timeout == 0 {
+		timeout = 2 * time.Second
+	}
+	u.DialTimeout, u.ReadTimeout, u.WriteTimeout = timeout, timeout, timeout
+	u.MaxRetries = 1
+	u.ClientName = "sluice-controlplane"
+	return u, nil
+}
+
+// redactURL drops the userinfo of a URL for error messages.
+func redactURL(s string) string {
+	if i := strings.Index(s, "://"); i >= 0 {
+		if j := strings.LastIndex(s, "@"); j > i {
+			return s[:i+3] + "***@" + s[j+1:]
+		}
+	}
+	return s
+}
+
+// Store is the Redis-backed store.Store.
+type Store struct {
+	client  redis.UniversalClient
+	depth   int
+	cluster bool
+
+	store.Fanout
+	subOnce sync.Once
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	closeOnce sync.Once
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open connects lazily: it does not fail when Redis is down (the control
+// plane starts unready and recovers), only on bad options.
+func Open(o Options) (*Store, error) {
+	if o.HistoryDepth < 1 {
+		return nil, fmt.Errorf("redisstore: history depth %d, want ≥ 1", o.HistoryDepth)
+	}
+	uo, err := o.UniversalOptions()
+	if err != nil {
+		return nil, err
+	}
+	client := redis.NewUniversalClient(uo)
+	_, cluster := client.(*redis.ClusterClient)
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Store{client: client, depth: o.HistoryDepth, cluster: cluster, ctx: ctx, cancel: cancel, done: make(chan struct{})}, nil
+}
+
+func (s *Store) wrap(op string, err error) error {
+	if errors.Is(err, redis.ErrClosed) || s.ctx.Err() != nil {
+		return store.ErrClosed
+	}
+	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
+
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, name string) (store.Record, error) {
+	vals, err := s.client.MGet(ctx, docKey(name), versionKey(name)).Result()
+	if err != nil {
+		return store.Record{}, s.wrap("get "+name, err)
+	}
+	r := store.Record{Name: name}
+	if d, ok := vals[0].(string); ok {
+		r.Doc = []byte(d)
+	}
+	if v, ok := vals[1].(string); ok {
+		if r.Version, err = strconv.ParseUint(v, 10, 64); err != nil {
+			return store.Record{}, fmt.Errorf("redisstore: get %s: bad version %q", name, v)
+		}
+	}
+	return r, nil
+}
+
+// List implements store.Store.
+func (s *Store) List(ctx context.Context) ([]store.Record, error) {
+	names, err := s.client.SMembers(ctx, SetKey).Result()
+	if err != nil {
+		return nil, s.wrap("list", err)
+	}
+	sort.Strings(names)
+	cmds := make([]*redis.StringCmd, len(names))
+	_, err = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, n := range names {
+			cmds[i] = p.Get(ctx, versionKey(n))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, s.wrap("list", err)
+	}
+	out := make([]store.Record, 0, len(names))
+	for i, n := range names {
+		v, err := cmds[i].Uint64()
+		if err != nil {
+			continue // stale set member
+		}
+		out = append(out, store.Record{Name: n, Version: v})
+	}
+	return out, nil
+}
+
+// Commit implements store.Store.
+func (s *Store) Commit(ctx context.Context, c store.Change) (store.Record, error) {
+	keys := []string{docKey(c.Name), versionKey(c.Name), historyKey(c.Name), writeIDKey(c.Name)}
+	if !s.cluster {
+		keys = append(keys, SetKey)
+	}
+	res, err := commitScript.Run(ctx, s.client, keys,
+		c.Base, string(c.Doc), store.MarshalEntry(store.EntryOf(c, c.Base+1)), c.Name, s.depth, c.ID, Channel,
+	).Int64Slice()
+	if err != nil {
+		return store.Record{}, s.wrap("commit "+c.Name, err)
+	}
+	if len(res) != 2 {
+		return store.Record{}, fmt.Errorf("redisstore: commit %s: unexpected script reply %v", c.Name, res)
+	}
+	if res[0] == 0 {
+		return store.Record{}, store.ErrConflict
+	}
+	if s.cluster {
+		var err error
+		if c.Doc == nil {
+			err = s.client.SRem(ctx, SetKey, c.Name).Err()
+		} else {
+			err = s.client.SAdd(ctx, SetKey, c.Name).Err()
+		}
+		if err != nil {
+			// The commit itself is durable; report success with the stale set noted.
+			_ = err
+		}
+	}
+	return store.Record{Name: c.Name, Version: uint64(res[1]), Doc: c.Doc}, nil
+}
+
+// History implements store.Store.
+func (s *Store) History(ctx context.Context, name string) ([]store.HistoryEntry, error) {
+	vals, err := s.client.LRange(ctx, historyKey(name), 0, int64(s.depth)-1).Result()
+	if err != nil {
+		return nil, s.wrap("history "+name, err)
+	}
+	out := make([]store.HistoryEntry, 0, len(vals))
+	for _, v := range vals {
+		e, err := store.UnmarshalEntry([]byte(v))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Ping implements store.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return s.wrap("ping", err)
+	}
+	return nil
+}
+
+// Subscribe implements store.Store. The first call starts the store's
+// pub/sub connection.
+func (s *Store) Subscribe(ctx context.Context) <-chan store.Event {
+	s.subOnce.Do(func() { go s.listen() })
+	return s.Fanout.Subscribe(ctx)
+}
+
+// listen keeps one subscription to Channel alive and forwards notices.
+func (s *Store) listen() {
+	defer close(s.done)
+	ps := s.client.Subscribe(s.ctx, Channel)
+	defer ps.Close()
+	go func() { <-s.ctx.Done(); ps.Close() }()
+	backoff := 50 * time.Millisecond
+	for s.ctx.Err() == nil {
+		msg, err := ps.ReceiveTimeout(s.ctx, 15*time.Second)
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Idle: check the connection; a failed ping forces a reconnect.
+				_ = ps.Ping(s.ctx)
+				continue
+			}
+			select {
+			case <-time.After(backoff):
+			case <-s.ctx.Done():
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				s.Publish(store.Event{}) // (re)subscribed: notices may have been missed
+			}
+		case *redis.Message:
+			name, v, ok := strings.Cut(m.Payload, " ")
+			version, err := strconv.ParseUint(v, 10, 64)
+			if !ok || err != nil || name == "" {
+				continue
+			}
+			s.Publish(store.Event{Name: name, Version: version})
+		}
+	}
+}
+
+// Close implements store.Store. Closing twice is harmless.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.cancel()
+		started := true
+		s.subOnce.Do(func() { started = false })
+		if started {
+			<-s.done
+		}
+		err = s.client.Close()
+	})
+	return err
+}
