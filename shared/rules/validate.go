@@ -344,8 +344,12 @@ func (v *validator) rule(r *Rule, field string, id *Identity) {
 	if len(r.Description) > MaxDescriptionBytes || !utf8.ValidString(r.Description) {
 		v.add(f("description"), "must be at most "+strconv.Itoa(MaxDescriptionBytes)+" bytes of UTF-8")
 	}
-	v.match(&r.Match, f("match"))
-	v.key(r.Key, f("key"), id)
+	if !r.Match.isZero() {
+		v.match(&r.Match, f("match"))
+	}
+	if len(r.Key) > 0 {
+		v.key(r.Key, f("key"), id)
+	}
 
 	// Algorithm and its parameters: the bounds are package limit's.
 	cfg, ok := v.limitConfig(r, field)
@@ -391,7 +395,9 @@ func (v *validator) rule(r *Rule, field string, id *Identity) {
 	if r.Status != 0 && (r.Status < MinStatus || r.Status > MaxStatus) {
 		v.add(f("status"), "must be between 400 and 599")
 	}
-	v.exempt(&r.Exempt, f("exempt"))
+	if len(r.Exempt.CIDRs)+len(r.Exempt.Users)+len(r.Exempt.Tenants) > 0 {
+		v.exempt(&r.Exempt, f("exempt"))
+	}
 }
 
 // limitConfig maps a rule's algorithm fields onto a limit.Config, adding errors for
@@ -465,14 +471,14 @@ func (v *validator) match(m *Match, field string) {
 		v.add(f("methods"), "at most "+strconv.Itoa(MaxMethods)+" methods, got "+strconv.Itoa(n))
 	} else {
 		for i, meth := range m.Methods {
-			mf := idx(f("methods"), i)
+			mf := func() string { return idx(f("methods"), i) }
 			if !validMethod(meth) {
-				v.add(mf, "must be an upper-case HTTP method such as GET (RFC 9110 §9, case-sensitive)")
+				v.add(mf(), "must be an upper-case HTTP method such as GET (RFC 9110 §9, case-sensitive)")
 				continue
 			}
 			for j := 0; j < i; j++ {
 				if m.Methods[j] == meth {
-					v.add(mf, "duplicate method "+q(meth))
+					v.add(mf(), "duplicate method "+q(meth))
 					break
 				}
 			}
@@ -484,23 +490,23 @@ func (v *validator) match(m *Match, field string) {
 	}
 	for i := range m.Headers {
 		h := &m.Headers[i]
-		hf := idx(f("headers"), i)
+		hf := func() string { return idx(f("headers"), i) }
 		if h.Name == "" {
-			v.add(hf+".name", "required")
+			v.add(hf()+".name", "required")
 		} else if !ValidHeaderName(h.Name) {
-			v.add(hf+".name", headerNameRule)
+			v.add(hf()+".name", headerNameRule)
 		}
 		n := 0
 		if h.Exact != "" {
 			n++
 			if msg := checkHeaderValue(h.Exact); msg != "" {
-				v.add(hf+".exact", msg)
+				v.add(hf()+".exact", msg)
 			}
 		}
 		if h.Prefix != "" {
 			n++
 			if msg := checkHeaderValue(h.Prefix); msg != "" {
-				v.add(hf+".prefix", msg)
+				v.add(hf()+".prefix", msg)
 			}
 		}
 		if h.Present {
@@ -510,7 +516,7 @@ func (v *validator) match(m *Match, field string) {
 			n++
 		}
 		if n != 1 {
-			v.add(hf, "needs exactly one of exact, prefix, present: true, absent: true")
+			v.add(hf(), "needs exactly one of exact, prefix, present: true, absent: true")
 		}
 	}
 }
@@ -559,15 +565,15 @@ func (v *validator) key(parts []string, field string, id *Identity) {
 		return
 	}
 	for i, s := range parts {
-		pf := idx(field, i)
+		pf := func() string { return idx(field, i) }
 		alts, msg := parseKeyPart(s)
 		if msg != "" {
-			v.add(pf, msg)
+			v.add(pf(), msg)
 			continue
 		}
 		for j := 0; j < i; j++ {
 			if parts[j] == s {
-				v.add(pf, "duplicate key part "+q(s))
+				v.add(pf(), "duplicate key part "+q(s))
 				break
 			}
 		}
@@ -576,10 +582,10 @@ func (v *validator) key(parts []string, field string, id *Identity) {
 		}
 		for _, a := range alts {
 			if a.kind == partUser && id.UserHeader == "" {
-				v.add(pf, `"user" needs identity.user_header`)
+				v.add(pf(), `"user" needs identity.user_header`)
 			}
 			if a.kind == partTenant && id.TenantHeader == "" {
-				v.add(pf, `"tenant" needs identity.tenant_header`)
+				v.add(pf(), `"tenant" needs identity.tenant_header`)
 			}
 		}
 	}
