@@ -1,0 +1,223 @@
+package policysync
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"strconv"
+
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// ChunkBytes is the largest document slice stored under one chunk key, in
+// bytes: 64 KiB. Every shared-data read copies the whole value into the VM,
+// so a reader pays for what it reads and no more.
+const ChunkBytes = 64 << 10
+
+// MaxChunks is the number of chunk keys per slot a policy can need:
+// rules.MaxPolicyBytes / ChunkBytes (16). Envoy cannot delete shared-data
+// keys, so the chunk keys of one policy are bounded by 2 × MaxChunks.
+const MaxChunks = (rules.MaxPolicyBytes + ChunkBytes - 1) / ChunkBytes
+
+// MaxETagBytes is the longest ETag kept in the published meta, in bytes;
+// a longer one is not stored (the next lease holder then polls without
+// If-None-Match once).
+const MaxETagBytes = 256
+
+// LeaseKey returns the shared-data key of the sync lease of policy:
+// "sluice/sync/<policy>/lease".
+func LeaseKey(policy string) string { return "sluice/sync/" + policy + "/lease" }
+
+// MetaKey returns the shared-data key of the published policy's Meta:
+// "sluice/policy/<policy>/meta".
+func MetaKey(policy string) string { return "sluice/policy/" + policy + "/meta" }
+
+// ChunkKey returns the shared-data key of chunk i (0 ≤ i < MaxChunks) of
+// slot (0 or 1): "sluice/policy/<policy>/chunk/<slot>/<i>".
+func ChunkKey(policy string, slot uint64, i int) string {
+	return "sluice/policy/" + policy + "/chunk/" + strconv.FormatUint(slot&1, 10) + "/" + strconv.Itoa(i)
+}
+
+// Lease is the value of the lease key: which VM holds the sync lease and
+// until when. The zero Lease is free.
+type Lease struct {
+	// Holder is the holding VM's token, a random non-zero 64-bit value drawn
+	// by each plugin instance at start; 0 means nobody.
+	Holder uint64
+	// ExpiryNanos is when the lease lapses, in Unix nanoseconds of the
+	// host clock (time.Now in the VM).
+	ExpiryNanos int64
+}
+
+// leaseBytes is the encoded size of a Lease: holder u64, expiry i64, both
+// little-endian.
+const leaseBytes = 16
+
+// AppendLease appends the 16-byte encoding of l to dst.
+func AppendLease(dst []byte, l Lease) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, l.Holder)
+	return binary.LittleEndian.AppendUint64(dst, uint64(l.ExpiryNanos))
+}
+
+// DecodeLease decodes a lease value. Anything but exactly 16 bytes reads as
+// the zero (free) Lease with ok false, so a corrupted lease is taken over by
+// the next worker's CAS rather than blocking sync forever.
+func DecodeLease(b []byte) (l Lease, ok bool) {
+	if len(b) != leaseBytes {
+		return Lease{}, false
+	}
+	return Lease{
+		Holder:      binary.LittleEndian.Uint64(b),
+		ExpiryNanos: int64(binary.LittleEndian.Uint64(b[8:])),
+	}, true
+}
+
+// Meta describes the published policy; it is the value of the meta key and
+// is written after the chunks it points to, so a reader that sees a Meta
+// finds its chunks complete (unless a later publication is overwriting the
+// same slot; see Generation).
+type Meta struct {
+	// Version is the policy document's version (rules.Policy.Version), which
+	// the control plane bumps on every change.
+	Version uint64
+	// Generation counts publications, from 1. The chunks of generation g
+	// live in slot g&1, so a publication never overwrites the chunks the
+	// current meta points to; each chunk also starts with the generation
+	// that wrote it, so a reader detects a torn read (meta of g, chunks of
+	// g+2) and retries on its next tick.
+	Generation uint64
+	// Length is the document's length in bytes (≤ rules.MaxPolicyBytes).
+	Length uint32
+	// Chunks is the number of chunks: ceil(Length / ChunkBytes).
+	Chunks uint32
+	// Checksum is the 64-bit FNV-1a hash of the whole document.
+	Checksum uint64
+	// ETag is the control plane's ETag for this version (quoted, as
+	// received; at most MaxETagBytes), so a new lease holder polls with
+	// If-None-Match at once. May be empty.
+	ETag string
+}
+
+// Slot returns the chunk slot (0 or 1) of m's generation.
+func (m Meta) Slot() uint64 { return m.Generation & 1 }
+
+// metaMagic starts every encoded Meta: the format's name and revision.
+const metaMagic = "SPM1"
+
+// metaFixedBytes is the encoded size of a Meta without its ETag: magic,
+// version, generation, length, chunks, checksum, ETag length (u16).
+const metaFixedBytes = 4 + 8 + 8 + 4 + 4 + 8 + 2
+
+// AppendMeta appends the encoding of m to dst: "SPM1", then little-endian
+// version u64, generation u64, length u32, chunks u32, checksum u64, ETag
+// length u16 and the ETag bytes. An ETag longer than MaxETagBytes is
+// encoded as empty.
+func AppendMeta(dst []byte, m Meta) []byte {
+	etag := m.ETag
+	if len(etag) > MaxETagBytes {
+		etag = ""
+	}
+	dst = append(dst, metaMagic...)
+	dst = binary.LittleEndian.AppendUint64(dst, m.Version)
+	dst = binary.LittleEndian.AppendUint64(dst, m.Generation)
+	dst = binary.LittleEndian.AppendUint32(dst, m.Length)
+	dst = binary.LittleEndian.AppendUint32(dst, m.Chunks)
+	dst = binary.LittleEndian.AppendUint64(dst, m.Checksum)
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(etag)))
+	return append(dst, etag...)
+}
+
+// DecodeMeta decodes a meta value strictly: the magic, the exact length,
+// Length ≤ rules.MaxPolicyBytes, Chunks = ceil(Length / ChunkBytes) and
+// Generation ≥ 1 must all hold, else ok is false. It never panics.
+func DecodeMeta(b []byte) (m Meta, ok bool) {
+	if len(b) < metaFixedBytes || string(b[:4]) != metaMagic {
+		return Meta{}, false
+	}
+	le := binary.LittleEndian
+	m.Version = le.Uint64(b[4:])
+	m.Generation = le.Uint64(b[12:])
+	m.Length = le.Uint32(b[20:])
+	m.Chunks = le.Uint32(b[24:])
+	m.Checksum = le.Uint64(b[28:])
+	n := int(le.Uint16(b[36:]))
+	if len(b) != metaFixedBytes+n || n > MaxETagBytes {
+		return Meta{}, false
+	}
+	m.ETag = string(b[metaFixedBytes:])
+	if m.Generation == 0 || m.Length > rules.MaxPolicyBytes || m.Chunks != chunkCount(int(m.Length)) {
+		return Meta{}, false
+	}
+	return m, true
+}
+
+// chunkCount returns ceil(n / ChunkBytes).
+func chunkCount(n int) uint32 { return uint32((n + ChunkBytes - 1) / ChunkBytes) }
+
+// Checksum returns the 64-bit FNV-1a hash of doc, as stored in Meta.
+func Checksum(doc []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(doc)
+	return h.Sum64()
+}
+
+// chunkHeaderBytes is the generation prefix of every chunk value.
+const chunkHeaderBytes = 8
+
+// Chunks splits doc into the values of its chunk keys for generation gen:
+// each is gen (u64 little-endian) followed by up to ChunkBytes bytes of doc.
+// An empty doc has no chunks.
+func Chunks(doc []byte, gen uint64) [][]byte {
+	out := make([][]byte, 0, chunkCount(len(doc)))
+	for off := 0; off < len(doc); off += ChunkBytes {
+		end := min(off+ChunkBytes, len(doc))
+		v := make([]byte, 0, chunkHeaderBytes+end-off)
+		v = binary.LittleEndian.AppendUint64(v, gen)
+		out = append(out, append(v, doc[off:end]...))
+	}
+	return out
+}
+
+// Assembler rebuilds a document from its chunk values, checking each
+// against the Meta it was published under.
+type Assembler struct {
+	meta Meta
+	doc  []byte
+	next int
+	void bool
+}
+
+// NewAssembler starts assembling the document m describes.
+func NewAssembler(m Meta) *Assembler {
+	return &Assembler{meta: m, doc: make([]byte, 0, m.Length)}
+}
+
+// Add appends chunk i's value. It returns false (and the assembly is
+// void) if chunks come out of order, if the value is not of m's
+// generation, or if it would make the document longer than m.Length or
+// leave a chunk other than the last short.
+func (a *Assembler) Add(i int, v []byte) bool {
+	if a.void || i != a.next || i >= int(a.meta.Chunks) || len(v) < chunkHeaderBytes ||
+		binary.LittleEndian.Uint64(v) != a.meta.Generation {
+		a.void = true
+		return false
+	}
+	data := v[chunkHeaderBytes:]
+	want := min(ChunkBytes, int(a.meta.Length)-len(a.doc))
+	if len(data) != want {
+		a.void = true
+		return false
+	}
+	a.doc = append(a.doc, data...)
+	a.next++
+	return true
+}
+
+// Document returns the assembled document if every chunk was added and its
+// length and checksum match the Meta; otherwise ok is false (a torn or
+// corrupted read).
+func (a *Assembler) Document() (doc []byte, ok bool) {
+	if a.void || a.next != int(a.meta.Chunks) || len(a.doc) != int(a.meta.Length) || Checksum(a.doc) != a.meta.Checksum {
+		return nil, false
+	}
+	return a.doc, true
+}

@@ -1,0 +1,514 @@
+package policysync
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// Metric names (proxy-wasm metrics; Envoy shows them as wasmcustom.<name>
+// in /stats and as <name> in /stats/prometheus).
+const (
+	// MetricVersion is a gauge: the policy version last applied.
+	MetricVersion = "sluice_policy_version"
+	// MetricSyncSuccesses counts polls that ended in sync: a 304, or a 200
+	// whose policy was valid.
+	MetricSyncSuccesses = "sluice_policy_sync_successes"
+	// MetricSyncFailuresPrefix + a FailureKind counts failed polls by kind,
+	// e.g. sluice_policy_sync_failures_reset.
+	MetricSyncFailuresPrefix = "sluice_policy_sync_failures_"
+	// MetricLastSync is a gauge: the Unix time in seconds of the last
+	// successful poll.
+	MetricLastSync = "sluice_policy_last_sync_seconds"
+)
+
+// FailureKind classifies a failed poll, for metrics and logs.
+type FailureKind string
+
+// The failure kinds.
+const (
+	// FailHTTPStatus: the control plane (or Envoy for it, e.g. 503 "no
+	// healthy upstream") answered with a status other than 200 and 304.
+	FailHTTPStatus FailureKind = "http_status"
+	// FailReset: the call failed without a response (zero headers; Envoy's
+	// proxy_get_status says "reset"), e.g. the body was cut short.
+	FailReset FailureKind = "reset"
+	// FailInvalidPolicy: a 200 whose body is not a valid policy named
+	// Options.Policy (rules.ParsePolicy or rules.Compile failed).
+	FailInvalidPolicy FailureKind = "invalid_policy"
+	// FailTooLarge: a 200 whose body exceeds rules.MaxPolicyBytes.
+	FailTooLarge FailureKind = "too_large"
+	// FailDispatch: proxy_http_call refused the call (unknown cluster,
+	// no healthy host).
+	FailDispatch FailureKind = "dispatch"
+)
+
+// FailureKinds lists every FailureKind.
+var FailureKinds = []FailureKind{FailHTTPStatus, FailReset, FailInvalidPolicy, FailTooLarge, FailDispatch}
+
+// maxLogReason bounds the part of a log line that comes from the network
+// or from a validation report, in bytes.
+const maxLogReason = 512
+
+// envoyTimeoutBody is the body of the 504 Envoy's router answers when a
+// callout's timeout fires (PROXYWASM-ENVOY.md §4).
+const envoyTimeoutBody = "upstream request timeout"
+
+// Syncer keeps one plugin instance's policy in step with the control plane
+// (see the package documentation). A Syncer belongs to one root context and
+// is driven by its callbacks: Start from OnPluginStart, Tick from OnTick,
+// Check from the request path, Stop from OnPluginDone. It is not safe for
+// concurrent use, and need not be: a VM runs one callback at a time.
+type Syncer struct {
+	o   Options
+	h   Host
+	me  uint64
+	log logger
+
+	leaseKey, metaKey string
+
+	// Follower state.
+	appliedGen     uint64 // generation applied (0: none yet)
+	appliedVersion uint64
+	badGen         uint64 // generation whose document failed to compile here
+	lastCheck      int64  // Unix ns of the last meta read
+
+	// Lease holder state.
+	holding     bool
+	inFlight    bool
+	callSeq     uint64 // identifies the call in flight
+	callStart   int64  // Unix ns
+	nextPoll    int64  // Unix ns; a poll may start at or after it
+	etag        string // If-None-Match of the next poll
+	backoff     Backoff
+	failing     bool // for logging once per state change
+	lastFailure FailureKind
+}
+
+// New returns a Syncer for o. It makes no hostcall.
+//
+// # Errors
+//
+// An error naming the field if o.Policy is not a valid policy name, Apply
+// is nil, Timeout does not exceed Wait, Timeout exceeds 2^31-1 ms, a
+// duration is below 1 ms, or Lease is shorter than two ticks.
+func New(o Options) (*Syncer, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	me := o.VMToken
+	for me == 0 {
+		me = rand.Uint64()
+	}
+	s := &Syncer{
+		o: o, h: o.Host, me: me,
+		log:      logger{h: o.Host, prefix: "policysync: " + o.Policy + ": "},
+		leaseKey: LeaseKey(o.Policy),
+		metaKey:  MetaKey(o.Policy),
+		backoff:  Backoff{Min: DefaultBackoffMin, Max: DefaultBackoffMax, Int64N: o.Int64N},
+	}
+	return s, nil
+}
+
+// Start runs at plugin start (proxy_on_configure, also in Envoy's canary):
+// it creates the lease key if absent, so that workers started afterwards
+// only ever take the lease by compare-and-swap, and applies the policy
+// already published, if any, so a restarted worker enforces it at once.
+func (s *Syncer) Start() {
+	if s.o.Cluster != "" {
+		if _, _, err := s.h.GetSharedData(s.leaseKey); errors.Is(err, proxywasm.ErrNotFound) {
+			_ = s.h.SetSharedData(s.leaseKey, AppendLease(nil, Lease{}), 0)
+		}
+	}
+	s.refresh(s.nowNanos())
+}
+
+// Tick runs on every tick: it applies a newly published policy, takes or
+// renews the lease, and, as lease holder, starts a poll when none is in
+// flight and no backoff is pending.
+func (s *Syncer) Tick() {
+	now := s.nowNanos()
+	s.refresh(now)
+	if s.o.Cluster == "" {
+		return
+	}
+	s.renewLease(now)
+	if s.holding {
+		s.maybePoll(now)
+	}
+}
+
+// Check runs on the request path: at most every RequestCheckInterval it
+// reads the published meta and applies a new policy, so that under traffic
+// a change is enforced before the next tick.
+func (s *Syncer) Check() {
+	now := s.nowNanos()
+	if now-s.lastCheck < int64(RequestCheckInterval) && now >= s.lastCheck {
+		return
+	}
+	s.refresh(now)
+}
+
+// Stop runs at plugin shutdown: a holder releases the lease so another
+// worker takes it on its next tick instead of after the expiry.
+func (s *Syncer) Stop() {
+	if !s.holding {
+		return
+	}
+	s.holding = false
+	val, cas, err := s.h.GetSharedData(s.leaseKey)
+	if err != nil {
+		return
+	}
+	if cur, _ := DecodeLease(val); cur.Holder == s.me {
+		_ = s.h.SetSharedData(s.leaseKey, AppendLease(nil, Lease{}), cas)
+	}
+}
+
+// Version returns the version of the policy applied last and whether one
+// has been applied at all.
+func (s *Syncer) Version() (version uint64, ok bool) { return s.appliedVersion, s.appliedGen != 0 }
+
+// Holding reports whether this instance held the sync lease at its last
+// tick.
+func (s *Syncer) Holding() bool { return s.holding }
+
+// VMToken returns this instance's lease token.
+func (s *Syncer) VMToken() uint64 { return s.me }
+
+func (s *Syncer) nowNanos() int64 { return s.o.Now().UnixNano() }
+
+// --- follower ---
+
+// refresh reads the published meta and, if it names a generation not yet
+// applied, reads, verifies, parses, compiles and applies its document. A
+// torn read is left for the next check; a document that does not compile
+// here is logged once and skipped until the next publication.
+func (s *Syncer) refresh(now int64) {
+	s.lastCheck = now
+	val, _, err := s.h.GetSharedData(s.metaKey)
+	if err != nil {
+		return
+	}
+	m, ok := DecodeMeta(val)
+	if !ok || m.Generation == s.appliedGen || m.Generation == s.badGen {
+		return
+	}
+	doc, ok := s.readChunks(m)
+	if !ok {
+		return // torn: a publication overwrote the slot meanwhile
+	}
+	c, err := s.compile(doc)
+	if err != nil {
+		s.badGen = m.Generation
+		s.log.warn("published version " + u64(m.Version) + " (generation " + u64(m.Generation) +
+			") rejected, keeping version " + u64(s.appliedVersion) + ": " + clip(err.Error()))
+		return
+	}
+	s.install(c, m.Generation)
+}
+
+func (s *Syncer) readChunks(m Meta) ([]byte, bool) {
+	a := NewAssembler(m)
+	for i := range int(m.Chunks) {
+		v, _, err := s.h.GetSharedData(ChunkKey(s.o.Policy, m.Slot(), i))
+		if err != nil || !a.Add(i, v) {
+			return nil, false
+		}
+	}
+	return a.Document()
+}
+
+// compile parses and compiles a policy document and checks it is the
+// policy this Syncer pulls.
+func (s *Syncer) compile(doc []byte) (*rules.Compiled, error) {
+	p, err := rules.ParsePolicy(doc)
+	if err != nil {
+		return nil, err
+	}
+	if p.Name != s.o.Policy {
+		return nil, errors.New("policy is named " + strconv.Quote(clip(p.Name)) + ", want " + strconv.Quote(s.o.Policy))
+	}
+	return rules.Compile(p, s.o.Compile)
+}
+
+func (s *Syncer) install(c *rules.Compiled, gen uint64) {
+	first := s.appliedGen == 0
+	s.appliedGen, s.appliedVersion = gen, c.Version
+	s.o.Apply(c)
+	s.h.Gauge(MetricVersion, c.Version)
+	if first {
+		s.log.info("applied policy version " + u64(c.Version))
+	} else {
+		s.log.debug("applied policy version " + u64(c.Version))
+	}
+}
+
+// --- lease ---
+
+// renewLease takes the lease if it is free or expired, or renews it if
+// this instance holds it, by compare-and-swap on the lease key.
+func (s *Syncer) renewLease(now int64) {
+	val, cas, err := s.h.GetSharedData(s.leaseKey)
+	if errors.Is(err, proxywasm.ErrNotFound) {
+		// No canary created it (Start): create it free, then CAS as usual.
+		_ = s.h.SetSharedData(s.leaseKey, AppendLease(nil, Lease{}), 0)
+		val, cas, err = s.h.GetSharedData(s.leaseKey)
+	}
+	if err != nil {
+		s.setHolding(false, now)
+		return
+	}
+	cur, _ := DecodeLease(val)
+	next, take := NextLease(cur, s.me, now, s.o.Lease)
+	if !take {
+		s.setHolding(false, now)
+		return
+	}
+	if err := s.h.SetSharedData(s.leaseKey, AppendLease(nil, next), cas); err != nil {
+		s.setHolding(false, now) // another worker won the race
+		return
+	}
+	s.setHolding(true, now)
+}
+
+// NextLease decides the lease step of instance me at now (Unix ns): if cur
+// is free (Holder 0), expired (ExpiryNanos ≤ now) or already me's, it
+// returns me's lease until now + ttl and take true, to be written by
+// compare-and-swap; otherwise take is false and another holder keeps it.
+func NextLease(cur Lease, me uint64, now int64, ttl time.Duration) (next Lease, take bool) {
+	if cur.Holder != me && cur.Holder != 0 && cur.ExpiryNanos > now {
+		return cur, false
+	}
+	return Lease{Holder: me, ExpiryNanos: now + int64(ttl)}, true
+}
+
+func (s *Syncer) setHolding(h bool, now int64) {
+	if h == s.holding {
+		return
+	}
+	s.holding = h
+	if !h {
+		s.log.info("lost the sync lease")
+		return
+	}
+	// A new holder polls at once, from the published version's ETag.
+	s.etag = ""
+	if val, _, err := s.h.GetSharedData(s.metaKey); err == nil {
+		if m, ok := DecodeMeta(val); ok {
+			s.etag = m.ETag
+		}
+	}
+	s.nextPoll = now
+	s.log.info("took the sync lease (lease " + s.o.Lease.String() + ", wait " + s.o.Wait.String() + ")")
+}
+
+// --- poll ---
+
+func (s *Syncer) maybePoll(now int64) {
+	if s.inFlight || now < s.nextPoll {
+		return
+	}
+	s.poll(now)
+}
+
+func (s *Syncer) poll(now int64) {
+	headers := [][2]string{
+		{":method", "GET"},
+		{":path", "/v1/policies/" + s.o.Policy + "?wait=" + s.o.Wait.String()},
+		{":authority", s.o.Authority},
+		{"accept", "application/json"},
+	}
+	if s.o.Token != "" {
+		headers = append(headers, [2]string{"authorization", "Bearer " + s.o.Token})
+	}
+	if s.etag != "" {
+		headers = append(headers, [2]string{"if-none-match", s.etag})
+	}
+	s.callSeq++
+	seq := s.callSeq
+	_, err := s.h.DispatchHttpCall(s.o.Cluster, headers, nil, nil, uint32(s.o.Timeout.Milliseconds()),
+		func(numHeaders, bodySize, _ int) { s.onResponse(seq, numHeaders, bodySize) })
+	if err != nil {
+		s.fail(now, FailDispatch, "proxy_http_call to cluster "+strconv.Quote(s.o.Cluster)+": "+err.Error())
+		return
+	}
+	s.inFlight, s.callStart = true, now
+}
+
+// onResponse handles the poll's response, in proxy_on_http_call_response.
+func (s *Syncer) onResponse(seq uint64, numHeaders, bodySize int) {
+	if seq != s.callSeq || !s.inFlight {
+		return
+	}
+	s.inFlight = false
+	now := s.nowNanos()
+	// Drop the result unless this instance still holds the lease (renewing
+	// it if it lapsed unclaimed), so that two holders never publish.
+	s.renewLease(now)
+	if !s.holding {
+		s.log.debug("dropped a poll result: lease lost while it was in flight")
+		return
+	}
+	if numHeaders == 0 {
+		s.fail(now, FailReset, "the call failed without a response (reset)")
+		return
+	}
+	status, _ := s.h.GetHttpCallResponseHeader(":status")
+	switch status {
+	case "304":
+		s.succeed(now)
+		s.pollAgain(now)
+	case "200":
+		s.on200(now, bodySize)
+	case "504":
+		body, _ := s.h.GetHttpCallResponseBody(0, len(envoyTimeoutBody))
+		if string(body) == envoyTimeoutBody || now-s.callStart >= int64(s.o.Timeout) {
+			// The call's timeout: the long poll simply ended.
+			s.pollAgain(now)
+			return
+		}
+		s.fail(now, FailHTTPStatus, "status 504")
+	default:
+		s.fail(now, FailHTTPStatus, "status "+clip(status))
+	}
+}
+
+func (s *Syncer) on200(now int64, bodySize int) {
+	etag, _ := s.h.GetHttpCallResponseHeader("etag")
+	if bodySize > rules.MaxPolicyBytes {
+		s.etag = etag // wait for the next change rather than refetch
+		s.fail(now, FailTooLarge, "policy of "+strconv.Itoa(bodySize)+" bytes exceeds "+strconv.Itoa(rules.MaxPolicyBytes))
+		return
+	}
+	body, err := s.h.GetHttpCallResponseBody(0, bodySize)
+	if err != nil && bodySize > 0 {
+		s.fail(now, FailReset, "reading the response body: "+err.Error())
+		return
+	}
+	if len(body) != bodySize {
+		s.fail(now, FailInvalidPolicy, "body of "+strconv.Itoa(len(body))+" bytes, announced "+strconv.Itoa(bodySize))
+		return
+	}
+	c, err := s.compile(body)
+	if err != nil {
+		s.etag = etag
+		s.fail(now, FailInvalidPolicy, "invalid policy (etag "+clip(etag)+"), keeping version "+u64(s.appliedVersion)+": "+err.Error())
+		return
+	}
+	s.etag = etag
+	published, gen, ok := s.publish(body, c.Version, etag)
+	switch {
+	case ok:
+		s.log.info("published policy version " + u64(c.Version) + " (" + strconv.Itoa(len(body)) + " bytes, generation " + u64(gen) + ")")
+		s.install(c, gen)
+	case published >= c.Version:
+		if published > c.Version {
+			s.log.warn("control plane served version " + u64(c.Version) + ", below the published " + u64(published) + "; keeping " + u64(published))
+		}
+	default:
+		s.fail(now, FailReset, "could not publish version "+u64(c.Version)+": shared data changed meanwhile")
+		return
+	}
+	s.succeed(now)
+	s.pollAgain(now)
+}
+
+// publish writes doc's chunks into the slot the current meta does not use,
+// then the meta by compare-and-swap, unless a version ≥ version is already
+// published (published returns it). It retries a lost race twice.
+func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, gen uint64, ok bool) {
+	for range 3 {
+		val, cas, err := s.h.GetSharedData(s.metaKey)
+		var cur Meta
+		switch {
+		case errors.Is(err, proxywasm.ErrNotFound):
+			cas = 0
+		case err != nil:
+			return 0, 0, false
+		default:
+			cur, _ = DecodeMeta(val) // a corrupted meta is overwritten
+		}
+		if cur.Generation != 0 && cur.Version >= version {
+			return cur.Version, 0, false
+		}
+		m := Meta{
+			Version: version, Generation: cur.Generation + 1,
+			Length: uint32(len(doc)), Chunks: chunkCount(len(doc)),
+			Checksum: Checksum(doc), ETag: etag,
+		}
+		for i, c := range Chunks(doc, m.Generation) {
+			if err := s.h.SetSharedData(ChunkKey(s.o.Policy, m.Slot(), i), c, 0); err != nil {
+				return cur.Version, 0, false
+			}
+		}
+		err = s.h.SetSharedData(s.metaKey, AppendMeta(nil, m), cas)
+		if err == nil {
+			return version, m.Generation, true
+		}
+		if !errors.Is(err, proxywasm.ErrCasMismatch) {
+			return cur.Version, 0, false
+		}
+	}
+	return 0, 0, false
+}
+
+func (s *Syncer) succeed(now int64) {
+	s.h.Counter(MetricSyncSuccesses, 1)
+	s.h.Gauge(MetricLastSync, uint64(max(now, 0)/int64(time.Second)))
+	if s.failing {
+		s.log.info("sync recovered after " + strconv.Itoa(s.backoff.Failures()) + " failed polls (last: " + string(s.lastFailure) + ")")
+		s.failing = false
+	}
+	s.backoff.Reset()
+}
+
+// pollAgain starts the next poll right away if the lease is still held.
+func (s *Syncer) pollAgain(now int64) {
+	s.nextPoll = now
+	if s.holding {
+		s.poll(now)
+	}
+}
+
+func (s *Syncer) fail(now int64, kind FailureKind, reason string) {
+	s.h.Counter(MetricSyncFailuresPrefix+string(kind), 1)
+	wait := s.backoff.Next()
+	s.nextPoll = now + int64(wait)
+	s.lastFailure = kind
+	switch {
+	case kind == FailInvalidPolicy || kind == FailTooLarge:
+		// Each rejected document is its own event (the ETag keeps the next
+		// poll from refetching it), so it is always logged.
+		s.log.warn("rejected: " + clip(reason))
+	case !s.failing:
+		s.log.warn("sync failing (" + string(kind) + "): " + clip(reason) + "; retrying with backoff")
+	}
+	s.failing = true
+}
+
+// --- helpers ---
+
+type logger struct {
+	h      Host
+	prefix string
+}
+
+func (l logger) debug(msg string) { l.h.Log(proxywasm.LogLevelDebug, l.prefix+msg) }
+func (l logger) info(msg string)  { l.h.Log(proxywasm.LogLevelInfo, l.prefix+msg) }
+func (l logger) warn(msg string)  { l.h.Log(proxywasm.LogLevelWarn, l.prefix+msg) }
+
+func u64(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// clip bounds text that came from the network or a validation report.
+func clip(s string) string {
+	if len(s) <= maxLogReason {
+		return s
+	}
+	return s[:maxLogReason] + "…"
+}

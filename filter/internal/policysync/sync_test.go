@@ -1,0 +1,627 @@
+package policysync
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+var epoch = time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
+
+// policyDoc returns a valid policy document of the given version whose
+// single rule "r" has the given limit.
+func policyDoc(version, limit int) string {
+	return `{"policy":"default","version":` + strconv.Itoa(version) +
+		`,"rules":[{"id":"r","algorithm":"fixed_window","limit":` + strconv.Itoa(limit) + `,"window":"1m"}]}`
+}
+
+func etag(version int) [][2]string { return [][2]string{{"etag", `"v` + strconv.Itoa(version) + `"`}} }
+
+// worker is one simulated VM: its Host and Syncer and what it applied.
+type worker struct {
+	h       *fakeHost
+	s       *Syncer
+	applied []*rules.Compiled
+}
+
+func (w *worker) version() uint64 {
+	if len(w.applied) == 0 {
+		return 0
+	}
+	return w.applied[len(w.applied)-1].Version
+}
+
+// env is an Envoy with n workers over one store and one clock.
+type env struct {
+	t     *testing.T
+	st    *store
+	clk   *clock
+	ws    []*worker
+	opts  Options
+	token uint64
+}
+
+func newEnv(t *testing.T, n int, mod func(*Options)) *env {
+	t.Helper()
+	e := &env{t: t, st: newStore(), clk: &clock{t: epoch}}
+	e.opts = Options{
+		Policy: "default", Cluster: "control_plane", Authority: "cp.internal", Token: "read-token",
+		Wait: 30 * time.Second, Tick: 100 * ms,
+		Int64N: func(int64) int64 { return 0 },
+	}
+	if mod != nil {
+		mod(&e.opts)
+	}
+	for range n {
+		e.add()
+	}
+	return e
+}
+
+// add starts another worker (Start included).
+func (e *env) add() *worker {
+	e.t.Helper()
+	w := &worker{h: newFakeHost(e.t, e.st)}
+	o := e.opts
+	e.token++
+	o.Host, o.Now, o.VMToken = w.h, e.clk.now, e.token
+	o.Apply = func(c *rules.Compiled) { w.applied = append(w.applied, c) }
+	s, err := New(o)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	w.s = s
+	s.Start()
+	e.ws = append(e.ws, w)
+	return w
+}
+
+// tick advances the clock by one tick and ticks every live worker in order.
+func (e *env) tick(live ...*worker) {
+	e.clk.advance(e.opts.Tick)
+	if live == nil {
+		live = e.ws
+	}
+	for _, w := range live {
+		w.s.Tick()
+	}
+}
+
+// holders returns the workers holding the lease.
+func (e *env) holders() []*worker {
+	var out []*worker
+	for _, w := range e.ws {
+		if w.s.Holding() {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func (e *env) holder() *worker {
+	e.t.Helper()
+	hs := e.holders()
+	if len(hs) != 1 {
+		e.t.Fatalf("%d lease holders, want 1", len(hs))
+	}
+	return hs[0]
+}
+
+// totalCalls is the number of HTTP calls dispatched by all workers.
+func (e *env) totalCalls() int {
+	n := 0
+	for _, w := range e.ws {
+		n += len(w.h.calls)
+	}
+	return n
+}
+
+func TestOnePollPerEnvoyAndPropagation(t *testing.T) {
+	e := newEnv(t, 4, nil)
+	e.tick()
+	hw := e.holder()
+	if n := e.totalCalls(); n != 1 {
+		t.Fatalf("%d calls dispatched, want 1", n)
+	}
+	c := hw.h.lastCall()
+	for k, want := range map[string]string{
+		":method": "GET", ":path": "/v1/policies/default?wait=30s", ":authority": "cp.internal",
+		"authorization": "Bearer read-token", "if-none-match": "",
+	} {
+		if got := c.header(k); got != want {
+			t.Errorf("header %s = %q, want %q", k, got, want)
+		}
+	}
+	if c.cluster != "control_plane" || c.timeout != 33000 {
+		t.Errorf("cluster %q timeout %d ms; want control_plane, 33000", c.cluster, c.timeout)
+	}
+
+	// More ticks while the poll is open: no second call, the lease stays.
+	for range 20 {
+		e.tick()
+	}
+	if n := e.totalCalls(); n != 1 || e.holder() != hw {
+		t.Fatalf("after 20 ticks: %d calls, holder changed %v", n, e.holder() != hw)
+	}
+
+	// The change arrives: the holder publishes and applies at once and
+	// polls again with the new ETag; the others apply on their next check.
+	hw.h.respond(c, "200", etag(1), policyDoc(1, 10))
+	if hw.version() != 1 {
+		t.Fatalf("holder applied version %d, want 1", hw.version())
+	}
+	if got := hw.h.lastCall().header("if-none-match"); got != `"v1"` || len(hw.h.calls) != 2 {
+		t.Errorf("next poll: %d calls, if-none-match %q; want 2, \"v1\"", len(hw.h.calls), got)
+	}
+	e.clk.advance(RequestCheckInterval)
+	for _, w := range e.ws {
+		w.s.Check()
+		if w.version() != 1 || len(w.applied) != 1 {
+			t.Errorf("worker applied %d policies, version %d; want 1, 1", len(w.applied), w.version())
+		}
+	}
+	if v, ok := e.ws[0].s.Version(); !ok || v != 1 {
+		t.Errorf("Version() = %d, %v", v, ok)
+	}
+	if hw.h.metrics[MetricSyncSuccesses] != 1 || hw.h.metrics[MetricVersion] != 1 ||
+		hw.h.metrics[MetricLastSync] != uint64(e.clk.t.Unix()) {
+		t.Errorf("holder metrics %v", hw.h.metrics)
+	}
+	// A 304 polls again at once, with the same ETag.
+	hw.h.respond(hw.h.lastCall(), "304", nil, "")
+	if len(hw.h.calls) != 3 || hw.h.lastCall().header("if-none-match") != `"v1"` {
+		t.Errorf("after 304: %d calls", len(hw.h.calls))
+	}
+	if hw.h.metrics[MetricSyncSuccesses] != 2 {
+		t.Errorf("successes %d, want 2", hw.h.metrics[MetricSyncSuccesses])
+	}
+	e.tick()
+	for _, w := range e.ws {
+		if len(w.applied) != 1 {
+			t.Errorf("a 304 re-applied the policy (%d applies)", len(w.applied))
+		}
+	}
+}
+
+func TestCheckIsThrottled(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	e.tick()
+	hw := e.holder()
+	other := e.ws[0]
+	if other == hw {
+		other = e.ws[1]
+	}
+	other.s.Check() // reads meta now
+	hw.h.respond(hw.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+	other.s.Check() // within RequestCheckInterval: no read
+	if other.version() != 0 {
+		t.Fatalf("Check applied within the throttle interval")
+	}
+	e.clk.advance(RequestCheckInterval)
+	other.s.Check()
+	if other.version() != 1 {
+		t.Fatalf("Check after the interval applied version %d, want 1", other.version())
+	}
+}
+
+func TestInvalidPoliciesRejected(t *testing.T) {
+	big := `{"policy":"default","version":9,"rules":[],"x":"` + strings.Repeat("a", rules.MaxPolicyBytes) + `"}`
+	for _, tc := range []struct {
+		name, body string
+		kind       FailureKind
+	}{
+		{"truncated", policyDoc(2, 5)[:40], FailInvalidPolicy},
+		{"not json", "<html>oops</html>", FailInvalidPolicy},
+		{"empty", "", FailInvalidPolicy},
+		{"invalid rule", `{"policy":"default","version":2,"rules":[{"id":"r","algorithm":"gcra","limit":0,"window":"1m"}]}`, FailInvalidPolicy},
+		{"unknown field", `{"policy":"default","version":2,"rules":[],"colour":"red"}`, FailInvalidPolicy},
+		{"other policy", `{"policy":"other","version":2,"rules":[]}`, FailInvalidPolicy},
+		{"too large", big, FailTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, 2, nil)
+			e.tick()
+			hw := e.holder()
+			hw.h.respond(hw.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+			calls := len(hw.h.calls)
+			hw.h.respond(hw.h.lastCall(), "200", etag(2), tc.body)
+			if hw.version() != 1 || len(hw.applied) != 1 {
+				t.Fatalf("applied %d, version %d; want the last good (1)", len(hw.applied), hw.version())
+			}
+			if got := hw.h.metrics[MetricSyncFailuresPrefix+string(tc.kind)]; got != 1 {
+				t.Errorf("%s failures = %d, want 1 (metrics %v)", tc.kind, got, hw.h.metrics)
+			}
+			if len(hw.h.logsWith("rejected")) != 1 {
+				t.Errorf("logs %q: want one 'rejected' line", hw.h.logs)
+			}
+			// Backoff before the next poll (50 ms with the lowest jitter),
+			// which then waits on the rejected ETag instead of refetching.
+			if len(hw.h.calls) != calls {
+				t.Fatalf("polled again at once after a rejection")
+			}
+			e.tick()
+			if len(hw.h.calls) != calls+1 {
+				t.Fatalf("%d calls after the backoff, want %d", len(hw.h.calls), calls+1)
+			}
+			if got := hw.h.lastCall().header("if-none-match"); got != `"v2"` {
+				t.Errorf("if-none-match after rejection = %q, want \"v2\"", got)
+			}
+			meta, _, _ := e.st.get(MetaKey("default"))
+			if m, _ := DecodeMeta(meta); m.Version != 1 {
+				t.Errorf("published version %d, want 1", m.Version)
+			}
+			for _, w := range e.ws {
+				w.s.Tick()
+				if w.version() != 1 {
+					t.Errorf("a worker has version %d", w.version())
+				}
+			}
+		})
+	}
+}
+
+func TestFailuresBackOffAndLogOncePerStateChange(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.tick()
+	w := e.ws[0]
+	w.h.respond(w.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+	failures := []func(c *call){
+		func(c *call) { w.h.reset(c) },
+		func(c *call) { w.h.respond(c, "503", nil, "no healthy upstream") },
+		func(c *call) { w.h.respond(c, "401", nil, "") },
+		func(c *call) { w.h.respond(c, "504", nil, "gateway says no") },
+		func(c *call) { w.h.reset(c) },
+	}
+	var gaps []int // ticks between failure and next call
+	for _, f := range failures {
+		n := len(w.h.calls)
+		f(w.h.lastCall())
+		ticks := 0
+		for len(w.h.calls) == n {
+			e.tick()
+			ticks++
+			if ticks > 1000 {
+				t.Fatal("no retry within 1000 ticks")
+			}
+		}
+		gaps = append(gaps, ticks)
+	}
+	// Lowest jitter: 50, 100, 200, 400, 800 ms → 1, 1, 2, 4, 8 ticks.
+	want := []int{1, 1, 2, 4, 8}
+	for i := range want {
+		if gaps[i] != want[i] {
+			t.Errorf("retry gaps in ticks = %v, want %v", gaps, want)
+			break
+		}
+	}
+	if got := w.h.logsWith("sync failing"); len(got) != 1 {
+		t.Errorf("'sync failing' logged %d times, want once: %q", len(got), got)
+	}
+	if w.h.metrics[MetricSyncFailuresPrefix+"reset"] != 2 || w.h.metrics[MetricSyncFailuresPrefix+"http_status"] != 3 {
+		t.Errorf("failure counters %v", w.h.metrics)
+	}
+	w.h.respond(w.h.lastCall(), "304", nil, "")
+	if got := w.h.logsWith("sync recovered after 5 failed polls"); len(got) != 1 {
+		t.Errorf("recovery logs %q", w.h.logs)
+	}
+	// The next failure starts from the smallest backoff again.
+	n := len(w.h.calls)
+	w.h.reset(w.h.lastCall())
+	e.tick()
+	if len(w.h.calls) != n+1 {
+		t.Errorf("backoff not reset by the success")
+	}
+	if got := w.h.logsWith("sync failing"); len(got) != 2 {
+		t.Errorf("'sync failing' logged %d times, want twice", len(got))
+	}
+	if w.version() != 1 {
+		t.Errorf("version %d after failures, want 1", w.version())
+	}
+}
+
+func TestTimeoutPollsAgainWithoutFailure(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.tick()
+	w := e.ws[0]
+	w.h.respond(w.h.lastCall(), "504", nil, "upstream request timeout")
+	if len(w.h.calls) != 2 {
+		t.Fatalf("%d calls after the timeout, want 2", len(w.h.calls))
+	}
+	for k, v := range w.h.metrics {
+		if strings.HasPrefix(k, MetricSyncFailuresPrefix) && v != 0 {
+			t.Errorf("timeout counted as failure: %s=%d", k, v)
+		}
+	}
+}
+
+func TestDispatchErrorBacksOff(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	w := e.ws[0]
+	w.h.dispatchErr = proxywasm.ErrBadArgument
+	e.tick()
+	e.tick()
+	if w.h.metrics[MetricSyncFailuresPrefix+"dispatch"] != 2 {
+		t.Errorf("dispatch failures %v", w.h.metrics)
+	}
+	if len(w.h.logsWith("sync failing (dispatch)")) != 1 {
+		t.Errorf("logs %q", w.h.logs)
+	}
+}
+
+func TestLeasePassesFromDeadHolder(t *testing.T) {
+	e := newEnv(t, 4, func(o *Options) { o.Lease = time.Second })
+	e.tick()
+	dead := e.holder()
+	dead.h.respond(dead.h.lastCall(), "200", etag(3), policyDoc(3, 10))
+	var live []*worker
+	for _, w := range e.ws {
+		if w != dead {
+			live = append(live, w)
+		}
+	}
+	// The holder stops ticking (its VM died with its poll in flight).
+	ticks := 0
+	for {
+		e.tick(live...)
+		ticks++
+		if len(e.holders()) == 2 {
+			break
+		}
+		if ticks > 100 {
+			t.Fatal("no new holder after 100 ticks")
+		}
+	}
+	// Lease 1 s = 10 ticks: the lease lapses at the 10th tick after the
+	// last renewal.
+	if ticks != 10 {
+		t.Errorf("lease passed after %d ticks, want 10", ticks)
+	}
+	var nw *worker
+	for _, w := range live {
+		if w.s.Holding() {
+			nw = w
+		}
+	}
+	c := nw.h.lastCall()
+	if got := c.header("if-none-match"); got != `"v3"` {
+		t.Errorf("new holder's if-none-match %q, want the published \"v3\"", got)
+	}
+	if got := len(nw.h.logsWith("took the sync lease")); got != 1 {
+		t.Errorf("new holder logged 'took' %d times", got)
+	}
+	// The old holder's poll result arrives late: dropped, nothing changes.
+	dead.s.holding = true // it still believes it holds the lease
+	old := dead.h.calls[len(dead.h.calls)-1]
+	dead.h.respond(old, "200", etag(4), policyDoc(4, 10))
+	meta, _, _ := e.st.get(MetaKey("default"))
+	if m, _ := DecodeMeta(meta); m.Version != 3 {
+		t.Errorf("late result of a lost lease was published: version %d", m.Version)
+	}
+	if dead.s.Holding() || len(dead.h.logsWith("lost the sync lease")) != 1 {
+		t.Errorf("old holder: holding %v, logs %q", dead.s.Holding(), dead.h.logs)
+	}
+}
+
+func TestStopReleasesLease(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	e.tick()
+	hw := e.holder()
+	hw.s.Stop()
+	var other *worker
+	for _, w := range e.ws {
+		if w != hw {
+			other = w
+		}
+	}
+	e.tick(other)
+	if !other.s.Holding() {
+		t.Fatal("the lease did not pass on the next tick after Stop")
+	}
+}
+
+func TestFollowerOnlyNeverPolls(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	follower := func() *worker {
+		e.opts.Cluster = ""
+		defer func() { e.opts.Cluster = "control_plane" }()
+		return e.add()
+	}()
+	e.tick()
+	if follower.s.Holding() || len(follower.h.calls) != 0 {
+		t.Fatal("a follower-only Syncer took the lease or polled")
+	}
+	hw := e.ws[0]
+	hw.h.respond(hw.h.lastCall(), "200", etag(1), policyDoc(1, 1))
+	e.tick()
+	if follower.version() != 1 {
+		t.Errorf("follower version %d, want 1", follower.version())
+	}
+}
+
+func TestLargePolicyChunked(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"policy":"default","version":5,"rules":[`)
+	for i := range rules.MaxRules {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"id":"r` + strconv.Itoa(i) + `","description":"` + strings.Repeat("d", rules.MaxDescriptionBytes) +
+			`","algorithm":"token_bucket","limit":10,"window":"1s"}`)
+	}
+	b.WriteString(`]}`)
+	doc := b.String()
+	e := newEnv(t, 3, nil)
+	e.tick()
+	hw := e.holder()
+	hw.h.respond(hw.h.lastCall(), "200", etag(5), doc)
+	meta, _, _ := e.st.get(MetaKey("default"))
+	m, ok := DecodeMeta(meta)
+	if !ok || m.Chunks < 4 || int(m.Length) != len(doc) {
+		t.Fatalf("meta %+v, %v; want %d bytes in ≥ 4 chunks", m, ok, len(doc))
+	}
+	e.tick()
+	for _, w := range e.ws {
+		if w.version() != 5 || w.applied[0].Len() != rules.MaxRules {
+			t.Errorf("worker version %d", w.version())
+		}
+	}
+	// A smaller next version goes to the other slot; the first slot's
+	// chunks stay as they were.
+	before := e.st.writes[ChunkKey("default", 1, 0)]
+	hw.h.respond(hw.h.lastCall(), "200", etag(6), policyDoc(6, 1))
+	if e.st.writes[ChunkKey("default", 1, 0)] != before || e.st.writes[ChunkKey("default", 0, 0)] != 1 {
+		t.Errorf("generation 2 was not written to slot 0: writes %v", e.st.writes)
+	}
+	e.tick()
+	for _, w := range e.ws {
+		if w.version() != 6 {
+			t.Errorf("worker version %d, want 6", w.version())
+		}
+	}
+}
+
+func TestTornReadRetried(t *testing.T) {
+	e := newEnv(t, 2, nil)
+	e.tick()
+	hw := e.holder()
+	follower := e.ws[0]
+	if follower == hw {
+		follower = e.ws[1]
+	}
+	hw.h.respond(hw.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+	// Simulate generation 3 overwriting slot 1 between the follower's meta
+	// read and its chunk reads: meta of generation 1, chunk of generation 3.
+	key := ChunkKey("default", 1, 0)
+	good, _, _ := e.st.get(key)
+	_ = e.st.set(key, Chunks([]byte(policyDoc(3, 10)), 3)[0], 0)
+	e.tick(follower)
+	if follower.version() != 0 {
+		t.Fatalf("a torn read was applied")
+	}
+	_ = e.st.set(key, good, 0)
+	e.tick(follower)
+	if follower.version() != 1 {
+		t.Fatalf("version %d after the torn read healed, want 1", follower.version())
+	}
+}
+
+func TestOlderVersionNotPublished(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.tick()
+	w := e.ws[0]
+	w.h.respond(w.h.lastCall(), "200", etag(5), policyDoc(5, 10))
+	w.h.respond(w.h.lastCall(), "200", etag(4), policyDoc(4, 10))
+	if w.version() != 5 || len(w.applied) != 1 {
+		t.Errorf("version %d after an older one arrived, want 5", w.version())
+	}
+	if len(w.h.logsWith("below the published 5")) != 1 {
+		t.Errorf("logs %q", w.h.logs)
+	}
+}
+
+func TestUncompilablePublishedPolicySkippedOnce(t *testing.T) {
+	e := newEnv(t, 1, func(o *Options) { o.Cluster = "" })
+	w := e.ws[0]
+	doc := []byte(`{"policy":"default","version":2,"rules":[],"bogus":1}`)
+	m := Meta{Version: 2, Generation: 1, Length: uint32(len(doc)), Chunks: 1, Checksum: Checksum(doc)}
+	_ = e.st.set(ChunkKey("default", 1, 0), Chunks(doc, 1)[0], 0)
+	_ = e.st.set(MetaKey("default"), AppendMeta(nil, m), 0)
+	for range 5 {
+		e.tick()
+	}
+	if w.version() != 0 || len(w.h.logsWith("rejected")) != 1 {
+		t.Errorf("version %d, logs %q", w.version(), w.h.logs)
+	}
+}
+
+func TestStartAppliesPublished(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.tick()
+	e.ws[0].h.respond(e.ws[0].h.lastCall(), "200", etag(7), policyDoc(7, 10))
+	late := e.add()
+	if late.version() != 7 {
+		t.Errorf("a worker started after publication has version %d, want 7", late.version())
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	apply := func(*rules.Compiled) {}
+	for _, tc := range []struct {
+		name string
+		o    Options
+		want string
+	}{
+		{"bad policy", Options{Policy: "Bad Name", Apply: apply}, "not a valid policy name"},
+		{"no apply", Options{Policy: "p"}, "Apply is required"},
+		{"timeout ≤ wait", Options{Policy: "p", Apply: apply, Wait: time.Second, Timeout: time.Second}, "must exceed wait"},
+		{"lease < 2 ticks", Options{Policy: "p", Apply: apply, Tick: time.Second, Lease: time.Second}, "at least two ticks"},
+		{"huge timeout", Options{Policy: "p", Apply: apply, Timeout: 1 << 62}, "exceeds 2^31-1 ms"},
+		{"tiny wait", Options{Policy: "p", Apply: apply, Wait: time.Microsecond}, "below 1ms"},
+	} {
+		_, err := New(tc.o)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want it to contain %q", tc.name, err, tc.want)
+		}
+	}
+	s, err := New(Options{Policy: "p", Apply: apply, Host: newFakeHost(t, newStore())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.o.Wait != 30*time.Second || s.o.Timeout != 33*time.Second || s.o.Lease != time.Second || s.VMToken() == 0 {
+		t.Errorf("defaults: %+v token %d", s.o, s.VMToken())
+	}
+}
+
+func TestNextLease(t *testing.T) {
+	const me, other = 1, 2
+	now := int64(1000)
+	for _, tc := range []struct {
+		name string
+		cur  Lease
+		take bool
+	}{
+		{"free", Lease{}, true},
+		{"mine", Lease{Holder: me, ExpiryNanos: now + 5}, true},
+		{"mine, expired", Lease{Holder: me, ExpiryNanos: now - 5}, true},
+		{"other's, live", Lease{Holder: other, ExpiryNanos: now + 1}, false},
+		{"other's, expiring now", Lease{Holder: other, ExpiryNanos: now}, true},
+		{"other's, expired", Lease{Holder: other, ExpiryNanos: 1}, true},
+	} {
+		next, take := NextLease(tc.cur, me, now, 10)
+		if take != tc.take {
+			t.Errorf("%s: take %v, want %v", tc.name, take, tc.take)
+		}
+		if take && next != (Lease{Holder: me, ExpiryNanos: now + 10}) {
+			t.Errorf("%s: next %+v", tc.name, next)
+		}
+	}
+}
+
+func TestMalformedLeaseTakenOver(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	_ = e.st.set(LeaseKey("default"), []byte("garbage"), 0)
+	e.tick()
+	if !e.ws[0].s.Holding() {
+		t.Error("a malformed lease was not taken over")
+	}
+}
+
+func TestLeaseKeyCreatedAtStart(t *testing.T) {
+	e := newEnv(t, 0, nil)
+	e.add()
+	v, _, err := e.st.get(LeaseKey("default"))
+	if l, ok := DecodeLease(v); err != nil || !ok || l != (Lease{}) {
+		t.Errorf("lease after Start: %v %+v %v", err, l, ok)
+	}
+	if e.ws[0].s.Holding() {
+		t.Error("Start took the lease (the canary must not)")
+	}
+	if !errors.Is(func() error { _, _, err := e.st.get(MetaKey("default")); return err }(), proxywasm.ErrNotFound) {
+		t.Error("Start wrote a meta")
+	}
+}
