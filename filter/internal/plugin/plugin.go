@@ -1,14 +1,72 @@
-// Package plugin is sluice's proxy-wasm plugin. For now it passes every
-// request through unchanged until rate-limit enforcement lands (a later
-// issue): its VM context creates plugin contexts whose HTTP contexts
-// continue every callback.
+// Package plugin is sluice's proxy-wasm plugin: it enforces a rate-limit
+// policy (package rules) on every HTTP request, with counters that every
+// worker VM of an Envoy shares through proxy-wasm shared data, and records
+// each decision as filter state for the access log.
 //
-// Failure policy (STYLE.md): bad configuration will stop the plugin from
-// starting; trouble while serving a request is logged, counted, and the
-// request passes.
+// The code is split by lifecycle phase: configure.go (plugin
+// configuration, policy swap, hash key, metrics), request.go (request
+// headers: client, matching, decision), commit.go (the shared-data
+// read–decide–CAS protocol), reply.go (the local reply and the rate-limit
+// headers), response.go (response headers: headers on allowed responses,
+// response-cost correction), done.go (stream end: concurrency release).
+//
+// # Shared data
+//
+// Counters live under "sluice/<policy>/<rule-id>/<n>", n in
+// [0, buckets_per_rule): one table.Layout bucket each. A request's counter
+// key (rules.Compiled.AppendKey) is hashed with SipHash-2-4 under a 16-byte
+// per-Envoy secret stored at "sluice/hashkey", and table.BucketOf picks
+// the bucket. The bucket header carries the limiter's fingerprint, so a
+// rule whose algorithm or parameters change starts fresh while an unchanged
+// rule keeps its counters across policy versions. Memory per rule is
+// buckets_per_rule × bucket size, whatever the traffic.
+//
+// # Exactness
+//
+// A request is decided against every matching rule from the buckets'
+// current bytes before anything is written. If any enforced (non-shadow)
+// rule denies, nothing is written: a denied request consumes nothing.
+// Otherwise each bucket is written with compare-and-swap against the cas
+// it was read with; on a mismatch that bucket is re-read and its rule
+// re-decided (at most cas_retries re-reads per request in total). If a
+// re-decision now denies, the rules already written are compensated
+// (limit.Limiter.Adjust with the negative cost, or Release for concurrency,
+// each again by CAS), and the request is denied, so a denied request takes
+// nothing. Since every write is a CAS over the bytes the decision was made
+// from, no admission is ever based on stale state, and the admitted total
+// never exceeds a limit. Rules are written in the order token-adjustable
+// first, concurrency next, sliding_log last (sliding_log state cannot be
+// corrected), so only a request matching two or more sliding_log rules can
+// leave a charge behind when denied during its commit (counted in
+// sluice.compensation_lost).
+//
+// A key that does not exist yet is written with cas 0xFFFFFFFF rather than
+// 0: Envoy creates a new key whatever the cas, but a cas-0 write over a key
+// another worker created meanwhile would be unconditional and lose its
+// update; a non-zero cas makes that write fail with CAS_MISMATCH instead.
+// (Residual: if the key's stored cas is exactly 0xFFFFFFFF, one of 2^32
+// values, the write succeeds over it.)
+//
+// # Failure policy
+//
+// Bad configuration stops the plugin from starting: proxy_on_configure
+// fails with an error log naming the field, and Envoy refuses the filter.
+// Trouble while serving a request is logged (at debug level, since it can
+// be frequent), counted in a metric, recorded in filter state
+// (sluice.reason), and the request passes: CAS retries exhausted
+// ("cas_exhausted"), shared data unreadable ("shared_data_error"), no hash
+// key ("no_hash_key"), no policy with fail_mode "open" ("no_policy"). With
+// fail_mode "closed" and no policy at all the filter denies with 503 (reason
+// "no_policy"). Nothing a client sends can make the filter panic; a panic
+// that happened anyway is recovered by filter/proxywasm, which fails open.
 package plugin
 
-import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+import (
+	"github.com/sluice-proxy/sluice/filter/internal/config"
+	"github.com/sluice-proxy/sluice/shared/limit/siphash"
+	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
 
 // NewVMContext returns the VM context to register with
 // proxywasm.SetVMContext from init. It makes no hostcall.
@@ -24,17 +82,63 @@ func (*vmContext) NewPluginContext(contextID uint32) types.PluginContext {
 	return &pluginContext{}
 }
 
+// pluginContext is one root context: the configuration, the policy in use
+// and the per-VM scratch buffers the request path reuses (a VM runs one
+// callback at a time, so they are never shared).
 type pluginContext struct {
 	types.DefaultPluginContext
+
+	cfg config.Config
+	// pol is the policy in use; nil means none (fail_mode applies). It is
+	// replaced only by swapPolicy.
+	pol *policyState
+
+	hashKey   siphash.Key
+	hashKeyOK bool
+
+	m         metrics
+	ruleStats map[string]*ruleMetrics
+
+	// free is a list of finished HTTP contexts to reuse.
+	free []*httpContext
+
+	s scratch
 }
 
-// NewHttpContext is called for each HTTP stream; the pass-through context
-// has no state, so this does not allocate.
-func (*pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
-	return &passThrough{}
+// scratch holds the buffers of one request's evaluation, reused across
+// requests. Buffers that grew past maxKeepBytes are dropped after use.
+type scratch struct {
+	req     rules.Request
+	headers []rules.Header
+	matched []int
+	key     []byte
+	evals   []eval
+	next    []byte
+	bucket  []byte
+	// mod and modBucket serve modify (compensation, response cost,
+	// release), which may run while next and bucket are in use.
+	mod       []byte
+	modBucket []byte
+	num     []byte
+	body    []byte
 }
 
-// passThrough continues every HTTP callback (types.DefaultHttpContext).
-type passThrough struct {
-	types.DefaultHttpContext
+const maxKeepBytes = 64 << 10
+
+// NewHttpContext is called for each HTTP stream.
+func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
+	if n := len(p.free); n > 0 {
+		h := p.free[n-1]
+		p.free = p.free[:n-1]
+		*h = httpContext{p: p, charges: h.charges[:0]}
+		return h
+	}
+	return &httpContext{p: p}
+}
+
+// recycle returns a finished context to the free list (bounded).
+func (p *pluginContext) recycle(h *httpContext) {
+	if len(p.free) < 64 {
+		p.free = append(p.free, h)
+	}
 }

@@ -1,0 +1,534 @@
+// Package config is the sluice filter's plugin configuration: the JSON
+// document Envoy hands to proxy_on_configure (the filter's
+// config.configuration), parsed strictly by the pure function Parse.
+//
+// # Document
+//
+//	{
+//	  "env": "prod",
+//	  "policy": { <a policy document, see package rules> },
+//	  "control_plane": {
+//	    "cluster": "control_plane", "authority": "cp.internal",
+//	    "policy": "default", "token": "<read token>",
+//	    "wait": "30s", "timeout": "35s", "lease": "2s"
+//	  },
+//	  "tick": "100ms",
+//	  "trusted_hops": 0,
+//	  "buckets_per_rule": 64,
+//	  "entries_per_bucket": 16,
+//	  "headers": "x-ratelimit",
+//	  "headers_on_allow": true,
+//	  "fail_mode": "open",
+//	  "cas_retries": 8
+//	}
+//
+// Every member is optional and described on the Config field that holds it,
+// with its default and bounds. An empty document (or none at all) is the
+// defaults: no static policy, no control plane, fail open.
+//
+// # Errors
+//
+// Parse rejects unknown members, values of the wrong type or out of
+// range, and an invalid policy; the error is an Errors value listing every
+// problem with its JSON path ("trusted_hops: must be 0..16",
+// "policy.rules[0].window: must be > 0"). Errors matches ErrInvalid.
+//
+// The package imports neither os nor anything that does (it runs inside
+// the wasm filter; DESIGN.md §2): JSON goes through shared/strictjson.
+package config
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/limit/table"
+	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
+)
+
+// Bounds and defaults of the plugin configuration.
+const (
+	// MaxBytes is the largest configuration accepted, in bytes: a policy
+	// (rules.MaxPolicyBytes) plus room for the other members.
+	MaxBytes = rules.MaxPolicyBytes + 64<<10
+	// DefaultTick is the tick period when "tick" is absent.
+	DefaultTick = 100 * time.Millisecond
+	// MinTick and MaxTick bound "tick".
+	MinTick, MaxTick = 10 * time.Millisecond, time.Minute
+	// MaxTrustedHops bounds "trusted_hops".
+	MaxTrustedHops = 16
+	// DefaultBucketsPerRule is "buckets_per_rule" when absent.
+	DefaultBucketsPerRule = 64
+	// MaxBucketsPerRule bounds "buckets_per_rule" (shared-data keys per rule).
+	MaxBucketsPerRule = 4096
+	// DefaultEntriesPerBucket is "entries_per_bucket" when absent.
+	DefaultEntriesPerBucket = 16
+	// DefaultCASRetries is "cas_retries" when absent.
+	DefaultCASRetries = 8
+	// MaxCASRetries bounds "cas_retries".
+	MaxCASRetries = 1000
+	// DefaultWait, DefaultTimeout and DefaultLease are the control plane's
+	// "wait", "timeout" and "lease" when absent.
+	DefaultWait, DefaultTimeout, DefaultLease = 30 * time.Second, 35 * time.Second, 2 * time.Second
+	// MaxWait bounds the control plane's "wait" and "timeout".
+	MaxWait = 10 * time.Minute
+	// MaxTokenBytes bounds the control plane's "token".
+	MaxTokenBytes = 4096
+)
+
+// HeaderStyle selects the rate-limit response headers ("headers").
+type HeaderStyle uint8
+
+// The header styles.
+const (
+	// HeadersXRateLimit ("x-ratelimit", the default): X-RateLimit-Limit,
+	// X-RateLimit-Remaining, X-RateLimit-Reset (seconds until reset).
+	HeadersXRateLimit HeaderStyle = iota
+	// HeadersRateLimit ("ratelimit"): the IETF draft's RateLimit and
+	// RateLimit-Policy structured fields
+	// (draft-ietf-httpapi-ratelimit-headers-09).
+	HeadersRateLimit
+	// HeadersBoth ("both"): both of the above.
+	HeadersBoth
+	// HeadersNone ("none"): no rate-limit headers (Retry-After is still sent on
+	// a denial).
+	HeadersNone
+)
+
+var headerStyles = [...]string{"x-ratelimit", "ratelimit", "both", "none"}
+
+// String returns the JSON name of s.
+func (s HeaderStyle) String() string {
+	if int(s) < len(headerStyles) {
+		return headerStyles[s]
+	}
+	return "headerstyle(" + strconv.Itoa(int(s)) + ")"
+}
+
+// XRateLimit reports whether s includes the X-RateLimit-* headers.
+func (s HeaderStyle) XRateLimit() bool { return s == HeadersXRateLimit || s == HeadersBoth }
+
+// IETF reports whether s includes the RateLimit and RateLimit-Policy fields.
+func (s HeaderStyle) IETF() bool { return s == HeadersRateLimit || s == HeadersBoth }
+
+// FailMode says what the filter does when it has no policy at all
+// ("fail_mode").
+type FailMode uint8
+
+// The fail modes.
+const (
+	// FailOpen ("open", the default): requests pass, with filter state
+	// sluice.reason "no_policy".
+	FailOpen FailMode = iota
+	// FailClosed ("closed"): requests are denied with 503 while there is no
+	// policy (neither a static one nor one from the control plane). Trouble
+	// while serving (CAS exhaustion, bad shared data) still fails open.
+	FailClosed
+)
+
+// String returns the JSON name of m.
+func (m FailMode) String() string {
+	if m == FailClosed {
+		return "closed"
+	}
+	return "open"
+}
+
+// ControlPlane is the "control_plane" section: where rule sync pulls the
+// policy from (used by the rule-sync code, filter/internal/policysync).
+type ControlPlane struct {
+	// Enabled reports whether the section was present.
+	Enabled bool
+	// Cluster ["cluster"] is the Envoy cluster name of the control plane, the first
+	// argument of proxy_http_call. Required in the section.
+	Cluster string
+	// Authority ["authority"] is the :authority of the poll requests. Default:
+	// Cluster.
+	Authority string
+	// Policy ["policy"] is the policy name to pull (rules.ValidName). Default
+	// "default".
+	Policy string
+	// Token ["token"] is the read-only bearer token (at most MaxTokenBytes
+	// visible ASCII bytes). Default: none.
+	Token string
+	// Wait ["wait"] is the long-poll wait sent to the control plane, 1s..MaxWait.
+	// Default DefaultWait.
+	Wait time.Duration
+	// Timeout ["timeout"] is the proxy_http_call timeout, greater than Wait and
+	// at most MaxWait. Default DefaultTimeout, or Wait+5s when only wait is set.
+	Timeout time.Duration
+	// Lease ["lease"] is how long the sync leader's lease in shared data lasts,
+	// 100ms..1m. Default DefaultLease.
+	Lease time.Duration
+}
+
+// Config is the parsed plugin configuration. Each field's JSON name is in
+// brackets.
+type Config struct {
+	// Env ["env"] is the environment name written into counter keys
+	// (rules.ValidName). Default "default".
+	Env string
+	// Policy ["policy"] is the static policy, compiled with Env: used until one
+	// arrives from the control plane, or for ever without one. nil when absent.
+	Policy *rules.Compiled
+	// ControlPlane ["control_plane"]: see ControlPlane.
+	ControlPlane ControlPlane
+	// Tick ["tick"] is the period of proxy_on_tick, MinTick..MaxTick. Default
+	// DefaultTick.
+	Tick time.Duration
+	// TrustedHops ["trusted_hops"] is the number of proxies in front of Envoy
+	// that append to X-Forwarded-For and are trusted, 0..MaxTrustedHops. 0 takes
+	// the client address from source.address; N > 0 takes the N-th address from
+	// the right of X-Forwarded-For (falling back to source.address when the
+	// header has fewer than N addresses).
+	TrustedHops int
+	// BucketsPerRule ["buckets_per_rule"] is the number of shared-data buckets
+	// of each rule, 1..MaxBucketsPerRule. Default DefaultBucketsPerRule.
+	BucketsPerRule int
+	// EntriesPerBucket ["entries_per_bucket"] is the number of keys a bucket
+	// tracks at once, 1..table.MaxEntries. Default DefaultEntriesPerBucket.
+	EntriesPerBucket int
+	// Headers ["headers"] is the rate-limit header style. Default
+	// HeadersXRateLimit.
+	Headers HeaderStyle
+	// HeadersOnAllow ["headers_on_allow"]: allowed responses carry the headers
+	// too. Default true.
+	HeadersOnAllow bool
+	// FailMode ["fail_mode"]: "open" or "closed". Default FailOpen.
+	FailMode FailMode
+	// CASRetries ["cas_retries"] bounds the compare-and-swap retries of one
+	// request over all its rules, 1..MaxCASRetries. Default DefaultCASRetries.
+	CASRetries int
+}
+
+// Default returns the configuration of an empty document.
+func Default() Config {
+	return Config{
+		Env:              "default",
+		Tick:             DefaultTick,
+		BucketsPerRule:   DefaultBucketsPerRule,
+		EntriesPerBucket: DefaultEntriesPerBucket,
+		HeadersOnAllow:   true,
+		CASRetries:       DefaultCASRetries,
+	}
+}
+
+// ErrInvalid is matched by errors.Is for every Errors value.
+var ErrInvalid = errors.New("config: invalid plugin configuration")
+
+// FieldError is one problem in the configuration.
+type FieldError struct {
+	// Field is the JSON path, e.g. "control_plane.wait"; "" is the document.
+	Field string
+	// Message says what is wrong.
+	Message string
+}
+
+// Error returns "field: message", or the message alone when Field is "".
+func (e FieldError) Error() string {
+	if e.Field == "" {
+		return e.Message
+	}
+	return e.Field + ": " + e.Message
+}
+
+// Errors is every problem found in a configuration, in document order.
+type Errors []FieldError
+
+// Error joins the problems with "; ".
+func (e Errors) Error() string {
+	var b strings.Builder
+	b.WriteString("config: ")
+	for i, fe := range e {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(fe.Error())
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrInvalid.
+func (e Errors) Is(target error) bool { return target == ErrInvalid }
+
+// Parse decodes and validates a plugin configuration. An empty (or
+// whitespace-only) doc yields Default(). On any problem it returns the
+// zero Config and an Errors listing every problem found.
+func Parse(doc []byte) (Config, error) {
+	if len(strings.TrimSpace(string(doc))) == 0 {
+		return Default(), nil
+	}
+	c := Default()
+	p := parser{d: strictjson.NewDecoder(doc, strictjson.Limits{MaxBytes: MaxBytes, MaxDepth: rules.MaxDepth + 1})}
+	var policyDoc []byte
+	member := 0
+	_ = p.d.Object(func(key string) error {
+		idx := member
+		member++
+		switch key {
+		case "env":
+			c.Env = p.str()
+		case "policy":
+			if p.d.Null() {
+				return nil
+			}
+			if p.d.Peek() != strictjson.Object {
+				p.d.Fail("must be an object")
+				return p.d.Skip()
+			}
+			if err := p.d.Skip(); err != nil {
+				return err
+			}
+			policyDoc = memberValue(doc, idx)
+			if policyDoc == nil {
+				p.d.Fail("cannot locate the policy object")
+			}
+		case "control_plane":
+			return p.controlPlane(&c.ControlPlane)
+		case "tick":
+			c.Tick = p.duration(c.Tick)
+		case "trusted_hops":
+			c.TrustedHops = p.intIn(c.TrustedHops, 0, MaxTrustedHops)
+		case "buckets_per_rule":
+			c.BucketsPerRule = p.intIn(c.BucketsPerRule, 1, MaxBucketsPerRule)
+		case "entries_per_bucket":
+			c.EntriesPerBucket = p.intIn(c.EntriesPerBucket, 1, table.MaxEntries)
+		case "headers":
+			s := p.str()
+			found := false
+			for i, name := range headerStyles {
+				if s == name {
+					c.Headers, found = HeaderStyle(i), true
+				}
+			}
+			if !found && s != "" {
+				p.d.Fail(`must be "x-ratelimit", "ratelimit", "both" or "none"`)
+			}
+		case "headers_on_allow":
+			if !p.d.Null() {
+				c.HeadersOnAllow, _ = p.d.Bool()
+			}
+		case "fail_mode":
+			switch s := p.str(); s {
+			case "", "open":
+				c.FailMode = FailOpen
+			case "closed":
+				c.FailMode = FailClosed
+			default:
+				p.d.Fail(`must be "open" or "closed"`)
+			}
+		case "cas_retries":
+			c.CASRetries = p.intIn(c.CASRetries, 1, MaxCASRetries)
+		default:
+			return p.d.UnknownField()
+		}
+		return nil
+	})
+	_ = p.d.End()
+	for _, e := range p.d.Errors() {
+		p.errs = append(p.errs, FieldError{Field: e.Path, Message: e.Message})
+	}
+	if len(p.errs) > 0 {
+		return Config{}, p.errs
+	}
+	if c.Env == "" {
+		c.Env = "default"
+	}
+	if !rules.ValidName(c.Env) {
+		p.fail("env", "must be 1 to 63 bytes of [a-z0-9_.-] starting with [a-z0-9]")
+	}
+	p.validateControlPlane(&c.ControlPlane)
+	if policyDoc != nil && len(p.errs) == 0 {
+		c.Policy = p.policy(policyDoc, c)
+	}
+	if len(p.errs) > 0 {
+		return Config{}, p.errs
+	}
+	return c, nil
+}
+
+// CheckPolicy reports whether every rule of a compiled policy fits the
+// bucket layout of c (table.New: a bucket of EntriesPerBucket entries of the
+// rule's state must not exceed table.MaxBucketSize), as a FieldError at
+// field+".rules[i]" for the first rule that does not.
+func (c Config) CheckPolicy(p *rules.Compiled, field string) error {
+	for i := 0; i < p.Len(); i++ {
+		if _, err := table.New(p.Rule(i).Limiter, c.EntriesPerBucket); err != nil {
+			return FieldError{
+				Field:   strictjson.JoinPath(field, "rules["+strconv.Itoa(i)+"]"),
+				Message: "a bucket of entries_per_bucket=" + strconv.Itoa(c.EntriesPerBucket) + " entries of this rule's state exceeds " + strconv.Itoa(table.MaxBucketSize) + " bytes (" + err.Error() + ")",
+			}
+		}
+	}
+	return nil
+}
+
+type parser struct {
+	d    *strictjson.Decoder
+	errs Errors
+}
+
+func (p *parser) fail(field, msg string) { p.errs = append(p.errs, FieldError{field, msg}) }
+
+func (p *parser) str() string {
+	if p.d.Null() {
+		return ""
+	}
+	s, _ := p.d.String()
+	return s
+}
+
+func (p *parser) duration(def time.Duration) time.Duration {
+	if p.d.Null() {
+		return def
+	}
+	v, err := p.d.Duration()
+	if err != nil {
+		return def
+	}
+	if v < MinTick || v > MaxTick {
+		p.d.Fail("must be "+strictjson.FormatDuration(MinTick)+".."+strictjson.FormatDuration(MaxTick))
+	}
+	return v
+}
+
+func (p *parser) intIn(def, lo, hi int) int {
+	if p.d.Null() {
+		return def
+	}
+	v, err := p.d.Int64()
+	if err != nil {
+		return def
+	}
+	if v < int64(lo) || v > int64(hi) {
+		p.d.Fail("must be "+strconv.Itoa(lo)+".."+strconv.Itoa(hi))
+		return def
+	}
+	return int(v)
+}
+
+func (p *parser) controlPlane(cp *ControlPlane) error {
+	if p.d.Null() {
+		return nil
+	}
+	cp.Enabled = true
+	dur := func(def time.Duration) time.Duration {
+		if p.d.Null() {
+			return def
+		}
+		v, err := p.d.Duration()
+		if err != nil {
+			return def
+		}
+		return v
+	}
+	return p.d.Object(func(key string) error {
+		switch key {
+		case "cluster":
+			cp.Cluster = p.str()
+		case "authority":
+			cp.Authority = p.str()
+		case "policy":
+			cp.Policy = p.str()
+		case "token":
+			cp.Token = p.str()
+		case "wait":
+			cp.Wait = dur(0)
+		case "timeout":
+			cp.Timeout = dur(0)
+		case "lease":
+			cp.Lease = dur(0)
+		default:
+			return p.d.UnknownField()
+		}
+		return nil
+	})
+}
+
+func (p *parser) validateControlPlane(cp *ControlPlane) {
+	if !cp.Enabled {
+		return
+	}
+	const f = "control_plane."
+	if cp.Cluster == "" {
+		p.fail(f+"cluster", "required")
+	} else if !printable(cp.Cluster, 255) {
+		p.fail(f+"cluster", "must be 1 to 255 visible ASCII bytes")
+	}
+	if cp.Authority == "" {
+		cp.Authority = cp.Cluster
+	} else if !printable(cp.Authority, 255) {
+		p.fail(f+"authority", "must be 1 to 255 visible ASCII bytes")
+	}
+	if cp.Policy == "" {
+		cp.Policy = "default"
+	} else if !rules.ValidName(cp.Policy) {
+		p.fail(f+"policy", "must be 1 to 63 bytes of [a-z0-9_.-] starting with [a-z0-9]")
+	}
+	if cp.Token != "" && !printable(cp.Token, MaxTokenBytes) {
+		p.fail(f+"token", "must be visible ASCII, at most "+strconv.Itoa(MaxTokenBytes)+" bytes")
+	}
+	switch {
+	case cp.Wait == 0:
+		cp.Wait = DefaultWait
+	case cp.Wait < time.Second || cp.Wait > MaxWait:
+		p.fail(f+"wait", "must be 1s.."+strictjson.FormatDuration(MaxWait))
+	}
+	switch {
+	case cp.Timeout == 0:
+		cp.Timeout = cp.Wait + 5*time.Second
+		if cp.Wait == DefaultWait {
+			cp.Timeout = DefaultTimeout
+		}
+	case cp.Timeout <= cp.Wait || cp.Timeout > MaxWait+5*time.Second:
+		p.fail(f+"timeout", "must be greater than wait and at most "+strictjson.FormatDuration(MaxWait+5*time.Second))
+	}
+	switch {
+	case cp.Lease == 0:
+		cp.Lease = DefaultLease
+	case cp.Lease < 100*time.Millisecond || cp.Lease > time.Minute:
+		p.fail(f+"lease", "must be 100ms..1m")
+	}
+}
+
+// policy parses, compiles and layout-checks the static policy, reporting
+// problems under "policy.".
+func (p *parser) policy(doc []byte, c Config) *rules.Compiled {
+	pol, err := rules.ParsePolicy(doc)
+	if err != nil {
+		var fes rules.Errors
+		if errors.As(err, &fes) {
+			for _, fe := range fes {
+				p.fail(strictjson.JoinPath("policy", fe.Field), fe.Message)
+			}
+		} else {
+			p.fail("policy", err.Error())
+		}
+		return nil
+	}
+	comp, err := rules.Compile(pol, rules.CompileOptions{Env: c.Env})
+	if err != nil {
+		p.fail("policy", err.Error())
+		return nil
+	}
+	if err := c.CheckPolicy(comp, "policy"); err != nil {
+		fe := err.(FieldError)
+		p.errs = append(p.errs, fe)
+		return nil
+	}
+	return comp
+}
+
+func printable(s string, max int) bool {
+	if len(s) == 0 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,345 @@
+package plugin
+
+import (
+	"errors"
+
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/limit/table"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// eval is one matching rule's evaluation of the current request.
+type eval struct {
+	rule           *ruleState
+	keyOff, keyEnd int // the counter key in scratch.key
+	hash           uint64
+	bucket         int
+	cost           uint64
+	value          []byte // the bucket bytes read (a host buffer)
+	cas            uint32
+	slot           table.Slot
+	nextOff        int // the next state in scratch.next
+	dec            limit.Decision
+	written        bool
+}
+
+// Fail-open reasons, the values of filter state sluice.reason.
+const (
+	reasonNoPolicy        = "no_policy"
+	reasonNoHashKey       = "no_hash_key"
+	reasonCASExhausted    = "cas_exhausted"
+	reasonSharedDataError = "shared_data_error"
+)
+
+// outcome is what evaluate decided: deny names the rule that denies, failed
+// the fail-open reason; neither means allowed.
+type outcome struct {
+	deny   *eval
+	failed string
+}
+
+// evaluate decides the request against every matching rule in s.matched and
+// commits it (see the package doc's exactness argument). It fills h.report
+// and h.charges' source (s.evals[i].written).
+func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) outcome {
+	p := h.p
+	s := &p.s
+	s.evals = s.evals[:0]
+	s.key = s.key[:0]
+	stateBytes := 0
+	for _, i := range s.matched {
+		rs := &ps.rules[i]
+		start := len(s.key)
+		var ok bool
+		s.key, ok = ps.compiled.AppendKey(s.key, i, req)
+		if !ok {
+			continue // a key part has no value: the rule does not count the request
+		}
+		ev := eval{rule: rs, keyOff: start, keyEnd: len(s.key), nextOff: stateBytes}
+		ev.hash = p.keyHash(s.key[start:])
+		ev.bucket = table.BucketOf(ev.hash, len(rs.keys))
+		var costOK bool
+		ev.cost, costOK = ps.compiled.Cost(i, req)
+		if !costOK && rs.cr.Rule.CostHeader != "" {
+			if _, present := req.Header(rs.cr.Rule.CostHeader); present {
+				p.m.costInvalid.Increment(1)
+				proxywasm.LogDebug("sluice: rule " + rs.cr.ID + ": cost header missing a valid value, clamped or defaulted")
+			}
+		}
+		stateBytes += rs.layout.Limiter().StateSize()
+		s.evals = append(s.evals, ev)
+	}
+	if len(s.evals) == 0 {
+		return outcome{}
+	}
+	if cap(s.next) < stateBytes {
+		s.next = make([]byte, stateBytes)
+	}
+	s.next = s.next[:stateBytes]
+	for k := range s.evals {
+		if !p.readDecide(&s.evals[k], now) {
+			h.failOpenRules(reasonSharedDataError)
+			return outcome{failed: reasonSharedDataError}
+		}
+	}
+	if d := p.enforcedDenial(); d != nil {
+		h.recordDenial(d)
+		return outcome{deny: d}
+	}
+	return h.commit(now)
+}
+
+// readDecide reads ev's bucket and decides the rule from it; false if shared
+// data could not be read.
+func (p *pluginContext) readDecide(ev *eval, now int64) bool {
+	rs := ev.rule
+	value, cas, err := proxywasm.GetSharedData(rs.keys[ev.bucket])
+	switch {
+	case errors.Is(err, proxywasm.ErrNotFound):
+		value, cas = nil, casAbsent
+	case err != nil:
+		proxywasm.LogDebug("sluice: reading " + rs.keys[ev.bucket] + ": " + err.Error())
+		return false
+	}
+	ev.value, ev.cas = value, cas
+	ev.slot = rs.layout.Lookup(value, ev.hash, now)
+	if ev.slot.Status == table.Corrupt {
+		p.m.corrupt.Increment(1)
+	}
+	lim := rs.layout.Limiter()
+	next := p.s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
+	ev.dec = lim.Decide(ev.slot.State, next, now, ev.cost)
+	return true
+}
+
+// enforcedDenial returns the enforced rule that denies with the longest
+// Retry-After (the request stays denied until every rule allows), or nil.
+func (p *pluginContext) enforcedDenial() *eval {
+	var d *eval
+	for k := range p.s.evals {
+		ev := &p.s.evals[k]
+		if ev.dec.Allowed || ev.rule.cr.Shadow {
+			continue
+		}
+		if d == nil || ev.dec.RetryAfter > d.dec.RetryAfter {
+			d = ev
+		}
+	}
+	return d
+}
+
+// commit writes every allowed rule's bucket by CAS, in commit order,
+// re-deciding a rule whose bucket changed since it was read. See the
+// package doc.
+func (h *httpContext) commit(now int64) outcome {
+	p := h.p
+	s := &p.s
+	retries := 0
+	for class := 0; class < 3; class++ {
+		for k := range s.evals {
+			ev := &s.evals[k]
+			if ev.rule.order != class {
+				continue
+			}
+			for ev.dec.Allowed {
+				lim := ev.rule.layout.Limiter()
+				size := ev.rule.layout.Size()
+				if cap(s.bucket) < size {
+					s.bucket = make([]byte, size)
+				}
+				next := s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
+				out := ev.rule.layout.Commit(s.bucket[:0], ev.value, ev.slot, ev.hash, next, now)
+				err := proxywasm.SetSharedData(ev.rule.keys[ev.bucket], out, ev.cas)
+				if err == nil {
+					ev.written = true
+					if ev.slot.Evicted {
+						p.m.evictions.Increment(1)
+					}
+					break
+				}
+				if !errors.Is(err, proxywasm.ErrCasMismatch) {
+					proxywasm.LogDebug("sluice: writing " + ev.rule.keys[ev.bucket] + ": " + err.Error())
+					h.failOpenRules(reasonSharedDataError)
+					h.finishAllowed()
+					return outcome{failed: reasonSharedDataError}
+				}
+				retries++
+				p.m.casRetries.Increment(1)
+				if retries > p.cfg.CASRetries {
+					p.m.casExhausted.Increment(1)
+					proxywasm.LogDebug("sluice: rule " + ev.rule.cr.ID + ": CAS retries exhausted; request passes")
+					h.failOpenRules(reasonCASExhausted)
+					h.finishAllowed()
+					return outcome{failed: reasonCASExhausted}
+				}
+				if !p.readDecide(ev, now) {
+					h.failOpenRules(reasonSharedDataError)
+					h.finishAllowed()
+					return outcome{failed: reasonSharedDataError}
+				}
+				if !ev.dec.Allowed && !ev.rule.cr.Shadow {
+					h.compensate(now)
+					h.recordDenial(ev)
+					return outcome{deny: ev}
+				}
+			}
+		}
+	}
+	h.finishAllowed()
+	return outcome{}
+}
+
+// compensate undoes every bucket written so far for this request.
+func (h *httpContext) compensate(now int64) {
+	p := h.p
+	for k := range p.s.evals {
+		ev := &p.s.evals[k]
+		if !ev.written {
+			continue
+		}
+		ev.written = false
+		if !p.undo(ev.rule, ev.bucket, ev.hash, ev.cost, now, now) {
+			p.m.compensationLost.Increment(1)
+			proxywasm.LogDebug("sluice: rule " + ev.rule.cr.ID + ": could not undo the charge of a denied request")
+		}
+	}
+}
+
+// undo takes back a charge of cost made at acquiredAt: Release for
+// concurrency, Adjust by -cost for the others (false for sliding_log,
+// which cannot be corrected).
+func (p *pluginContext) undo(rs *ruleState, bucket int, hash, cost uint64, acquiredAt, now int64) bool {
+	lim := rs.layout.Limiter()
+	if rs.concurrency {
+		return p.modify(rs, bucket, hash, now, func(state, next []byte) bool {
+			return lim.Release(state, next, now, acquiredAt, cost)
+		})
+	}
+	return p.modify(rs, bucket, hash, now, func(state, next []byte) bool {
+		return lim.Adjust(state, next, now, -int64(cost))
+	})
+}
+
+// modify applies f to the key's entry in a bucket by read → f → CAS write,
+// retrying up to cas_retries times. It returns true when the change was
+// written or there was nothing to change (the entry is gone: evicted, or
+// the rule's state was reset), false when f refused or the write failed.
+func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64, f func(state, next []byte) bool) bool {
+	key := rs.keys[bucket]
+	lim := rs.layout.Limiter()
+	s := &p.s
+	for attempt := 0; ; attempt++ {
+		value, cas, err := proxywasm.GetSharedData(key)
+		if err != nil {
+			return errors.Is(err, proxywasm.ErrNotFound)
+		}
+		slot := rs.layout.Lookup(value, hash, now)
+		if !slot.Found {
+			return true
+		}
+		if cap(s.mod) < lim.StateSize() {
+			s.mod = make([]byte, lim.StateSize())
+		}
+		next := s.mod[:lim.StateSize()]
+		if !f(slot.State, next) {
+			return false
+		}
+		if cap(s.modBucket) < rs.layout.Size() {
+			s.modBucket = make([]byte, rs.layout.Size())
+		}
+		out := rs.layout.Commit(s.modBucket[:0], value, slot, hash, next, now)
+		err = proxywasm.SetSharedData(key, out, cas)
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, proxywasm.ErrCasMismatch) {
+			return false
+		}
+		p.m.casRetries.Increment(1)
+		if attempt >= p.cfg.CASRetries {
+			p.m.casExhausted.Increment(1)
+			return false
+		}
+	}
+}
+
+// recordDenial counts the denial and sets the report from d; shadow rules
+// that would also have denied are counted as shadow-limited.
+func (h *httpContext) recordDenial(d *eval) {
+	p := h.p
+	shadow := false
+	for k := range p.s.evals {
+		ev := &p.s.evals[k]
+		if ev.dec.Allowed {
+			continue
+		}
+		if ev.rule.cr.Shadow {
+			ev.rule.m.shadowLimited.Increment(1)
+			shadow = true
+		} else if ev == d {
+			ev.rule.m.limited.Increment(1)
+		}
+	}
+	h.setReport(d, true)
+	h.report.shadow = shadow
+}
+
+// finishAllowed counts an allowed (or failed-open) request and sets the
+// report: the most restrictive enforced rule (least remaining), else the
+// shadow rule that would have denied, else the most restrictive shadow rule.
+func (h *httpContext) finishAllowed() {
+	p := h.p
+	var best, shadowDeny, shadowBest *eval
+	for k := range p.s.evals {
+		ev := &p.s.evals[k]
+		switch {
+		case ev.rule.cr.Shadow && !ev.dec.Allowed:
+			ev.rule.m.shadowLimited.Increment(1)
+			if shadowDeny == nil {
+				shadowDeny = ev
+			}
+		case ev.rule.cr.Shadow:
+			ev.rule.m.allowed.Increment(1)
+			if shadowBest == nil || ev.dec.Remaining < shadowBest.dec.Remaining {
+				shadowBest = ev
+			}
+		default:
+			ev.rule.m.allowed.Increment(1)
+			if best == nil || ev.dec.Remaining < best.dec.Remaining {
+				best = ev
+			}
+		}
+	}
+	switch {
+	case best != nil:
+		h.setReport(best, false)
+	case shadowDeny != nil:
+		h.setReport(shadowDeny, false)
+	case shadowBest != nil:
+		h.setReport(shadowBest, false)
+	default:
+		return
+	}
+	h.report.shadow = shadowDeny != nil
+}
+
+// failOpenRules counts a fail-open for every rule being evaluated.
+func (h *httpContext) failOpenRules(reason string) {
+	for k := range h.p.s.evals {
+		h.p.s.evals[k].rule.m.failedOpen.Increment(1)
+	}
+	h.p.m.failedOpen.Increment(1)
+}
+
+// keepCharges records the written buckets a later phase needs: concurrency
+// slots to release and charges a response cost header may correct.
+func (h *httpContext) keepCharges(now int64) {
+	for k := range h.p.s.evals {
+		ev := &h.p.s.evals[k]
+		if !ev.written || (!ev.rule.concurrency && ev.rule.cr.ResponseCostHeader == "") {
+			continue
+		}
+		h.charges = append(h.charges, charge{rule: ev.rule, bucket: ev.bucket, hash: ev.hash, cost: ev.cost, acquiredAt: now})
+	}
+}

@@ -1,0 +1,187 @@
+package plugin
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-proxy/sluice/filter/internal/config"
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/limit/table"
+	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// policyState is a compiled policy with what the request path derives from
+// it once: per-rule bucket layouts and shared-data keys, and the request
+// headers matching and key building need.
+type policyState struct {
+	compiled *rules.Compiled
+	// version is the policy version, as a decimal string for filter state.
+	version    uint64
+	versionStr []byte
+	rules      []ruleState
+	// headerNames are the request headers to read (identity, match, key and
+	// cost headers), without duplicates; allHeaders is set when there are
+	// so many that one proxy_get_header_map_pairs is cheaper.
+	headerNames []string
+	allHeaders  bool
+	// needIP: some rule keys on client_ip or some exemption lists CIDRs.
+	needIP bool
+	// userHeader and tenantHeader are the policy's identity headers.
+	userHeader, tenantHeader string
+}
+
+// ruleState is one rule of a policyState.
+type ruleState struct {
+	index  int
+	cr     *rules.CompiledRule
+	layout *table.Layout
+	// keys[n] is the shared-data key of bucket n.
+	keys []string
+	m    *ruleMetrics
+	// order is the commit order class: 0 adjustable, 1 concurrency, 2
+	// sliding_log (see the package doc's exactness argument).
+	order       int
+	concurrency bool
+	// window is the rule's window in whole seconds, rounded up (0 for
+	// concurrency), for RateLimit-Policy's w parameter.
+	windowSeconds uint64
+}
+
+// allHeadersThreshold is the number of distinct headers above which the
+// filter reads the whole request header map once instead of one header at
+// a time.
+const allHeadersThreshold = 8
+
+// OnPluginStart implements proxy_on_configure: it parses the plugin
+// configuration (package config), installs the static policy, makes sure
+// the hash key exists, defines the metrics and starts the tick. Any
+// configuration error fails the configure with an error log naming the
+// field, and Envoy refuses the filter.
+func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPluginStartStatus {
+	raw, err := proxywasm.GetPluginConfiguration()
+	if err != nil && !errors.Is(err, proxywasm.ErrNotFound) {
+		proxywasm.LogError("sluice: reading the plugin configuration: " + err.Error())
+		return types.OnPluginStartStatusFailed
+	}
+	cfg, err := config.Parse(raw)
+	if err != nil {
+		proxywasm.LogError("sluice: invalid plugin configuration: " + err.Error())
+		return types.OnPluginStartStatusFailed
+	}
+	p.cfg = cfg
+	p.m.define()
+	if cfg.Policy != nil {
+		if err := p.swapPolicy(cfg.Policy); err != nil {
+			proxywasm.LogError("sluice: invalid plugin configuration: " + err.Error())
+			return types.OnPluginStartStatusFailed
+		}
+	} else {
+		proxywasm.LogInfo("sluice: no static policy; fail_mode " + cfg.FailMode.String() + " until one arrives")
+	}
+	p.loadHashKey(true)
+	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.Tick.Milliseconds())); err != nil {
+		proxywasm.LogWarn("sluice: setting the tick period: " + err.Error())
+	}
+	return types.OnPluginStartStatusOK
+}
+
+// OnTick implements proxy_on_tick: every VM re-reads the hash key so that
+// all converge on the stored one. Rule sync (filter/internal/policysync)
+// hooks in here and installs new policies with swapPolicy.
+func (p *pluginContext) OnTick() {
+	p.loadHashKey(!p.hashKeyOK)
+}
+
+// swapPolicy makes c the policy in use, from the next request on. Rules
+// keep their counters when their id and limiter are unchanged (the
+// shared-data keys do not contain the version; the bucket header carries
+// the limiter fingerprint). It fails, leaving the current policy in place,
+// if a rule's bucket would exceed table.MaxBucketSize with the configured
+// entries_per_bucket. It makes hostcalls (metric definitions), so call it
+// from proxy_on_configure or proxy_on_tick / an HTTP-call callback.
+func (p *pluginContext) swapPolicy(c *rules.Compiled) error {
+	ps, err := p.buildPolicy(c)
+	if err != nil {
+		return err
+	}
+	p.pol = ps
+	p.m.policyVersion.Record(c.Version)
+	proxywasm.LogInfo("sluice: policy " + c.Name + " version " + strconv.FormatUint(c.Version, 10) +
+		" in use (" + strconv.Itoa(c.Len()) + " rules)")
+	return nil
+}
+
+// policyVersion returns the version of the policy in use and whether there
+// is one.
+func (p *pluginContext) policyVersion() (uint64, bool) {
+	if p.pol == nil {
+		return 0, false
+	}
+	return p.pol.version, true
+}
+
+func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
+	if err := p.cfg.CheckPolicy(c, "policy"); err != nil {
+		return nil, err
+	}
+	ps := &policyState{
+		compiled:     c,
+		version:      c.Version,
+		versionStr:   strconv.AppendUint(nil, c.Version, 10),
+		rules:        make([]ruleState, c.Len()),
+		userHeader:   c.Policy.Identity.UserHeader,
+		tenantHeader: c.Policy.Identity.TenantHeader,
+		needIP:       len(c.Policy.Exempt.CIDRs) > 0,
+	}
+	names := map[string]bool{}
+	add := func(n string) {
+		if n != "" && n != ":method" && n != ":path" && !names[n] {
+			names[n] = true
+			ps.headerNames = append(ps.headerNames, n)
+		}
+	}
+	add(ps.userHeader)
+	add(ps.tenantHeader)
+	prefix := "sluice/" + c.Name + "/"
+	for i := range ps.rules {
+		cr := c.Rule(i)
+		layout, _ := table.New(cr.Limiter, p.cfg.EntriesPerBucket) // checked by CheckPolicy
+		rs := &ps.rules[i]
+		rs.index, rs.cr, rs.layout = i, cr, layout
+		rs.keys = make([]string, p.cfg.BucketsPerRule)
+		for n := range rs.keys {
+			rs.keys[n] = prefix + cr.ID + "/" + strconv.Itoa(n)
+		}
+		rs.m = p.ruleMetrics(cr.ID)
+		switch cr.Config.Algorithm {
+		case limit.Concurrency:
+			rs.order, rs.concurrency = 1, true
+		case limit.SlidingLog:
+			rs.order = 2
+		}
+		rs.windowSeconds = cr.PeriodSeconds
+		r := cr.Rule
+		for _, h := range r.Match.Headers {
+			add(h.Name)
+		}
+		for _, part := range r.Key {
+			for _, alt := range strings.Split(part, "|") {
+				switch {
+				case strings.HasPrefix(alt, "header:"):
+					add(alt[len("header:"):])
+				case alt == "client_ip":
+					ps.needIP = true
+				}
+			}
+		}
+		add(r.CostHeader)
+		if len(r.Exempt.CIDRs) > 0 {
+			ps.needIP = true
+		}
+	}
+	ps.allHeaders = len(ps.headerNames) > allHeadersThreshold
+	return ps, nil
+}

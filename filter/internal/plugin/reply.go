@@ -1,0 +1,237 @@
+package plugin
+
+import (
+	"strconv"
+	"time"
+	"unsafe"
+
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
+)
+
+// Local reply details (%RESPONSE_CODE_DETAILS%) and messages.
+const (
+	detailsLimited         = "sluice_rate_limited"
+	detailsNoPolicy        = "sluice_no_policy"
+	messageLimited         = "rate limit exceeded"
+	messageConcurrency     = "too many concurrent requests"
+	messageNoPolicy        = "no rate-limit policy loaded"
+	maxRequestIDBytes      = 256
+	headerContentType      = "content-type"
+	headerRetryAfter       = "retry-after"
+	headerXLimit           = "x-ratelimit-limit"
+	headerXRemaining       = "x-ratelimit-remaining"
+	headerXReset           = "x-ratelimit-reset"
+	headerRateLimit        = "ratelimit"
+	headerRateLimitPolicy  = "ratelimit-policy"
+	contentTypeJSON        = "application/json"
+	noPolicyRetryAfterSecs = 1
+)
+
+// setReport makes ev the reported decision.
+func (h *httpContext) setReport(ev *eval, limited bool) {
+	h.report = report{
+		rule:         ev.rule,
+		limit:        ev.dec.Limit,
+		remaining:    ev.dec.Remaining,
+		resetSeconds: ceilSeconds(ev.dec.Reset),
+		rateLimited:  limited,
+	}
+	if limited {
+		ra := ev.dec.RetryAfter
+		if ra == limit.Never { // the cost exceeds the capacity: no wait helps
+			ra = ev.dec.Reset
+		}
+		h.report.retryAfterSeconds = max(ceilSeconds(ra), 1)
+	}
+	h.keyOff, h.keyEnd = ev.keyOff, ev.keyEnd
+	h.hasReport = true
+}
+
+// ceilSeconds is d in whole seconds, rounded up; 0 for d <= 0.
+func ceilSeconds(d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64((d + time.Second - 1) / time.Second)
+}
+
+// deny answers the request with the reported rule's local reply.
+func (h *httpContext) deny(ps *policyState, ev *eval) {
+	h.denied = true
+	r := &h.report
+	msg := messageLimited
+	if ev.rule.concurrency {
+		msg = messageConcurrency
+	}
+	h.sendReply(ev.rule.cr.Status, detailsLimited, msg, ev.rule.cr.ID, r.limit, r.remaining, r.resetSeconds, r.retryAfterSeconds, true)
+	h.setState(ps, "")
+}
+
+// denyNoPolicy answers 503 under fail_mode "closed" when there is no policy.
+func (h *httpContext) denyNoPolicy() {
+	h.denied = true
+	h.sendReply(503, detailsNoPolicy, messageNoPolicy, "", 0, 0, 0, noPolicyRetryAfterSecs, false)
+	h.setFailClosedState()
+}
+
+// sendReply sends the JSON local reply
+//
+//	{"code":429,"message":"...","data":{"rule":"...","limit":n,"remaining":n,"reset":s},
+//	 "timestamp":"<RFC 3339>","trace_id":"..."}
+//
+// with Content-Type, Retry-After (whole seconds, rounded up) and, when
+// withLimits, the configured rate-limit headers.
+func (h *httpContext) sendReply(status int, details, msg, rule string, lim, remaining, reset, retryAfter uint64, withLimits bool) {
+	p := h.p
+	w := strictjson.NewWriter(p.s.body[:0])
+	w.BeginObject()
+	w.AppendKey("code")
+	w.AppendInt(int64(status))
+	w.AppendKey("message")
+	w.AppendString(msg)
+	w.AppendKey("data")
+	w.BeginObject()
+	w.AppendKey("rule")
+	w.AppendString(rule)
+	w.AppendKey("limit")
+	w.AppendUint(lim)
+	w.AppendKey("remaining")
+	w.AppendUint(remaining)
+	w.AppendKey("reset")
+	w.AppendUint(reset)
+	w.EndObject()
+	w.AppendKey("timestamp")
+	var ts [64]byte
+	w.AppendString(viewString(time.Now().UTC().AppendFormat(ts[:0], time.RFC3339)))
+	w.AppendKey("trace_id")
+	w.AppendString(traceID())
+	w.EndObject()
+	body := w.Bytes()
+
+	headers := make([][2]string, 0, 7)
+	headers = append(headers,
+		[2]string{headerContentType, contentTypeJSON},
+		[2]string{headerRetryAfter, strconv.FormatUint(retryAfter, 10)})
+	if withLimits {
+		headers = h.appendLimitHeaders(headers)
+	}
+	if err := proxywasm.SendHttpResponseWithDetails(uint32(status), details, headers, body, proxywasm.GrpcStatusNone); err != nil {
+		proxywasm.LogWarn("sluice: sending the local reply: " + err.Error())
+	}
+	if cap(body) <= maxKeepBytes {
+		p.s.body = body[:0]
+	}
+}
+
+// appendLimitHeaders appends the reported rule's rate-limit headers in the
+// configured style:
+//
+//	x-ratelimit: X-RateLimit-Limit: <limit>, X-RateLimit-Remaining: <remaining>,
+//	             X-RateLimit-Reset: <seconds until reset, rounded up>
+//	ratelimit:   RateLimit-Policy: "<rule>";q=<limit>;w=<window seconds>
+//	             RateLimit: "<rule>";r=<remaining>;t=<seconds until reset>
+//
+// The second form is draft-ietf-httpapi-ratelimit-headers-09 (§3, §4:
+// structured-field lists of named policies with the q, w, r and t
+// parameters); w is left out for concurrency rules, which have no window.
+func (h *httpContext) appendLimitHeaders(headers [][2]string) [][2]string {
+	r := &h.report
+	style := h.p.cfg.Headers
+	if style.XRateLimit() {
+		headers = append(headers,
+			[2]string{headerXLimit, strconv.FormatUint(r.limit, 10)},
+			[2]string{headerXRemaining, strconv.FormatUint(r.remaining, 10)},
+			[2]string{headerXReset, strconv.FormatUint(r.resetSeconds, 10)})
+	}
+	if style.IETF() {
+		headers = append(headers,
+			[2]string{headerRateLimitPolicy, string(h.appendPolicyField(nil))},
+			[2]string{headerRateLimit, string(h.appendRateLimitField(nil))})
+	}
+	return headers
+}
+
+func (h *httpContext) appendPolicyField(b []byte) []byte {
+	r := &h.report
+	b = append(b, '"')
+	b = append(b, r.rule.cr.ID...)
+	b = append(b, `";q=`...)
+	b = strconv.AppendUint(b, r.limit, 10)
+	if r.rule.windowSeconds > 0 {
+		b = append(b, ";w="...)
+		b = strconv.AppendUint(b, r.rule.windowSeconds, 10)
+	}
+	return b
+}
+
+func (h *httpContext) appendRateLimitField(b []byte) []byte {
+	r := &h.report
+	b = append(b, '"')
+	b = append(b, r.rule.cr.ID...)
+	b = append(b, `";r=`...)
+	b = strconv.AppendUint(b, r.remaining, 10)
+	b = append(b, ";t="...)
+	return strconv.AppendUint(b, r.resetSeconds, 10)
+}
+
+// traceID returns the request's x-request-id (at most maxRequestIDBytes
+// bytes), else the trace-id of a valid W3C traceparent header, else "".
+func traceID() string {
+	if v, err := proxywasm.GetHttpRequestHeader(headerRequestID); err == nil && v != "" && len(v) <= maxRequestIDBytes {
+		return v
+	}
+	if v, err := proxywasm.GetHttpRequestHeader(headerTraceparent); err == nil {
+		if id, ok := traceparentID(v); ok {
+			return id
+		}
+	}
+	return ""
+}
+
+// traceparentID returns the trace-id of a W3C Trace Context traceparent
+// value ("00-<32 hex>-<16 hex>-<2 hex>", §3.2 of the Recommendation):
+// lower-case hex, version not "ff", trace-id and parent-id not all zeros.
+// A future version may append "-..." fields, which are ignored.
+func traceparentID(v string) (string, bool) {
+	if len(v) < 55 || (len(v) > 55 && (v[0:2] == "00" || v[55] != '-')) {
+		return "", false
+	}
+	if v[2] != '-' || v[35] != '-' || v[52] != '-' || v[0:2] == "ff" {
+		return "", false
+	}
+	if !lowerHex(v[0:2]) || !lowerHex(v[3:35]) || !lowerHex(v[36:52]) || !lowerHex(v[53:55]) {
+		return "", false
+	}
+	if allZero(v[3:35]) || allZero(v[36:52]) {
+		return "", false
+	}
+	return v[3:35], true
+}
+
+func lowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func allZero(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '0' {
+			return false
+		}
+	}
+	return true
+}
+
+// bytesOf views s as bytes for hostcalls that only read them.
+func bytesOf(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}

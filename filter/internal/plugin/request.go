@@ -1,0 +1,248 @@
+package plugin
+
+import (
+	"net/netip"
+	"time"
+	"unsafe"
+
+	"github.com/sluice-proxy/sluice/filter/internal/config"
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/limit/siphash"
+	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
+
+// httpContext is one HTTP stream: what the request-headers decision found,
+// for the response headers, and what it acquired, for the stream's end.
+type httpContext struct {
+	types.DefaultHttpContext
+	p *pluginContext
+
+	// denied: the filter answered with a local reply.
+	denied bool
+	// report is the decision reported in response headers and filter state
+	// (valid when hasReport).
+	report    report
+	hasReport bool
+	// keyOff and keyEnd locate the reported rule's counter key in
+	// scratch.key during the request-headers callback.
+	keyOff, keyEnd int
+	// charges are the counters this request was committed to, for the
+	// response-cost correction and the concurrency release.
+	charges []charge
+}
+
+// report is one rule's decision as the headers and filter state show it.
+type report struct {
+	rule                *ruleState
+	limit, remaining    uint64
+	resetSeconds        uint64
+	retryAfterSeconds   uint64
+	shadow, rateLimited bool
+}
+
+// charge is one counter a request was committed to.
+type charge struct {
+	rule       *ruleState
+	bucket     int
+	hash       uint64
+	cost       uint64
+	acquiredAt int64 // the now of the Decide, Unix ns
+}
+
+// Request header names the filter always reads.
+const (
+	headerMethod      = ":method"
+	headerPath        = ":path"
+	headerXFF         = "x-forwarded-for"
+	headerRequestID   = "x-request-id"
+	headerTraceparent = "traceparent"
+)
+
+var (
+	propSourceAddress = []string{"source", "address"}
+	propXFF           = []string{"request", "headers", headerXFF}
+)
+
+// OnHttpRequestHeaders decides the request: exemptions, every matching
+// rule, then commit or deny (see the package doc).
+func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) types.Action {
+	p := h.p
+	ps := p.pol
+	if ps == nil {
+		p.m.noPolicy.Increment(1)
+		if p.cfg.FailMode == config.FailClosed {
+			h.denyNoPolicy()
+			return types.ActionPause
+		}
+		p.m.failedOpen.Increment(1)
+		h.setFailOpenState(reasonNoPolicy)
+		return types.ActionContinue
+	}
+	if !p.hashKeyOK {
+		p.loadHashKey(true)
+		if !p.hashKeyOK {
+			p.m.failedOpen.Increment(1)
+			proxywasm.LogDebug("sluice: no hash key; request passes")
+			h.setFailOpenState(reasonNoHashKey)
+			return types.ActionContinue
+		}
+	}
+	req := p.readRequest(ps)
+	s := &p.s
+	s.matched = ps.compiled.Match(req, s.matched[:0])
+	if len(s.matched) == 0 {
+		h.setState(ps, "")
+		p.releaseScratch()
+		return types.ActionContinue
+	}
+	now := time.Now().UnixNano()
+	out := h.evaluate(ps, req, now)
+	var action types.Action = types.ActionContinue
+	switch {
+	case out.deny != nil:
+		h.deny(ps, out.deny)
+		action = types.ActionPause
+	default:
+		h.keepCharges(now)
+		h.setState(ps, out.failed)
+	}
+	p.releaseScratch()
+	return action
+}
+
+// readRequest fills the reused rules.Request from the request headers and
+// the client address. Header values are views of host buffers: nothing is
+// copied, and nothing outlives the callback except what keepCharges and the
+// report copy.
+func (p *pluginContext) readRequest(ps *policyState) *rules.Request {
+	s := &p.s
+	req := &s.req
+	*req = rules.Request{Headers: s.headers[:0]}
+	req.Method, _ = proxywasm.GetHttpRequestHeader(headerMethod)
+	path, _ := proxywasm.GetHttpRequestHeader(headerPath)
+	req.Path = rules.PathOnly(path)
+	if ps.allHeaders {
+		all, _ := proxywasm.GetHttpRequestHeaders()
+		for _, kv := range all {
+			req.Headers = append(req.Headers, rules.Header{Name: kv[0], Value: kv[1]})
+		}
+	} else {
+		for _, name := range ps.headerNames {
+			if v, err := proxywasm.GetHttpRequestHeader(name); err == nil {
+				req.Headers = append(req.Headers, rules.Header{Name: name, Value: v})
+			}
+		}
+	}
+	s.headers = req.Headers
+	if ps.userHeader != "" {
+		req.User, _ = req.Header(ps.userHeader)
+	}
+	if ps.tenantHeader != "" {
+		req.Tenant, _ = req.Header(ps.tenantHeader)
+	}
+	if ps.needIP {
+		req.ClientIP = p.clientIP()
+	}
+	return req
+}
+
+// clientIP returns the client address: source.address with trusted_hops
+// 0, else the trusted_hops-th address from the right of X-Forwarded-For
+// (all its values, comma-joined by Envoy's request.headers attribute),
+// or source.address when the header has fewer addresses. Addresses to
+// the left of the trusted ones are whatever the client sent and are never
+// used, so a spoofed header cannot choose another client's key. The zero
+// Addr means unknown.
+func (p *pluginContext) clientIP() netip.Addr {
+	if n := p.cfg.TrustedHops; n > 0 {
+		if xff, err := proxywasm.GetProperty(propXFF); err == nil {
+			if ip, ok := xffHop(viewString(xff), n); ok {
+				return ip
+			}
+		}
+	}
+	src, err := proxywasm.GetProperty(propSourceAddress)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return parseAddress(viewString(src))
+}
+
+// xffHop returns the n-th address (n >= 1) from the right of an
+// X-Forwarded-For value, and false if there are fewer than n entries or
+// that entry is not an IP address (with an optional port or brackets).
+// It does not allocate.
+func xffHop(xff string, n int) (netip.Addr, bool) {
+	end := len(xff)
+	for i := len(xff) - 1; i >= -1; i-- {
+		if i >= 0 && xff[i] != ',' {
+			continue
+		}
+		n--
+		if n == 0 {
+			ip := parseAddress(trimOWS(xff[i+1 : end]))
+			return ip, ip.IsValid()
+		}
+		end = i
+	}
+	return netip.Addr{}, false
+}
+
+// parseAddress parses "ip", "ip:port" or "[ipv6]:port"; the zero Addr if it
+// is none of them.
+func parseAddress(s string) netip.Addr {
+	if len(s) > 64 {
+		return netip.Addr{}
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap()
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		s = s[1 : len(s)-1]
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap()
+	}
+	return netip.Addr{}
+}
+
+func trimOWS(s string) string {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// viewString views a host buffer as a string without copying; the binding
+// hands every hostcall result in a fresh buffer that nothing writes again.
+func viewString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// keyHash hashes a counter key under the per-Envoy secret.
+func (p *pluginContext) keyHash(key []byte) uint64 { return siphash.Sum64(p.hashKey, key) }
+
+// releaseScratch drops scratch buffers that grew past maxKeepBytes (a
+// hostile header can make a key long) and the views of host buffers.
+func (p *pluginContext) releaseScratch() {
+	s := &p.s
+	if cap(s.key) > maxKeepBytes {
+		s.key = nil
+	}
+	if cap(s.headers) > 1024 {
+		s.headers = nil
+	}
+	clear(s.headers[:cap(s.headers)])
+	s.req = rules.Request{}
+	for i := range s.evals[:cap(s.evals)] {
+		s.evals[i].value = nil
+	}
+}
+
