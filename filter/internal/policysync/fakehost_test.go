@@ -175,5 +175,5 @@ func (h *fakeHost) logsWith(s string) []string {
 // clock is a manual clock.
 type clock struct{ t time.Time }
 
-func (c *clock) now() time.Time           { return c.t }
+func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }

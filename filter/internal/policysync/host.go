@@ -31,7 +31,9 @@ type Host interface {
 // ProxyWasm returns the Host backed by package proxywasm. Metrics are
 // defined on first use (proxy_define_metric is not allowed in init); a
 // metric the host refuses is skipped silently.
-func ProxyWasm() Host { return &proxyWasmHost{counters: map[string]proxywasm.MetricCounter{}, gauges: map[string]proxywasm.MetricGauge{}} }
+func ProxyWasm() Host {
+	return &proxyWasmHost{counters: map[string]proxywasm.MetricCounter{}, gauges: map[string]proxywasm.MetricGauge{}}
+}
 
 type proxyWasmHost struct {
 	counters map[string]proxywasm.MetricCounter
