@@ -60,10 +60,15 @@ type Options struct {
 	Lease time.Duration
 	// Compile are the options of rules.Compile for pulled policies.
 	Compile rules.CompileOptions
+	// Check, if set, vets a compiled policy beyond rules.Compile (e.g. that
+	// its rules fit the plugin's counter layout); a policy it refuses is
+	// rejected like an invalid one, and never published.
+	Check func(*rules.Compiled) error
 	// Apply installs a newly compiled policy; it runs between requests
 	// (from a tick, a request's check, or the poll's response) and must
-	// swap atomically. Required.
-	Apply func(*rules.Compiled)
+	// swap atomically. An error leaves the previous policy in use; the
+	// Syncer logs it and does not retry that publication. Required.
+	Apply func(*rules.Compiled) error
 	// Host is the proxy; nil means ProxyWasm().
 	Host Host
 	// Now is the clock; nil means time.Now (in a VM, the host's clock).

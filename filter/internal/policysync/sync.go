@@ -13,17 +13,18 @@ import (
 // Metric names (proxy-wasm metrics; Envoy shows them as wasmcustom.<name>
 // in /stats and as <name> in /stats/prometheus).
 const (
-	// MetricVersion is a gauge: the policy version last applied.
-	MetricVersion = "sluice_policy_version"
+	// MetricVersion is a gauge: the policy version last applied (the
+	// plugin records its gauge of the policy in use under the same name).
+	MetricVersion = "sluice.policy_version"
 	// MetricSyncSuccesses counts polls that ended in sync: a 304, or a 200
 	// whose policy was valid.
-	MetricSyncSuccesses = "sluice_policy_sync_successes"
+	MetricSyncSuccesses = "sluice.policy_sync.successes"
 	// MetricSyncFailuresPrefix + a FailureKind counts failed polls by kind,
-	// e.g. sluice_policy_sync_failures_reset.
-	MetricSyncFailuresPrefix = "sluice_policy_sync_failures_"
+	// e.g. sluice.policy_sync.failures.reset.
+	MetricSyncFailuresPrefix = "sluice.policy_sync.failures."
 	// MetricLastSync is a gauge: the Unix time in seconds of the last
 	// successful poll.
-	MetricLastSync = "sluice_policy_last_sync_seconds"
+	MetricLastSync = "sluice.policy_sync.last_success_seconds"
 )
 
 // FailureKind classifies a failed poll, for metrics and logs.
@@ -204,13 +205,14 @@ func (s *Syncer) refresh(now int64) {
 		return // torn: a publication overwrote the slot meanwhile
 	}
 	c, err := s.compile(doc)
+	if err == nil {
+		err = s.install(c, m.Generation)
+	}
 	if err != nil {
 		s.badGen = m.Generation
 		s.log.warn("published version " + u64(m.Version) + " (generation " + u64(m.Generation) +
 			") rejected, keeping version " + u64(s.appliedVersion) + ": " + clip(err.Error()))
-		return
 	}
-	s.install(c, m.Generation)
 }
 
 func (s *Syncer) readChunks(m Meta) ([]byte, bool) {
@@ -234,19 +236,27 @@ func (s *Syncer) compile(doc []byte) (*rules.Compiled, error) {
 	if p.Name != s.o.Policy {
 		return nil, errors.New("policy is named " + strconv.Quote(clip(p.Name)) + ", want " + strconv.Quote(s.o.Policy))
 	}
-	return rules.Compile(p, s.o.Compile)
+	c, err := rules.Compile(p, s.o.Compile)
+	if err != nil {
+		return nil, err
+	}
+	if s.o.Check != nil {
+		if err := s.o.Check(c); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
 }
 
-func (s *Syncer) install(c *rules.Compiled, gen uint64) {
-	first := s.appliedGen == 0
-	s.appliedGen, s.appliedVersion = gen, c.Version
-	s.o.Apply(c)
-	s.h.Gauge(MetricVersion, c.Version)
-	if first {
-		s.log.info("applied policy version " + u64(c.Version))
-	} else {
-		s.log.debug("applied policy version " + u64(c.Version))
+// install hands c to Apply and records it as generation gen.
+func (s *Syncer) install(c *rules.Compiled, gen uint64) error {
+	if err := s.o.Apply(c); err != nil {
+		return err
 	}
+	s.appliedGen, s.appliedVersion = gen, c.Version
+	s.h.Gauge(MetricVersion, c.Version)
+	s.log.debug("applied policy version " + u64(c.Version) + " (generation " + u64(gen) + ")")
+	return nil
 }
 
 // --- lease ---
@@ -406,7 +416,10 @@ func (s *Syncer) on200(now int64, bodySize int) {
 	switch {
 	case ok:
 		s.log.info("published policy version " + u64(c.Version) + " (" + strconv.Itoa(len(body)) + " bytes, generation " + u64(gen) + ")")
-		s.install(c, gen)
+		if err := s.install(c, gen); err != nil {
+			s.badGen = gen
+			s.log.warn("published version " + u64(c.Version) + " not applied here: " + clip(err.Error()))
+		}
 	case published >= c.Version:
 		if published > c.Version {
 			s.log.warn("control plane served version " + u64(c.Version) + ", below the published " + u64(published) + "; keeping " + u64(published))

@@ -70,7 +70,7 @@ func (e *env) add() *worker {
 	o := e.opts
 	e.token++
 	o.Host, o.Now, o.VMToken = w.h, e.clk.now, e.token
-	o.Apply = func(c *rules.Compiled) { w.applied = append(w.applied, c) }
+	o.Apply = func(c *rules.Compiled) error { w.applied = append(w.applied, c); return nil }
 	s, err := New(o)
 	if err != nil {
 		e.t.Fatal(err)
@@ -550,7 +550,7 @@ func TestStartAppliesPublished(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	apply := func(*rules.Compiled) {}
+	apply := func(*rules.Compiled) error { return nil }
 	for _, tc := range []struct {
 		name string
 		o    Options
@@ -623,5 +623,49 @@ func TestLeaseKeyCreatedAtStart(t *testing.T) {
 	}
 	if !errors.Is(func() error { _, _, err := e.st.get(MetaKey("default")); return err }(), proxywasm.ErrNotFound) {
 		t.Error("Start wrote a meta")
+	}
+}
+
+func TestCheckHookRejects(t *testing.T) {
+	e := newEnv(t, 2, func(o *Options) {
+		o.Check = func(c *rules.Compiled) error {
+			if c.Rule(0).Rule.Limit > 100 {
+				return errors.New("rule r does not fit the bucket layout")
+			}
+			return nil
+		}
+	})
+	e.tick()
+	hw := e.holder()
+	hw.h.respond(hw.h.lastCall(), "200", etag(1), policyDoc(1, 1000))
+	if hw.version() != 0 || hw.h.metrics[MetricSyncFailuresPrefix+"invalid_policy"] != 1 {
+		t.Errorf("version %d, metrics %v", hw.version(), hw.h.metrics)
+	}
+	if _, _, err := e.st.get(MetaKey("default")); err == nil {
+		t.Error("a policy refused by Check was published")
+	}
+	if len(hw.h.logsWith("does not fit")) != 1 {
+		t.Errorf("logs %q", hw.h.logs)
+	}
+}
+
+func TestApplyErrorKeepsPrevious(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	w := e.ws[0]
+	e.tick()
+	w.h.respond(w.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+	// A second plugin instance whose Apply refuses everything.
+	e.opts.Cluster = ""
+	refuser := e.add()
+	if refuser.version() != 1 {
+		t.Fatalf("version %d", refuser.version())
+	}
+	refuser.s.o.Apply = func(*rules.Compiled) error { return errors.New("no room") }
+	w.h.respond(w.h.lastCall(), "200", etag(2), policyDoc(2, 10))
+	for range 3 {
+		e.tick()
+	}
+	if v, _ := refuser.s.Version(); v != 1 || len(refuser.h.logsWith("no room")) != 1 {
+		t.Errorf("version %d, logs %q", v, refuser.h.logs)
 	}
 }
