@@ -1,0 +1,124 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// versionEntry is one element of GET /v1/policies/{policy}/versions.
+type versionEntry struct {
+	Version uint64    `json:"version"`
+	Time    time.Time `json:"time"`
+	Actor   string    `json:"actor"`
+	Op      string    `json:"op"`
+	Detail  string    `json:"detail,omitempty"`
+	Deleted bool      `json:"deleted,omitempty"`
+}
+
+// versionsBody is the body of GET /v1/policies/{policy}/versions.
+type versionsBody struct {
+	Policy   string         `json:"policy"`
+	Current  uint64         `json:"current"`
+	Exists   bool           `json:"exists"`
+	Depth    int            `json:"depth"`
+	Versions []versionEntry `json:"versions"`
+}
+
+func (s *Server) listVersions(w http.ResponseWriter, r *http.Request, _ role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+	defer cancel()
+	rec, err := s.o.Store.Get(ctx, name)
+	if err != nil {
+		s.o.Snapshot.ReportError(err)
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; history is not kept in memory, retry later", nil)
+		return
+	}
+	if rec.Version == 0 {
+		notFoundPolicy(name).write(w)
+		return
+	}
+	h, err := s.o.Store.History(ctx, name)
+	if err != nil {
+		s.o.Snapshot.ReportError(err)
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; history is not kept in memory, retry later", nil)
+		return
+	}
+	out := versionsBody{Policy: name, Current: rec.Version, Exists: rec.Exists(), Depth: s.o.HistoryDepth, Versions: []versionEntry{}}
+	for _, e := range h {
+		out.Versions = append(out.Versions, versionEntry{Version: e.Version, Time: e.Time.UTC(), Actor: e.Actor, Op: string(e.Op), Detail: e.Detail, Deleted: e.Doc == nil})
+	}
+	if rec.Exists() {
+		w.Header().Set("ETag", etag(rec.Version))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// rollbackBody is the body of POST /v1/policies/{policy}/rollback.
+type rollbackBody struct {
+	Version *uint64 `json:"version"`
+}
+
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request, who role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	var req rollbackBody
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil || dec.More() || req.Version == nil || *req.Version == 0 {
+		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
+		e.details = []Detail{{Field: "version", Message: `want {"version": N} with N ≥ 1`}}
+		e.write(w)
+		return
+	}
+	target := *req.Version
+	s.write(w, r, who, name, writeOpts{op: store.OpRollback, created: http.StatusOK, ok: http.StatusOK},
+		func(_ *rules.Policy, rec store.Record) (*rules.Policy, string, *apiError) {
+			if rec.Version == 0 {
+				return nil, "", notFoundPolicy(name)
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+			defer cancel()
+			h, err := s.o.Store.History(ctx, name)
+			if err != nil {
+				s.o.Snapshot.ReportError(err)
+				return nil, "", errf(http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; the write was not applied, retry later")
+			}
+			var found *store.HistoryEntry
+			for i := range h {
+				if h[i].Version == target {
+					found = &h[i]
+				}
+			}
+			switch {
+			case found == nil && target > rec.Version:
+				return nil, "", errf(http.StatusNotFound, "version_not_found", "policy "+strconv.Quote(name)+" has no version "+strconv.FormatUint(target, 10)+" (current "+strconv.FormatUint(rec.Version, 10)+")")
+			case found == nil:
+				return nil, "", errf(http.StatusNotFound, "version_expired", "version "+strconv.FormatUint(target, 10)+" of policy "+strconv.Quote(name)+" is no longer in the history (the last "+strconv.Itoa(s.o.HistoryDepth)+" versions are kept)")
+			case found.Doc == nil:
+				return nil, "", errf(http.StatusBadRequest, "invalid_version", "version "+strconv.FormatUint(target, 10)+" is a deletion; nothing to roll back to")
+			}
+			p, err := rules.ParsePolicy(found.Doc)
+			if err != nil {
+				return nil, "", errf(http.StatusBadRequest, "invalid_version", "version "+strconv.FormatUint(target, 10)+" no longer validates: "+err.Error())
+			}
+			return p, "to v" + strconv.FormatUint(target, 10), nil
+		})
+}

@@ -1,0 +1,142 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
+)
+
+// metrics are the server's Prometheus metrics, on its own registry:
+//
+//	sluice_controlplane_http_requests_total{route,method,code}
+//	sluice_controlplane_http_request_duration_seconds{route,method,code}  (histogram, seconds)
+//	sluice_controlplane_watchers                   open long polls
+//	sluice_controlplane_store_errors_total         failed store operations
+//	sluice_controlplane_store_up                   1 if the store answered the last resync
+//	sluice_controlplane_policy_version{policy}     current version of each live policy
+type metrics struct {
+	handler  http.Handler
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	watchers atomic.Int64
+}
+
+func newMetrics(reg *prometheus.Registry, snap *snapshot.Snapshot) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_controlplane_http_requests_total",
+			Help: "HTTP requests by route pattern, method and status code.",
+		}, []string{"route", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_controlplane_http_request_duration_seconds",
+			Help:    "HTTP request latency in seconds by route pattern, method and status code (long polls include their wait).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30, 60},
+		}, []string{"route", "method", "code"}),
+	}
+	reg.MustRegister(m.requests, m.duration,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_controlplane_watchers",
+			Help: "Long polls currently open.",
+		}, func() float64 { return float64(m.watchers.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_controlplane_store_errors_total",
+			Help: "Store operations that failed (unreachable or erroring store).",
+		}, func() float64 { return float64(snap.StoreErrors()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_controlplane_store_up",
+			Help: "1 if the store answered the last resync, else 0.",
+		}, func() float64 {
+			if snap.Healthy() {
+				return 1
+			}
+			return 0
+		}),
+		versionCollector{snap},
+	)
+	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return m
+}
+
+var versionDesc = prometheus.NewDesc("sluice_controlplane_policy_version",
+	"Current version of each live policy in this replica's snapshot.", []string{"policy"}, nil)
+
+// versionCollector reports the snapshot's versions at scrape time.
+type versionCollector struct{ snap *snapshot.Snapshot }
+
+func (c versionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- versionDesc }
+
+func (c versionCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.snap.List() {
+		ch <- prometheus.MustNewConstMetric(versionDesc, prometheus.GaugeValue, float64(r.Version), r.Name)
+	}
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// instrument counts and times requests under route (the pattern, so the
+// label set stays bounded).
+func (s *Server) instrument(route string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		defer func() {
+			if v := recover(); v != nil {
+				s.log.Error("api: handler panic", "route", route, "method", r.Method, "panic", v)
+				if rec.status == 0 {
+					writeError(rec, http.StatusInternalServerError, "internal", "internal error", nil)
+				}
+			}
+			method := r.Method
+			switch method {
+			case http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete, http.MethodHead:
+			default:
+				method = "other"
+			}
+			code := strconv.Itoa(rec.status)
+			s.metrics.requests.WithLabelValues(route, method, code).Inc()
+			s.metrics.duration.WithLabelValues(route, method, code).Observe(time.Since(start).Seconds())
+		}()
+		h.ServeHTTP(rec, r)
+	})
+}
+
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, _ role) {
+	s.metrics.handler.ServeHTTP(w, r)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request, _ role) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request, _ role) {
+	if !s.o.Snapshot.Healthy() {
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; reads are served from the last snapshot, writes fail", nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}

@@ -1,0 +1,245 @@
+// Package api is the control plane's REST API (JSON over HTTP/1.1), as
+// described by controlplane/openapi.yaml: policies and their rules, version
+// history and rollback, long-poll reads for the filter, health, readiness and
+// Prometheus metrics.
+//
+// # Conditional requests (RFC 9110)
+//
+// A policy's entity tag is its version: ETag "v7" (strong, quoted). Reads
+// honour If-None-Match (304 Not Modified, §13.1.2); every write honours
+// If-Match (412 Precondition Failed on a stale tag or "*" on a missing
+// policy, §13.1.1), and PUT of a whole policy also If-None-Match: * (create
+// only). GET with ?wait=<duration> is a long poll: it holds the request until
+// the answer differs from what If-None-Match says the client has (a new
+// version, a deletion, or for an unknown policy its creation) or the wait
+// ends, and then answers as a plain conditional GET would (304 or 404).
+//
+// # Authentication (RFC 6750)
+//
+// Clients send Authorization: Bearer <token>. Writes need the admin token;
+// reads and watches accept the read or the admin token. A missing token is
+// 401 with WWW-Authenticate: Bearer; a wrong token, or the read token on a
+// write, is 403. Tokens are compared in constant time and never logged. With
+// no token configured every request is allowed (the binary only permits this
+// on a loopback listener).
+//
+// # Failure policy
+//
+// Nothing a client sends yields a 500: bad input is 4xx with a JSON error.
+// When the store is unreachable reads are served from the in-memory snapshot
+// and writes answer 503; a write is acknowledged only after the store
+// confirmed it.
+package api
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+)
+
+// Options configure New.
+type Options struct {
+	// Store is where writes go and history is read from.
+	Store store.Store
+	// Snapshot is the in-memory view reads are served from; its Run must be
+	// running for changes made elsewhere to be seen.
+	Snapshot *snapshot.Snapshot
+	// AdminToken and ReadToken are the bearer tokens; both empty disables
+	// authentication.
+	AdminToken, ReadToken string
+	// MaxBodyBytes bounds request bodies (413 beyond); 0 means 1 MiB + 64 KiB.
+	MaxBodyBytes int64
+	// MaxWait bounds ?wait= of long polls; 0 means 60 seconds.
+	MaxWait time.Duration
+	// StoreTimeout bounds each store call made for a request; 0 means 5s.
+	StoreTimeout time.Duration
+	// HistoryDepth is the configured history depth, used in messages.
+	HistoryDepth int
+	// Logger receives request errors; nil means slog.Default().
+	Logger *slog.Logger
+	// Registry receives the metrics; nil means a new registry.
+	Registry *prometheus.Registry
+	// Now is the clock for history timestamps; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server is the API's http.Handler.
+type Server struct {
+	o       Options
+	mux     *http.ServeMux
+	log     *slog.Logger
+	metrics *metrics
+
+	adminSum, readSum [32]byte
+	authOn            bool
+
+	drainOnce sync.Once
+	draining  chan struct{}
+}
+
+// New builds the server and registers its metrics.
+func New(o Options) *Server {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 1<<20 + 64<<10
+	}
+	if o.MaxWait <= 0 {
+		o.MaxWait = 60 * time.Second
+	}
+	if o.StoreTimeout <= 0 {
+		o.StoreTimeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	s := &Server{o: o, mux: http.NewServeMux(), log: o.Logger, draining: make(chan struct{})}
+	s.authOn = o.AdminToken != "" || o.ReadToken != ""
+	s.adminSum = sha256.Sum256([]byte(o.AdminToken))
+	s.readSum = sha256.Sum256([]byte(o.ReadToken))
+	s.metrics = newMetrics(o.Registry, o.Snapshot)
+	s.routes()
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Drain makes every open long poll answer now (304, or 404 for a policy that
+// does not exist) and new ones answer without waiting. Call it before
+// http.Server.Shutdown so that shutdown does not wait for long polls.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
+
+// role is what a request's token allows.
+type role int
+
+const (
+	roleNone role = iota
+	roleRead
+	roleAdmin
+)
+
+func (r role) String() string {
+	switch r {
+	case roleAdmin:
+		return "admin"
+	case roleRead:
+		return "read"
+	}
+	return "anonymous"
+}
+
+// access is what a route method needs.
+type access int
+
+const (
+	public access = iota // no token (health, readiness, metrics)
+	read
+	write
+)
+
+type handler func(w http.ResponseWriter, r *http.Request, who role)
+
+// route registers pattern with its methods; other methods get a JSON 405.
+func (s *Server) route(pattern string, methods map[string]handler, need map[string]access) {
+	allow := make([]string, 0, len(methods))
+	for m := range methods {
+		allow = append(allow, m)
+	}
+	sortStrings(allow)
+	allowHeader := strings.Join(allow, ", ")
+	s.mux.Handle(pattern, s.instrument(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, ok := methods[r.Method]
+		if !ok {
+			w.Header().Set("Allow", allowHeader)
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method "+r.Method+" not allowed; allowed: "+allowHeader, nil)
+			return
+		}
+		who, ok := s.authorize(w, r, need[r.Method])
+		if !ok {
+			return
+		}
+		h(w, r, who)
+	})))
+}
+
+// authorize checks the bearer token against what the request needs (RFC 6750
+// §2.1 header form; §3 WWW-Authenticate on 401).
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) (role, bool) {
+	if need == public {
+		return roleNone, true
+	}
+	if !s.authOn {
+		return roleAdmin, true
+	}
+	h := r.Header.Get("Authorization")
+	scheme, token, found := strings.Cut(h, " ")
+	token = strings.TrimSpace(token)
+	if h == "" || !found || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+		writeError(w, http.StatusUnauthorized, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", nil)
+		return roleNone, false
+	}
+	sum := sha256.Sum256([]byte(token))
+	who := roleNone
+	if s.o.AdminToken != "" && subtle.ConstantTimeCompare(sum[:], s.adminSum[:]) == 1 {
+		who = roleAdmin
+	} else if s.o.ReadToken != "" && subtle.ConstantTimeCompare(sum[:], s.readSum[:]) == 1 {
+		who = roleRead
+	}
+	switch {
+	case who == roleNone:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="invalid_token"`)
+		writeError(w, http.StatusForbidden, "forbidden", "the bearer token is not valid", nil)
+		return roleNone, false
+	case need == write && who != roleAdmin:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="insufficient_scope"`)
+		writeError(w, http.StatusForbidden, "forbidden", "writes need the admin token", nil)
+		return roleNone, false
+	}
+	return who, true
+}
+
+func (s *Server) routes() {
+	s.route("/v1/policies", map[string]handler{http.MethodGet: s.listPolicies}, map[string]access{http.MethodGet: read})
+	s.route("/v1/policies/{policy}",
+		map[string]handler{http.MethodGet: s.getPolicy, http.MethodPut: s.putPolicy, http.MethodDelete: s.deletePolicy},
+		map[string]access{http.MethodGet: read, http.MethodPut: write, http.MethodDelete: write})
+	s.route("/v1/policies/{policy}/rules",
+		map[string]handler{http.MethodPost: s.addRule},
+		map[string]access{http.MethodPost: write})
+	s.route("/v1/policies/{policy}/rules/{id}",
+		map[string]handler{http.MethodGet: s.getRule, http.MethodPut: s.putRule, http.MethodDelete: s.deleteRule},
+		map[string]access{http.MethodGet: read, http.MethodPut: write, http.MethodDelete: write})
+	s.route("/v1/policies/{policy}/versions",
+		map[string]handler{http.MethodGet: s.listVersions}, map[string]access{http.MethodGet: read})
+	s.route("/v1/policies/{policy}/rollback",
+		map[string]handler{http.MethodPost: s.rollback}, map[string]access{http.MethodPost: write})
+	s.route("/healthz", map[string]handler{http.MethodGet: s.healthz}, nil)
+	s.route("/readyz", map[string]handler{http.MethodGet: s.readyz}, nil)
+	s.route("/metrics", map[string]handler{http.MethodGet: s.serveMetrics}, nil)
+	s.mux.Handle("/", s.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.URL.Path, nil)
+	})))
+}
+
+func sortStrings(a []string) {
+	for i := 1; i < len(a); i++ {
+		for j := i; j > 0 && a[j] < a[j-1]; j-- {
+			a[j], a[j-1] = a[j-1], a[j]
+		}
+	}
+}

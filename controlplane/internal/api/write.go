@@ -1,0 +1,372 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// maxAttempts bounds how often a write without If-Match is recomputed after
+// losing a race to another writer.
+const maxAttempts = 8
+
+// mutation computes the next policy from the current one (nil when the
+// policy does not exist). It returns the new policy, or nil to delete it.
+type mutation func(cur *rules.Policy, rec store.Record) (next *rules.Policy, detail string, aerr *apiError)
+
+// writeOpts say how to answer a successful write.
+type writeOpts struct {
+	op store.Operation
+	// created is the status when the policy did not exist before (201 for
+	// PUT and POST), ok otherwise.
+	created, ok int
+	// location, if set, is sent as the Location header.
+	location string
+	// createOnly honours If-None-Match: * (PUT of a whole policy).
+	createOnly bool
+}
+
+// readBody reads a JSON request body: 415 for another Content-Type, 413
+// beyond MaxBodyBytes.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if ct == "" || err != nil || !(mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))) {
+		return nil, errf(http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type must be application/json, got "+strconv.Quote(ct))
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, errf(http.StatusRequestEntityTooLarge, "too_large", "request body exceeds "+strconv.FormatInt(mbe.Limit, 10)+" bytes")
+		}
+		return nil, errf(http.StatusBadRequest, "bad_request", "reading the request body failed")
+	}
+	return body, nil
+}
+
+// invalid turns a rules validation error into a 400 with every problem.
+func invalid(err error) *apiError {
+	e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid")
+	var errs rules.Errors
+	if errors.As(err, &errs) {
+		e.message = "the document is invalid: " + strconv.Itoa(len(errs)) + " problem(s)"
+		for _, fe := range errs {
+			e.details = append(e.details, Detail{Field: fe.Field, Message: fe.Message})
+		}
+	}
+	return e
+}
+
+func newWriteID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// write runs a read-modify-write of policy name: it reads the current record
+// from the store, checks If-Match (and If-None-Match: * for createOnly),
+// applies m, and commits with the version it read. Losing a race is 412 when
+// the client sent If-Match, and retried otherwise.
+func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name string, o writeOpts, m mutation) {
+	ifMatch, ok1 := parseCondition(r.Header, "If-Match")
+	inm, ok2 := parseCondition(r.Header, "If-None-Match")
+	if !ok1 || !ok2 {
+		writeError(w, http.StatusBadRequest, "invalid_header", "If-Match/If-None-Match: want entity tags such as \"v7\" or *", nil)
+		return
+	}
+	if inm.present && (!o.createOnly || !inm.any || len(inm.tags) > 0) {
+		writeError(w, http.StatusBadRequest, "invalid_header", "If-None-Match on a write: only * is supported, and only on PUT of a whole policy", nil)
+		return
+	}
+	id := newWriteID()
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+		rec, err := s.o.Store.Get(ctx, name)
+		cancel()
+		if err != nil {
+			s.unavailable(w, err)
+			return
+		}
+		if ifMatch.present && !ifMatch.matchStrong(rec.Exists(), rec.Version) {
+			s.preconditionFailed(w, rec)
+			return
+		}
+		if inm.any && rec.Exists() {
+			s.preconditionFailed(w, rec)
+			return
+		}
+		var cur *rules.Policy
+		if rec.Exists() {
+			if cur, err = rules.ParsePolicy(rec.Doc); err != nil {
+				s.log.Error("api: stored policy does not parse", "policy", name, "version", rec.Version, "err", err)
+				writeError(w, http.StatusInternalServerError, "internal", "the stored policy does not parse", nil)
+				return
+			}
+		}
+		next, detail, aerr := m(cur, rec)
+		if aerr != nil {
+			aerr.write(w)
+			return
+		}
+		ch := store.Change{Name: name, Base: rec.Version, Op: o.op, Actor: actor(who, r), Detail: detail, Time: s.o.Now().UTC(), ID: id}
+		if next != nil {
+			next.Name, next.Version = name, rec.Version
+			if err := next.Validate(); err != nil {
+				invalid(err).write(w)
+				return
+			}
+			if o.op == store.OpPutPolicy && rec.Exists() && bytes.Equal(rules.EncodePolicy(next), rec.Doc) {
+				// Declarative apply of what is already there: no new version.
+				w.Header().Set("ETag", etag(rec.Version))
+				writeRaw(w, o.ok, rec.Doc)
+				return
+			}
+			next.Version = rec.Version + 1
+			ch.Doc = rules.EncodePolicy(next)
+		}
+		ctx, cancel = context.WithTimeout(r.Context(), s.o.StoreTimeout)
+		nrec, err := s.o.Store.Commit(ctx, ch)
+		cancel()
+		if errors.Is(err, store.ErrConflict) {
+			if ifMatch.present || inm.any {
+				cur, _ := s.o.Store.Get(r.Context(), name)
+				s.preconditionFailed(w, cur)
+				return
+			}
+			continue
+		}
+		if err != nil {
+			s.unavailable(w, err)
+			return
+		}
+		s.o.Snapshot.Apply(nrec)
+		s.log.Info("api: policy changed", "policy", name, "version", nrec.Version, "op", o.op, "actor", ch.Actor, "detail", detail)
+		w.Header().Set("ETag", etag(nrec.Version))
+		if o.location != "" {
+			w.Header().Set("Location", o.location)
+		}
+		status := o.ok
+		if !rec.Exists() {
+			status = o.created
+		}
+		if nrec.Doc == nil {
+			writeJSON(w, status, deleted{Policy: name, Version: nrec.Version})
+			return
+		}
+		writeRaw(w, status, nrec.Doc)
+		return
+	}
+	writeError(w, http.StatusConflict, "conflict", "too many concurrent writers to policy "+strconv.Quote(name)+"; retry", nil)
+}
+
+// deleted is the body of DELETE /v1/policies/{policy}.
+type deleted struct {
+	Policy  string `json:"policy"`
+	Version uint64 `json:"version"`
+	Deleted bool   `json:"deleted"`
+}
+
+func (s *Server) unavailable(w http.ResponseWriter, err error) {
+	s.o.Snapshot.ReportError(err)
+	s.log.Warn("api: store unavailable for a write", "err", err)
+	writeError(w, http.StatusServiceUnavailable, "store_unavailable",
+		"the store is unreachable; the write was not applied, retry later (reads are served from the last snapshot)", nil)
+}
+
+func (s *Server) preconditionFailed(w http.ResponseWriter, rec store.Record) {
+	msg := "the policy does not exist"
+	if rec.Exists() {
+		w.Header().Set("ETag", etag(rec.Version))
+		msg = "the policy is at version " + strconv.FormatUint(rec.Version, 10) + " (ETag " + etag(rec.Version) + ")"
+	}
+	writeError(w, http.StatusPreconditionFailed, "precondition_failed", "precondition failed: "+msg, nil)
+}
+
+// parsePolicyBody parses a PUT body for policy name: its "policy" member
+// must be absent or equal name; its "version" member is ignored (the server
+// assigns versions; use If-Match for optimistic concurrency).
+func parsePolicyBody(body []byte, name string) (*rules.Policy, *apiError) {
+	p, err := rules.ParsePolicy(body)
+	if err != nil {
+		var errs rules.Errors
+		if errors.As(err, &errs) && len(errs) > 0 && hasMissingName(errs) {
+			if injected, ok := injectName(body, name); ok {
+				p, err = rules.ParsePolicy(injected)
+			}
+		}
+	}
+	if err != nil {
+		return nil, invalid(err)
+	}
+	if p.Name != name {
+		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
+		e.details = []Detail{{Field: "policy", Message: "must be " + strconv.Quote(name) + " (the name in the path) or absent"}}
+		return nil, e
+	}
+	return p, nil
+}
+
+func hasMissingName(errs rules.Errors) bool {
+	for _, e := range errs {
+		if e.Field == "policy" && e.Message == "required" {
+			return true
+		}
+	}
+	return false
+}
+
+// injectName adds "policy": name as the first member of a JSON object.
+func injectName(body []byte, name string) ([]byte, bool) {
+	t := bytes.TrimLeft(body, " \t\r\n")
+	if len(t) == 0 || t[0] != '{' {
+		return nil, false
+	}
+	rest := bytes.TrimLeft(t[1:], " \t\r\n")
+	sep := ","
+	if len(rest) > 0 && rest[0] == '}' {
+		sep = ""
+	}
+	out := make([]byte, 0, len(t)+len(name)+16)
+	out = append(out, `{"policy":"`...)
+	out = append(out, name...) // ValidName: no characters needing escapes
+	out = append(out, '"')
+	out = append(out, sep...)
+	out = append(out, rest...)
+	return out, true
+}
+
+func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, who role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	p, aerr := parsePolicyBody(body, name)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	s.write(w, r, who, name, writeOpts{op: store.OpPutPolicy, created: http.StatusCreated, ok: http.StatusOK, createOnly: true},
+		func(*rules.Policy, store.Record) (*rules.Policy, string, *apiError) {
+			next := *p
+			return &next, "", nil
+		})
+}
+
+func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request, who role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	s.write(w, r, who, name, writeOpts{op: store.OpDeletePolicy, ok: http.StatusOK},
+		func(cur *rules.Policy, _ store.Record) (*rules.Policy, string, *apiError) {
+			if cur == nil {
+				return nil, "", errf(http.StatusNotFound, "not_found", "no policy "+strconv.Quote(name))
+			}
+			return nil, "", nil
+		})
+}
+
+func notFoundPolicy(name string) *apiError {
+	return errf(http.StatusNotFound, "not_found", "no policy "+strconv.Quote(name))
+}
+
+func (s *Server) addRule(w http.ResponseWriter, r *http.Request, who role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	rule, err := rules.ParseRule(body, "")
+	if err != nil {
+		invalid(err).write(w)
+		return
+	}
+	s.write(w, r, who, name, writeOpts{op: store.OpAddRule, created: http.StatusCreated, ok: http.StatusCreated,
+		location: "/v1/policies/" + name + "/rules/" + rule.ID},
+		func(cur *rules.Policy, _ store.Record) (*rules.Policy, string, *apiError) {
+			if cur == nil {
+				return nil, "", notFoundPolicy(name)
+			}
+			if ruleIndex(cur, rule.ID) >= 0 {
+				return nil, "", errf(http.StatusConflict, "duplicate_rule", "policy "+strconv.Quote(name)+" already has a rule "+strconv.Quote(rule.ID))
+			}
+			cur.Rules = append(cur.Rules, *rule)
+			return cur, rule.ID, nil
+		})
+}
+
+func (s *Server) putRule(w http.ResponseWriter, r *http.Request, who role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	id := r.PathValue("id")
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	rule, err := rules.ParseRule(body, "")
+	if err != nil {
+		invalid(err).write(w)
+		return
+	}
+	if rule.ID != id {
+		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
+		e.details = []Detail{{Field: "id", Message: "must be " + strconv.Quote(id) + " (the id in the path)"}}
+		e.write(w)
+		return
+	}
+	s.write(w, r, who, name, writeOpts{op: store.OpPutRule, created: http.StatusOK, ok: http.StatusOK},
+		func(cur *rules.Policy, _ store.Record) (*rules.Policy, string, *apiError) {
+			if cur == nil {
+				return nil, "", notFoundPolicy(name)
+			}
+			if i := ruleIndex(cur, id); i >= 0 {
+				cur.Rules[i] = *rule
+			} else {
+				cur.Rules = append(cur.Rules, *rule)
+			}
+			return cur, id, nil
+		})
+}
+
+func (s *Server) deleteRule(w http.ResponseWriter, r *http.Request, who role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	id := r.PathValue("id")
+	s.write(w, r, who, name, writeOpts{op: store.OpDeleteRule, ok: http.StatusOK},
+		func(cur *rules.Policy, _ store.Record) (*rules.Policy, string, *apiError) {
+			if cur == nil {
+				return nil, "", notFoundPolicy(name)
+			}
+			i := ruleIndex(cur, id)
+			if i < 0 {
+				return nil, "", errf(http.StatusNotFound, "not_found", "policy "+strconv.Quote(name)+" has no rule "+strconv.Quote(id))
+			}
+			cur.Rules = append(cur.Rules[:i], cur.Rules[i+1:]...)
+			return cur, id, nil
+		})
+}

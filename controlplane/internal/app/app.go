@@ -1,0 +1,140 @@
+// Package app wires the control plane together: settings → store →
+// snapshot → API server → HTTP listener, and the graceful shutdown.
+//
+// # Failure policy
+//
+// Bad settings, an unopenable embedded store or an unusable listen address
+// stop the binary at start. An unreachable Redis does not: the service starts
+// unready and recovers by itself. On SIGINT/SIGTERM it stops accepting
+// connections, answers open long polls at once (304), finishes in-flight
+// requests within the shutdown timeout, then closes the store.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/api"
+	"github.com/sluice-proxy/sluice/controlplane/internal/boltstore"
+	"github.com/sluice-proxy/sluice/controlplane/internal/config"
+	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
+	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+)
+
+// Main runs the binary: it parses args and the environment, serves until
+// SIGINT or SIGTERM, and returns the exit code (0 ok, 1 failure, 2 usage).
+func Main(args []string, getenv func(string) string, stderr io.Writer) int {
+	s, err := config.Parse(args, getenv, os.ReadFile, stderr)
+	if errors.Is(err, config.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "sluice-controlplane:", err)
+		return 2
+	}
+	log := NewLogger(s, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Run(ctx, s, log, nil); err != nil {
+		log.Error("sluice-controlplane stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// NewLogger returns the slog logger the settings ask for, writing to w.
+func NewLogger(s config.Settings, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(s.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if s.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// OpenStore opens the store the settings select.
+func OpenStore(s config.Settings) (store.Store, string, error) {
+	if s.RedisURL != "" {
+		st, err := redisstore.Open(redisstore.Options{URL: s.RedisURL, MasterName: s.RedisMasterName, HistoryDepth: s.HistoryDepth})
+		return st, "redis", err
+	}
+	st, err := boltstore.Open(boltstore.Options{Dir: s.DataDir, HistoryDepth: s.HistoryDepth})
+	return st, "embedded", err
+}
+
+// Run serves until ctx is done, then shuts down gracefully. If listening is
+// not nil it is called with the bound address once the listener is open.
+func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening func(net.Addr)) error {
+	st, kind, err := OpenStore(s)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	snap := snapshot.New(snapshot.Options{Store: st, Logger: log, ResyncInterval: s.ResyncInterval})
+	// A first resync before serving, so that a reachable store is served
+	// fresh from the first request; failure here is not fatal.
+	initCtx, cancel := context.WithTimeout(ctx, s.StoreTimeout)
+	if err := snap.Resync(initCtx); err != nil {
+		log.Warn("store unreachable at start; starting unready", "store", kind, "err", err)
+	}
+	cancel()
+	snapCtx, stopSnap := context.WithCancel(context.Background())
+	snapDone := make(chan struct{})
+	go func() { defer close(snapDone); snap.Run(snapCtx) }()
+	defer func() { stopSnap(); <-snapDone }()
+
+	srv := api.New(api.Options{
+		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken,
+		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
+		HistoryDepth: s.HistoryDepth, Logger: log,
+	})
+	l, err := net.Listen("tcp", s.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.Listen, err)
+	}
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      s.MaxWait + 30*time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	auth := "bearer tokens"
+	if s.AdminToken == "" && s.ReadToken == "" {
+		auth = "NONE (no token configured; allowed because the listener is loopback-only)"
+	}
+	log.Info("sluice-controlplane listening", "addr", l.Addr().String(), "store", kind, "auth", auth,
+		"history_depth", s.HistoryDepth, "max_wait", s.MaxWait.String())
+	if listening != nil {
+		listening(l.Addr())
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(l) }()
+	select {
+	case err := <-serveErr:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: answering long polls, finishing in-flight requests", "timeout", s.ShutdownTimeout.String())
+	srv.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		return fmt.Errorf("graceful shutdown: %w", err)
+	}
+	log.Info("shut down cleanly")
+	return nil
+}

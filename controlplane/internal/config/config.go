@@ -1,0 +1,198 @@
+// Package config reads the control plane's settings once, from command-line
+// flags and their environment-variable equivalents, into one flat Settings
+// struct. Parse is a pure function of its arguments so it can be tested.
+//
+// Every flag --name has the environment variable SLUICE_NAME (upper case,
+// '-' → '_'); a flag given on the command line wins over the environment.
+//
+// # Failure policy
+//
+// Bad configuration stops the binary from starting with an error naming the
+// flag, including the safety rule: with no token configured the service
+// only starts on a loopback listener.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Settings is every setting of the control plane.
+type Settings struct {
+	// Listen is the HTTP listen address, host:port (default 127.0.0.1:8080).
+	Listen string
+	// RedisURL selects the Redis store: a redis:// or rediss:// URL, or a
+	// comma-separated list of host:port (several: Cluster, or Sentinels with
+	// RedisMasterName). Empty selects the embedded store in DataDir.
+	RedisURL string
+	// RedisMasterName turns on Sentinel mode: the master's name.
+	RedisMasterName string
+	// DataDir is the embedded store's directory (default "sluice-data").
+	DataDir string
+	// AdminToken is the bearer token for writes (and reads).
+	AdminToken string
+	// ReadToken is the bearer token for reads and long polls.
+	ReadToken string
+	// HistoryDepth is how many versions of each policy are kept (default 50).
+	HistoryDepth int
+	// MaxBodyBytes bounds request bodies in bytes (default 1 MiB + 64 KiB).
+	MaxBodyBytes int64
+	// MaxWait bounds a long poll's ?wait= (default 60s).
+	MaxWait time.Duration
+	// ResyncInterval is how often versions are re-read from the store as a
+	// safety net, and its health checked (default 2s).
+	ResyncInterval time.Duration
+	// StoreTimeout bounds each store operation of a request (default 5s).
+	StoreTimeout time.Duration
+	// ShutdownTimeout bounds the graceful shutdown (default 15s).
+	ShutdownTimeout time.Duration
+	// LogLevel is debug, info, warn or error (default info).
+	LogLevel string
+	// LogFormat is json or text (default json).
+	LogFormat string
+}
+
+// ErrHelp is returned by Parse for -h/--help; the usage was written to the
+// output given to Parse.
+var ErrHelp = flag.ErrHelp
+
+// Parse reads settings from args (without the program name), then from
+// getenv for every flag not given, then token files through readFile.
+// Usage and flag errors are written to out.
+func Parse(args []string, getenv func(string) string, readFile func(string) ([]byte, error), out io.Writer) (Settings, error) {
+	var s Settings
+	var adminFile, readFileName string
+	fs := flag.NewFlagSet("sluice-controlplane", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
+	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")
+	fs.StringVar(&s.RedisMasterName, "redis-master-name", "", "Sentinel master name (the --redis-url addresses are Sentinels)")
+	fs.StringVar(&s.DataDir, "data-dir", "sluice-data", "embedded store directory (used without --redis-url)")
+	fs.StringVar(&s.AdminToken, "admin-token", "", "admin bearer token (prefer SLUICE_ADMIN_TOKEN or --admin-token-file: flags are visible in ps)")
+	fs.StringVar(&s.ReadToken, "read-token", "", "read bearer token (prefer SLUICE_READ_TOKEN or --read-token-file)")
+	fs.StringVar(&adminFile, "admin-token-file", "", "file holding the admin bearer token")
+	fs.StringVar(&readFileName, "read-token-file", "", "file holding the read bearer token")
+	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")
+	fs.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 1<<20+64<<10, "largest request body in bytes")
+	fs.DurationVar(&s.MaxWait, "max-wait", 60*time.Second, "longest long-poll wait")
+	fs.DurationVar(&s.ResyncInterval, "resync-interval", 2*time.Second, "interval of the store version re-read and health check")
+	fs.DurationVar(&s.StoreTimeout, "store-timeout", 5*time.Second, "timeout of each store operation")
+	fs.DurationVar(&s.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful shutdown limit")
+	fs.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&s.LogFormat, "log-format", "json", "log format: json or text")
+	if err := fs.Parse(args); err != nil {
+		return Settings{}, err
+	}
+	if fs.NArg() > 0 {
+		return Settings{}, fmt.Errorf("config: unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		env := EnvName(f.Name)
+		if v := getenv(env); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("config: %s=%q: %v", env, v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return Settings{}, err
+	}
+	for _, t := range []struct {
+		token *string
+		file  string
+		flag  string
+	}{{&s.AdminToken, adminFile, "admin-token"}, {&s.ReadToken, readFileName, "read-token"}} {
+		if t.file == "" {
+			continue
+		}
+		if *t.token != "" {
+			return Settings{}, fmt.Errorf("config: both --%s (or %s) and --%s-file given; use one", t.flag, EnvName(t.flag), t.flag)
+		}
+		b, err := readFile(t.file)
+		if err != nil {
+			return Settings{}, fmt.Errorf("config: --%s-file: %w", t.flag, err)
+		}
+		*t.token = strings.TrimSpace(string(b))
+		if *t.token == "" {
+			return Settings{}, fmt.Errorf("config: --%s-file %s is empty", t.flag, t.file)
+		}
+	}
+	return s, s.Check()
+}
+
+// EnvName is the environment variable of a flag: SLUICE_ + upper case, '-' → '_'.
+func EnvName(flagName string) string {
+	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// ErrNoTokens is returned by Check when no token is configured and the
+// listener is not loopback-only.
+var ErrNoTokens = errors.New("config: no admin or read token configured (SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN or --admin-token-file/--read-token-file); refusing to serve an unauthenticated API on a non-loopback address")
+
+// Check validates the settings.
+func (s Settings) Check() error {
+	host, port, err := net.SplitHostPort(s.Listen)
+	if err != nil {
+		return fmt.Errorf("config: --listen %q: want host:port: %v", s.Listen, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("config: --listen %q: bad port", s.Listen)
+	}
+	if s.AdminToken == "" && s.ReadToken == "" && !Loopback(host) {
+		return ErrNoTokens
+	}
+	if s.AdminToken != "" && s.AdminToken == s.ReadToken {
+		return errors.New("config: the admin and read tokens must differ")
+	}
+	switch {
+	case s.HistoryDepth < 1 || s.HistoryDepth > 10000:
+		return fmt.Errorf("config: --history-depth %d: want 1 to 10000", s.HistoryDepth)
+	case s.MaxBodyBytes < 1024:
+		return fmt.Errorf("config: --max-body-bytes %d: want ≥ 1024", s.MaxBodyBytes)
+	case s.MaxWait < time.Second:
+		return fmt.Errorf("config: --max-wait %s: want ≥ 1s", s.MaxWait)
+	case s.ResyncInterval < 10*time.Millisecond:
+		return fmt.Errorf("config: --resync-interval %s: want ≥ 10ms", s.ResyncInterval)
+	case s.StoreTimeout <= 0:
+		return fmt.Errorf("config: --store-timeout %s: want > 0", s.StoreTimeout)
+	case s.ShutdownTimeout <= 0:
+		return fmt.Errorf("config: --shutdown-timeout %s: want > 0", s.ShutdownTimeout)
+	case s.RedisURL == "" && s.DataDir == "":
+		return errors.New("config: neither --redis-url nor --data-dir given")
+	case s.RedisMasterName != "" && s.RedisURL == "":
+		return errors.New("config: --redis-master-name needs --redis-url (the Sentinel addresses)")
+	}
+	switch s.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("config: --log-level %q: want debug, info, warn or error", s.LogLevel)
+	}
+	switch s.LogFormat {
+	case "json", "text":
+	default:
+		return fmt.Errorf("config: --log-format %q: want json or text", s.LogFormat)
+	}
+	return nil
+}
+
+// Loopback reports whether host (from host:port) only reaches this machine:
+// "localhost" or a loopback IP. An empty host (all interfaces) is not.
+func Loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
