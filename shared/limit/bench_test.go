@@ -23,7 +23,7 @@ var benchConfigs = []struct {
 }
 
 // BenchmarkDecide measures one decision on a key with history (about half its limit
-// used): Decide on the stored state into next, as the filter does for each rule before
+// or bucket used): Decide on the stored state into next, as the filter does for each rule before
 // it knows whether to commit. allocs/op must be 0.
 func BenchmarkDecide(b *testing.B) {
 	for _, bc := range benchConfigs {
@@ -32,6 +32,9 @@ func BenchmarkDecide(b *testing.B) {
 			state, next := make([]byte, l.StateSize()), make([]byte, l.StateSize())
 			now := t0
 			half := l.Config().Limit / 2
+			if capacity := l.Config().capacity(); capacity != 0 {
+				half = capacity / 2
+			}
 			for i := uint64(0); i < half; i++ {
 				now += int64(time.Millisecond)
 				if l.Decide(state, next, now, 1).Allowed {

@@ -17,6 +17,20 @@
 //
 // Failure policy: a bad Config is rejected by Validate/New with an error naming the
 // parameter (by its JSON name); nothing here fails while serving.
+//
+// # Algorithms at a glance
+//
+//	algorithm     state bytes     cost of a decision  Adjust  Release  bound
+//	token_bucket  16              O(1)                yes     -        Burst + Limit·t/Window in any t
+//	gcra          16              O(1)                yes     -        Burst+1 + Limit·t/Window in any t
+//	time_wheel    8 + 4·Slots     O(Slots)            yes     -        Limit in any Slots consecutive slots
+//	fixed_window  16              O(1)                yes     -        Limit per aligned window (2·Limit across a boundary)
+//	sliding_log   8 + 8·Limit     O(Limit)            -       -        Limit in any interval of Window
+//	concurrency   8·Limit         O(Limit)            -       yes      Limit held (acquired, not released, lease not over)
+//
+// Each algorithm's file documents its parameters, its Decision fields and its state
+// layout. Subpackages: siphash (the keyed hash of client keys) and table (the bucket
+// of entries stored under one shared-data key).
 package limit
 
 import (
@@ -299,8 +313,7 @@ func refillTooLong(capacity uint64, window time.Duration, limit uint64) bool {
 	return cmp128(hi, lo, mhi, mlo) > 0
 }
 
-// Decision is the outcome of one Decide (or Release/Adjust, where the limiter
-// reports its state after the change).
+// Decision is the outcome of one Decide, with what the filter reports to the client.
 type Decision struct {
 	// Allowed reports whether the request is admitted; if so the caller commits next.
 	Allowed bool
@@ -328,8 +341,9 @@ type Decision struct {
 // fresh key; any other length or content is accepted and treated as fresh where it
 // cannot be decoded) and writes the state to commit into next (len >= StateSize; only
 // next[:StateSize] is written). state and next must not overlap. now is Unix
-// nanoseconds; values below 0 are treated as 0 and values above MaxTime as MaxTime. None of them allocates or panics
-// (short next is the one exception: it panics, as a programming error).
+// nanoseconds; values below 0 are treated as 0 and values above MaxTime as MaxTime.
+// None of them allocates or panics (a next shorter than StateSize is the one
+// exception: it panics, as a programming error).
 type Limiter interface {
 	// Config returns the validated Config with defaults filled in.
 	Config() Config
