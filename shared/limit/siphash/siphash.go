@@ -58,40 +58,38 @@ func newState(k *Key) state {
 	}
 }
 
-func (s *state) round() {
-	s.v0 += s.v1
-	s.v1 = bits.RotateLeft64(s.v1, 13)
-	s.v1 ^= s.v0
-	s.v0 = bits.RotateLeft64(s.v0, 32)
-	s.v2 += s.v3
-	s.v3 = bits.RotateLeft64(s.v3, 16)
-	s.v3 ^= s.v2
-	s.v0 += s.v3
-	s.v3 = bits.RotateLeft64(s.v3, 21)
-	s.v3 ^= s.v0
-	s.v2 += s.v1
-	s.v1 = bits.RotateLeft64(s.v1, 17)
-	s.v1 ^= s.v2
-	s.v2 = bits.RotateLeft64(s.v2, 32)
+// round is one SipRound, on values so that it inlines and v0..v3 stay in registers.
+func round(v0, v1, v2, v3 uint64) (uint64, uint64, uint64, uint64) {
+	v0 += v1
+	v1 = bits.RotateLeft64(v1, 13) ^ v0
+	v0 = bits.RotateLeft64(v0, 32)
+	v2 += v3
+	v3 = bits.RotateLeft64(v3, 16) ^ v2
+	v0 += v3
+	v3 = bits.RotateLeft64(v3, 21) ^ v0
+	v2 += v1
+	v1 = bits.RotateLeft64(v1, 17) ^ v2
+	v2 = bits.RotateLeft64(v2, 32)
+	return v0, v1, v2, v3
 }
 
 // compress absorbs one message word (c = 2 rounds).
 func (s *state) compress(m uint64) {
-	s.v3 ^= m
-	s.round()
-	s.round()
-	s.v0 ^= m
+	v0, v1, v2, v3 := s.v0, s.v1, s.v2, s.v3^m
+	v0, v1, v2, v3 = round(v0, v1, v2, v3)
+	v0, v1, v2, v3 = round(v0, v1, v2, v3)
+	s.v0, s.v1, s.v2, s.v3 = v0^m, v1, v2, v3
 }
 
 // finish absorbs the last word b and runs d = 4 finalization rounds.
 func (s *state) finish(b uint64) uint64 {
 	s.compress(b)
-	s.v2 ^= 0xff
-	s.round()
-	s.round()
-	s.round()
-	s.round()
-	return s.v0 ^ s.v1 ^ s.v2 ^ s.v3
+	v0, v1, v2, v3 := s.v0, s.v1, s.v2^0xff, s.v3
+	v0, v1, v2, v3 = round(v0, v1, v2, v3)
+	v0, v1, v2, v3 = round(v0, v1, v2, v3)
+	v0, v1, v2, v3 = round(v0, v1, v2, v3)
+	v0, v1, v2, v3 = round(v0, v1, v2, v3)
+	return v0 ^ v1 ^ v2 ^ v3
 }
 
 func le64[T string | []byte](p T) uint64 {
@@ -101,17 +99,23 @@ func le64[T string | []byte](p T) uint64 {
 }
 
 func sum[T string | []byte](k *Key, p T) uint64 {
-	s := newState(k)
+	st := newState(k)
+	v0, v1, v2, v3 := st.v0, st.v1, st.v2, st.v3
 	n := len(p)
 	for len(p) >= 8 {
-		s.compress(le64(p))
+		m := le64(p)
+		v3 ^= m
+		v0, v1, v2, v3 = round(v0, v1, v2, v3)
+		v0, v1, v2, v3 = round(v0, v1, v2, v3)
+		v0 ^= m
 		p = p[8:]
 	}
 	b := uint64(n) << 56
 	for i := len(p) - 1; i >= 0; i-- {
 		b |= uint64(p[i]) << (8 * i)
 	}
-	return s.finish(b)
+	st = state{v0, v1, v2, v3}
+	return st.finish(b)
 }
 
 // Digest hashes a message given in pieces (for a rate-limit key built from several
