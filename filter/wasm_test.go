@@ -184,20 +184,26 @@ func buildWasm(t *testing.T) []byte {
 	if testing.Short() {
 		t.Skip("builds the wasm module")
 	}
-	if wasmBin != nil {
-		return wasmBin
+	if wasmBin == nil {
+		wasmBin = mustBuild(t)
 	}
-	wasmPath := filepath.Join(t.TempDir(), "sluice.wasm")
+	return wasmBin
+}
+
+// mustBuild builds the filter with -buildmode=c-shared into a temporary
+// directory and returns the module.
+func mustBuild(tb testing.TB) []byte {
+	tb.Helper()
+	wasmPath := filepath.Join(tb.TempDir(), "sluice.wasm")
 	build := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasmPath, ".")
 	build.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		tb.Fatalf("go build: %v\n%s", err, out)
 	}
 	bin, err := os.ReadFile(wasmPath)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	wasmBin = bin
 	return bin
 }
 
