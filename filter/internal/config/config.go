@@ -389,7 +389,7 @@ func (p *parser) duration(def time.Duration) time.Duration {
 		return def
 	}
 	if v < MinTick || v > MaxTick {
-		p.d.Fail("must be "+strictjson.FormatDuration(MinTick)+".."+strictjson.FormatDuration(MaxTick))
+		p.d.Fail("must be " + strictjson.FormatDuration(MinTick) + ".." + strictjson.FormatDuration(MaxTick))
 	}
 	return v
 }
@@ -403,7 +403,7 @@ func (p *parser) intIn(def, lo, hi int) int {
 		return def
 	}
 	if v < int64(lo) || v > int64(hi) {
-		p.d.Fail("must be "+strconv.Itoa(lo)+".."+strconv.Itoa(hi))
+		p.d.Fail("must be " + strconv.Itoa(lo) + ".." + strconv.Itoa(hi))
 		return def
 	}
 	return int(v)

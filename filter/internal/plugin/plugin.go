@@ -119,8 +119,8 @@ type scratch struct {
 	// release), which may run while next and bucket are in use.
 	mod       []byte
 	modBucket []byte
-	num     []byte
-	body    []byte
+	num       []byte
+	body      []byte
 }
 
 const maxKeepBytes = 64 << 10

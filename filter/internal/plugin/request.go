@@ -245,4 +245,3 @@ func (p *pluginContext) releaseScratch() {
 		s.evals[i].value = nil
 	}
 }
-
