@@ -44,7 +44,9 @@ func writeError(w http.ResponseWriter, status int, code, message string, details
 	writeJSON(w, status, b)
 }
 
-func (e *apiError) write(w http.ResponseWriter) { writeError(w, e.status, e.code, e.message, e.details) }
+func (e *apiError) write(w http.ResponseWriter) {
+	writeError(w, e.status, e.code, e.message, e.details)
+}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	body, err := json.Marshal(v)

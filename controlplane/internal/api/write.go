@@ -161,7 +161,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			status = o.created
 		}
 		if nrec.Doc == nil {
-			writeJSON(w, status, deleted{Policy: name, Version: nrec.Version})
+			writeJSON(w, status, deleted{Policy: name, Version: nrec.Version, Deleted: true})
 			return
 		}
 		writeRaw(w, status, nrec.Doc)
