@@ -1,6 +1,9 @@
 package proxywasm
 
-import "strconv"
+import (
+	"runtime"
+	"strconv"
+)
 
 // The host's log level, cached: proxy_get_log_level is read at
 // proxy_on_vm_start, proxy_on_configure and every proxy_on_tick, never
@@ -60,7 +63,9 @@ func LogCritical(msg string) { Log(LogLevelCritical, msg) }
 // has already set its fail-open result.
 func catchPanic(where string) {
 	if r := recover(); r != nil {
-		logAlways(LogLevelError, "proxywasm: recovered panic in "+where+": "+panicString(r))
+		var stack [4096]byte
+		n := runtime.Stack(stack[:], false)
+		logAlways(LogLevelError, "proxywasm: recovered panic in "+where+": "+panicString(r)+"\n"+string(stack[:n]))
 	}
 }
 
