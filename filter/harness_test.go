@@ -35,7 +35,16 @@ func newEnv(t testing.TB, cfg string, workers int) *env {
 	if err != nil {
 		t.Fatalf("host.New: %v", err)
 	}
-	t.Cleanup(func() { h.Close() })
+	t.Cleanup(func() {
+		// The filter logs at error level only for a recovered panic or a
+		// host failure: either is a bug.
+		for _, l := range h.Logs() {
+			if l.Level >= host.LogError {
+				t.Errorf("guest error log (worker %d): %.3000s", l.Worker, l.Message)
+			}
+		}
+		h.Close()
+	})
 	return &env{t: t, h: h, clock: clock}
 }
 

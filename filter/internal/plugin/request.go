@@ -241,7 +241,8 @@ func (p *pluginContext) releaseScratch() {
 	}
 	clear(s.headers[:cap(s.headers)])
 	s.req = rules.Request{}
-	for i := range s.evals[:cap(s.evals)] {
-		s.evals[i].value = nil
+	evals := s.evals[:cap(s.evals)]
+	for i := range evals {
+		evals[i].value = nil
 	}
 }
