@@ -12,8 +12,8 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/api"
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/boltstore"
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
+	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 )

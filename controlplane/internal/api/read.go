@@ -78,14 +78,17 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, _ role) {
 		writeError(w, http.StatusBadRequest, "invalid_header", "If-None-Match: want entity tags such as \"v7\" or *", nil)
 		return
 	}
-	// settled reports whether rec answers the request without waiting: it
-	// exists and differs from what the client has.
-	settled := func(rec store.Record) bool { return rec.Exists() && !inm.matchWeak(true, rec.Version) }
-
 	rec, aerr := s.lookup(r.Context(), name)
 	if aerr != nil {
 		aerr.write(w)
 		return
+	}
+	// settled reports whether rec answers the request without waiting: it
+	// exists and differs from what the client has, or it was deleted while
+	// the request waited. (A policy that does not exist is waited for.)
+	existed := rec.Exists()
+	settled := func(rec store.Record) bool {
+		return rec.Exists() && !inm.matchWeak(true, rec.Version) || existed && !rec.Exists()
 	}
 	if wait > 0 && !settled(rec) {
 		rec = s.longPoll(r.Context(), name, wait, settled)
