@@ -79,9 +79,9 @@ func TestFailModes(t *testing.T) {
 func TestInvalidConfigurationFailsConfigure(t *testing.T) {
 	bin := buildWasm(t)
 	for cfg, field := range map[string]string{
-		`{"trusted_hops":-1}`:   "trusted_hops: must be 0..16",
-		`{"headers":"fancy"}`:   "headers: must be",
-		`{"nope":1}`:            "nope: unknown field",
+		`{"trusted_hops":-1}`: "trusted_hops: must be 0..16",
+		`{"headers":"fancy"}`: "headers: must be",
+		`{"nope":1}`:          "nope: unknown field",
 		`{"policy":{"policy":"p","rules":[{"id":"r","algorithm":"gcra","limit":1}]}}`: "policy.rules[0].window",
 		`{"control_plane":{}}`: "control_plane.cluster: required",
 		`[`:                    "config: ",

@@ -1,0 +1,150 @@
+package config
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseDefaults(t *testing.T) {
+	for _, doc := range []string{"", "  \n", "{}"} {
+		c, err := Parse([]byte(doc))
+		if err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if !reflect.DeepEqual(c, Default()) {
+			t.Errorf("%q: %+v, want defaults %+v", doc, c, Default())
+		}
+	}
+	d := Default()
+	if d.Env != "default" || d.Tick != 100*time.Millisecond || d.BucketsPerRule != 64 || d.EntriesPerBucket != 16 ||
+		d.Headers != HeadersXRateLimit || !d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 8 || d.TrustedHops != 0 || d.Policy != nil {
+		t.Errorf("defaults %+v", d)
+	}
+}
+
+func TestParseFull(t *testing.T) {
+	doc := `{
+	  "env": "prod",
+	  "policy": {"policy": "default", "version": 4, "rules": [
+	    {"id": "r", "key": ["client_ip"], "algorithm": "gcra", "limit": 10, "window": "1s", "description": "a \"quoted\" } ] , text"}]},
+	  "control_plane": {"cluster": "control_plane", "authority": "cp.internal", "policy": "default",
+	                    "token": "s3cret", "wait": "20s", "timeout": "25s", "lease": "3s"},
+	  "tick": "250ms", "trusted_hops": 2, "buckets_per_rule": 128, "entries_per_bucket": 32,
+	  "headers": "both", "headers_on_allow": false, "fail_mode": "closed", "cas_retries": 20
+	}`
+	c, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy == nil || c.Policy.Name != "default" || c.Policy.Version != 4 || c.Policy.Len() != 1 || c.Policy.Env() != "prod" {
+		t.Fatalf("policy %+v", c.Policy)
+	}
+	c.Policy = nil
+	want := Config{
+		Env: "prod",
+		ControlPlane: ControlPlane{Enabled: true, Cluster: "control_plane", Authority: "cp.internal", Policy: "default",
+			Token: "s3cret", Wait: 20 * time.Second, Timeout: 25 * time.Second, Lease: 3 * time.Second},
+		Tick: 250 * time.Millisecond, TrustedHops: 2, BucketsPerRule: 128, EntriesPerBucket: 32,
+		Headers: HeadersBoth, HeadersOnAllow: false, FailMode: FailClosed, CASRetries: 20,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("got  %+v\nwant %+v", c, want)
+	}
+}
+
+func TestParseControlPlaneDefaults(t *testing.T) {
+	c, err := Parse([]byte(`{"control_plane":{"cluster":"cp"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ControlPlane{Enabled: true, Cluster: "cp", Authority: "cp", Policy: "default", Wait: DefaultWait, Timeout: DefaultTimeout, Lease: DefaultLease}
+	if c.ControlPlane != want {
+		t.Errorf("%+v, want %+v", c.ControlPlane, want)
+	}
+	c, _ = Parse([]byte(`{"control_plane":{"cluster":"cp","wait":"1m"}}`))
+	if c.ControlPlane.Timeout != time.Minute+5*time.Second {
+		t.Errorf("timeout with wait 1m = %v", c.ControlPlane.Timeout)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{`[]`, "must be an object"},
+		{`{`, "config: "},
+		{`{"x":1}`, "x: unknown field"},
+		{`{"env":"Prod"}`, "env: must be"},
+		{`{"env":7}`, "env: must be a string"},
+		{`{"tick":"5ms"}`, "tick: must be 10ms..1m"},
+		{`{"tick":100}`, "tick: "},
+		{`{"trusted_hops":17}`, "trusted_hops: must be 0..16"},
+		{`{"buckets_per_rule":0}`, "buckets_per_rule: must be 1..4096"},
+		{`{"entries_per_bucket":65}`, "entries_per_bucket: must be 1..64"},
+		{`{"headers":"X-RateLimit"}`, `headers: must be "x-ratelimit"`},
+		{`{"headers_on_allow":"yes"}`, "headers_on_allow: must be true or false"},
+		{`{"fail_mode":"maybe"}`, `fail_mode: must be "open" or "closed"`},
+		{`{"cas_retries":0}`, "cas_retries: must be 1..1000"},
+		{`{"policy":[]}`, "policy: must be an object"},
+		{`{"policy":{"policy":"p","rules":[{"id":"r","algorithm":"nope","limit":1}]}}`, "policy.rules[0].algorithm"},
+		{`{"policy":{"policy":"p","rules":[],"extra":1}}`, "policy.extra: unknown field"},
+		{`{"control_plane":{"authority":"a"}}`, "control_plane.cluster: required"},
+		{`{"control_plane":{"cluster":"c","wait":"0.5s"}}`, "control_plane.wait: must be 1s..10m"},
+		{`{"control_plane":{"cluster":"c","wait":"30s","timeout":"30s"}}`, "control_plane.timeout: must be greater than wait"},
+		{`{"control_plane":{"cluster":"c","lease":"1h"}}`, "control_plane.lease: must be 100ms..1m"},
+		{`{"control_plane":{"cluster":"c","token":"a b"}}`, "control_plane.token: must be visible ASCII"},
+		{`{"control_plane":{"cluster":"c","policy":"A"}}`, "control_plane.policy: must be"},
+		{`{"control_plane":{"cluster":"c","x":1}}`, "control_plane.x: unknown field"},
+		{`{"entries_per_bucket":64,"policy":{"policy":"p","rules":[{"id":"r","algorithm":"sliding_log","limit":64,"window":"1s"}]}}`, "policy.rules[0]: a bucket of entries_per_bucket=64"},
+	} {
+		c, err := Parse([]byte(tc.doc))
+		if err == nil {
+			t.Errorf("%s: accepted: %+v", tc.doc, c)
+			continue
+		}
+		if !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v does not match ErrInvalid", tc.doc, err)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %q, want it to contain %q", tc.doc, err, tc.want)
+		}
+		if !reflect.DeepEqual(c, Config{}) {
+			t.Errorf("%s: non-zero Config with an error", tc.doc)
+		}
+	}
+}
+
+func TestParseReportsEveryProblem(t *testing.T) {
+	_, err := Parse([]byte(`{"trusted_hops":99,"headers":"x","cas_retries":0}`))
+	var errs Errors
+	if !errors.As(err, &errs) || len(errs) != 3 {
+		t.Fatalf("%v: want 3 problems", err)
+	}
+	if errs[0].Field != "trusted_hops" || errs[1].Field != "headers" || errs[2].Field != "cas_retries" {
+		t.Errorf("fields %v", errs)
+	}
+}
+
+func TestMemberValue(t *testing.T) {
+	doc := []byte(` { "a" : 1 , "b\"}" : {"x":[1,{"y":"]}"}]} ,"c":"s","d":true}`)
+	for i, want := range []string{"1", `{"x":[1,{"y":"]}"}]}`, `"s"`, "true", ""} {
+		if got := string(memberValue(doc, i)); got != want {
+			t.Errorf("member %d = %q, want %q", i, got, want)
+		}
+	}
+	for _, bad := range []string{"", "[", `{"a"`, `{"a":`, `{"a":{`} {
+		_ = memberValue([]byte(bad), 0) // must not panic
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(`{"env":"prod","policy":{"policy":"p","rules":[{"id":"r","algorithm":"gcra","limit":1,"window":"1s"}]},"tick":"1s"}`))
+	f.Add([]byte(`{"control_plane":{"cluster":"c"}}`))
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		c, err := Parse(doc)
+		if err != nil && !reflect.DeepEqual(c, Config{}) {
+			t.Fatal("non-zero Config with an error")
+		}
+	})
+}
