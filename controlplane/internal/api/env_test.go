@@ -32,6 +32,8 @@ type backend struct {
 	redis *redistest.Server
 }
 
+func init() { redisstore.SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) }
+
 func redisBackend(t testing.TB, opts redistest.Options) backend {
 	srv := redistest.Start(t, opts)
 	return backend{name: "redis", redis: srv, open: func(t testing.TB) store.Store {
@@ -72,11 +74,23 @@ type option func(*api.Options)
 
 func startReplica(t testing.TB, b backend, opts ...option) *replica {
 	t.Helper()
+	return start(t, b, true, opts)
+}
+
+// startReplicaUnsynced starts a replica without requiring its first resync
+// to succeed (the store may be down).
+func startReplicaUnsynced(t testing.TB, b backend, opts ...option) *replica {
+	t.Helper()
+	return start(t, b, false, opts)
+}
+
+func start(t testing.TB, b backend, sync bool, opts []option) *replica {
+	t.Helper()
 	st := b.open(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	snap := snapshot.New(snapshot.Options{Store: st, Logger: log, ResyncInterval: 250 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := snap.Resync(ctx); err != nil {
+	if err := snap.Resync(ctx); err != nil && sync {
 		t.Fatalf("initial resync: %v", err)
 	}
 	done := make(chan struct{})

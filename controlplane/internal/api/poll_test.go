@@ -53,7 +53,9 @@ func waitWatchers(t *testing.T, r *replica, n int) {
 	t.Fatalf("never saw %d watchers", n)
 }
 
-func contains(b, sub []byte) bool { return string(sub) == "" || len(b) >= len(sub) && indexOf(b, sub) >= 0 }
+func contains(b, sub []byte) bool {
+	return string(sub) == "" || len(b) >= len(sub) && indexOf(b, sub) >= 0
+}
 
 func indexOf(b, sub []byte) int {
 	for i := 0; i+len(sub) <= len(b); i++ {

@@ -43,6 +43,7 @@ func Main(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 2
 	}
 	log := NewLogger(s, stderr)
+	slog.SetDefault(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, s, log, nil); err != nil {
@@ -66,6 +67,7 @@ func NewLogger(s config.Settings, w io.Writer) *slog.Logger {
 // OpenStore opens the store the settings select.
 func OpenStore(s config.Settings) (store.Store, string, error) {
 	if s.RedisURL != "" {
+		redisstore.SetLogger(slog.Default())
 		st, err := redisstore.Open(redisstore.Options{URL: s.RedisURL, MasterName: s.RedisMasterName, HistoryDepth: s.HistoryDepth})
 		return st, "redis", err
 	}

@@ -39,6 +39,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sort"
 	"strconv"
@@ -142,8 +143,20 @@ func (o Options) UniversalOptions() (*redis.UniversalOptions, error) {
 	}
 	u.DialTimeout, u.ReadTimeout, u.WriteTimeout = timeout, timeout, timeout
 	u.MaxRetries = 1
+	u.DialerRetries = 1 // fail fast when Redis is down: writes answer 503, reads use the snapshot
 	u.ClientName = "sluice-controlplane"
 	return u, nil
+}
+
+// SetLogger routes go-redis's internal log lines (connection failures and
+// the like, which it otherwise prints to stderr) to l at debug level. It is
+// process-wide, as go-redis's logger is.
+func SetLogger(l *slog.Logger) { redis.SetLogger(slogAdapter{l}) }
+
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Printf(ctx context.Context, format string, v ...any) {
+	a.l.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }
 
 // redactURL drops the userinfo of a URL for error messages.
