@@ -1,5 +1,7 @@
 package limit
 
+import "encoding/binary"
+
 // time_wheel: a sliding window of Window split into Slots equal slots, kept as a ring of
 // per-slot counters (the time-wheel design: rotate by the slots elapsed, zero the slots
 // that fall out, count in the current slot).
@@ -68,17 +70,31 @@ func (w *timeWheel) start(k uint64) int64 {
 	return int64(q)
 }
 
-func (w *timeWheel) count(s []byte, k uint64) uint64 {
-	return uint64(ld32(s, 8+4*int(k%w.slots)))
+// Loops walk ring positions with these instead of dividing for every slot.
+func (w *timeWheel) inc(p uint64) uint64 {
+	if p++; p == w.slots {
+		return 0
+	}
+	return p
 }
 
-// rotate writes into next the state moved to now's slot and returns that slot and
-// the units counted in the window ending with it.
-func (w *timeWheel) rotate(state, next []byte, now int64) (i, total uint64) {
+func (w *timeWheel) dec(p uint64) uint64 {
+	if p == 0 {
+		return w.slots - 1
+	}
+	return p - 1
+}
+
+func (w *timeWheel) at(s []byte, p uint64) uint64 { return uint64(ld32(s, 8+4*int(p))) }
+
+// rotate writes into next the state moved to now's slot and returns that slot, the
+// units counted in the window ending with it, and the newest non-empty slot of that
+// window (ok false if all are empty).
+func (w *timeWheel) rotate(state, next []byte, now int64) (i, total, newest uint64, ok bool) {
 	i = w.index(now)
 	if !loadState(state, next, w.size) {
 		st64(next, 0, i)
-		return i, 0
+		return i, 0, 0, false
 	}
 	head := ld64(next, 0)
 	switch {
@@ -87,45 +103,52 @@ func (w *timeWheel) rotate(state, next []byte, now int64) (i, total uint64) {
 	case head > i, i-head >= w.slots:
 		clear(next[8:w.size])
 	default:
+		p := (head + 1) % w.slots
 		for k := head + 1; k <= i; k++ {
-			st32(next, 8+4*int(k%w.slots), 0)
+			st32(next, 8+4*int(p), 0)
+			p = w.inc(p)
 		}
 	}
 	st64(next, 0, i)
-	for j := 8; j < w.size; j += 4 {
-		total += uint64(ld32(next, j))
+	for b := next[8:w.size]; len(b) >= 4; b = b[4:] {
+		total += uint64(binary.LittleEndian.Uint32(b))
 	}
-	return i, total
-}
-
-// reset returns the time from now until the newest non-empty slot of s (rotated to
-// slot i) leaves the window; 0 if all are empty.
-func (w *timeWheel) reset(s []byte, i uint64, now int64) int64 {
+	if total == 0 {
+		return i, 0, 0, false
+	}
+	// The newest non-empty slot: usually the current one, so this stops at once.
+	p := i % w.slots
 	for m := uint64(0); m < w.slots && m <= i; m++ {
-		if w.count(s, i-m) != 0 {
-			return max(0, w.start(i-m+w.slots)-now)
+		if w.at(next, p) != 0 {
+			return i, total, i - m, true
 		}
+		p = w.dec(p)
 	}
-	return 0
+	return i, total, 0, false
 }
 
 // Decide admits cost units iff they fit in the window of slot i; see the type comment.
 func (w *timeWheel) Decide(state, next []byte, now int64, cost uint64) Decision {
 	now = clampNow(now)
-	i, total := w.rotate(state, next, now)
+	i, total, newest, ok := w.rotate(state, next, now)
 	d := Decision{Limit: w.limit}
 	if cost <= w.limit && total+cost <= w.limit {
 		off := 8 + 4*int(i%w.slots)
 		st32(next, off, ld32(next, off)+uint32(cost))
 		total += cost
+		if cost > 0 {
+			newest, ok = i, true
+		}
 		d.Allowed = true
 	} else if cost > w.limit {
 		d.RetryAfter = Never
 	} else {
 		// Drop the oldest slots one by one until cost fits.
 		left := total
+		p := i % w.slots
 		for m := uint64(1); m <= w.slots; m++ {
-			left -= w.count(next, i+m) // slot i-Slots+m shares the position of i+m
+			p = w.inc(p) // slot i-Slots+m, at the position of i+m
+			left -= w.at(next, p)
 			if left+cost <= w.limit {
 				d.RetryAfter = dur(uint64(max(0, w.start(i+m)-now)))
 				break
@@ -135,14 +158,16 @@ func (w *timeWheel) Decide(state, next []byte, now int64, cost uint64) Decision 
 	if total < w.limit {
 		d.Remaining = w.limit - total
 	}
-	d.Reset = dur(uint64(w.reset(next, i, now)))
+	if ok {
+		d.Reset = dur(uint64(max(0, w.start(newest+w.slots)-now)))
+	}
 	return d
 }
 
 // Adjust counts delta more units (or removes -delta); see the type comment.
 func (w *timeWheel) Adjust(state, next []byte, now int64, delta int64) bool {
 	now = clampNow(now)
-	i, _ := w.rotate(state, next, now)
+	i, _, _, _ := w.rotate(state, next, now)
 	if delta >= 0 {
 		off := 8 + 4*int(i%w.slots)
 		c := uint64(ld32(next, off)) + uint64(delta)
@@ -153,12 +178,14 @@ func (w *timeWheel) Adjust(state, next []byte, now int64, delta int64) bool {
 		return true
 	}
 	refund := uint64(-(delta + 1)) + 1
+	p := i % w.slots
 	for m := uint64(0); m < w.slots && refund > 0; m++ {
-		off := 8 + 4*int((i-m)%w.slots)
+		off := 8 + 4*int(p)
 		c := uint64(ld32(next, off))
 		take := min(c, refund)
 		st32(next, off, uint32(c-take))
 		refund -= take
+		p = w.dec(p)
 	}
 	return true
 }
@@ -180,14 +207,16 @@ func (w *timeWheel) newest(state []byte, now int64) (uint64, bool) {
 	if head > i && head-i >= w.slots {
 		return 0, false
 	}
+	p := head % w.slots
 	for m := uint64(0); m < w.slots && m <= head; m++ {
 		k := head - m
 		if k+w.slots <= i {
 			break // left the window
 		}
-		if w.count(state, k) != 0 {
+		if w.at(state, p) != 0 {
 			return k, true
 		}
+		p = w.dec(p)
 	}
 	return 0, false
 }
