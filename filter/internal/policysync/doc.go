@@ -21,7 +21,9 @@
 //     in flight through proxy_http_call to Options.Cluster, with
 //     If-None-Match (the ETag of what it last saw) and the read token, and a
 //     call timeout a little above the wait. A 304, or the timeout, starts
-//     the next poll at once. A 200 is size-limited (rules.MaxPolicyBytes),
+//     the next poll at once (but no sooner than MinPollSpacing after the
+//     previous one started, so a server that ignores ?wait cannot make the
+//     holder spin). A 200 is size-limited (rules.MaxPolicyBytes),
 //     parsed, validated, compiled and, if its version is above the
 //     published one, published; an invalid one is logged with the reason
 //     and counted, and the last good policy stays. Other statuses and
@@ -73,6 +75,30 @@
 // MetricVersion (gauge), MetricSyncSuccesses (counter),
 // MetricSyncFailuresPrefix + kind (counters, one per FailureKind) and
 // MetricLastSync (gauge, Unix seconds).
+//
+// # Design choices
+//
+//   - Two chunk slots, not one: with a single slot a holder that died
+//     between its first chunk and its meta would leave the current meta
+//     pointing at mixed chunks, and every worker started afterwards would
+//     have no policy until the next change. Two slots cost at most
+//     MaxChunks more keys.
+//   - The lease key is created free in Start (proxy_on_configure), which
+//     Envoy runs in its canary on the main thread before any worker exists:
+//     Envoy creates an absent key whatever the cas, so two workers creating
+//     it at once could both believe they won. Tick creates it only if no
+//     canary did (a host without one), and the loser of that rare race
+//     finds out at its next renewal.
+//   - Workers check the meta on the request path too (at most every
+//     RequestCheckInterval, one shared-data read of about 50 bytes), so under
+//     traffic a change is enforced within milliseconds of its publication;
+//     idle workers pick it up within one tick.
+//   - The callout timeout is told from a control-plane 504 by Envoy's body
+//     "upstream request timeout" or by the time the call took: a timeout
+//     starts the next poll, a 504 backs off.
+//   - A version below the published one (a control plane whose store was
+//     reset) is not published; it is logged. The published policy only
+//     moves forward.
 //
 // # Failure policy
 //

@@ -29,6 +29,9 @@ const (
 	// addition to its tick; it makes propagation independent of the tick
 	// period under traffic.
 	RequestCheckInterval = 10 * time.Millisecond
+	// MinPollSpacing is the least time between the starts of two polls
+	// when the first brought no change (see the package documentation).
+	MinPollSpacing = time.Second
 )
 
 // Options configure a Syncer. The plugin fills them from its

@@ -373,14 +373,14 @@ func (s *Syncer) onResponse(seq uint64, numHeaders, bodySize int) {
 	switch status {
 	case "304":
 		s.succeed(now)
-		s.pollAgain(now)
+		s.pollAgain(now, false)
 	case "200":
 		s.on200(now, bodySize)
 	case "504":
 		body, _ := s.h.GetHttpCallResponseBody(0, len(envoyTimeoutBody))
 		if string(body) == envoyTimeoutBody || now-s.callStart >= int64(s.o.Timeout) {
 			// The call's timeout: the long poll simply ended.
-			s.pollAgain(now)
+			s.pollAgain(now, false)
 			return
 		}
 		s.fail(now, FailHTTPStatus, "status 504")
@@ -415,6 +415,7 @@ func (s *Syncer) on200(now int64, bodySize int) {
 	published, gen, ok := s.publish(body, c.Version, etag)
 	switch {
 	case ok:
+		defer s.pollAgain(now, true)
 		s.log.info("published policy version " + u64(c.Version) + " (" + strconv.Itoa(len(body)) + " bytes, generation " + u64(gen) + ")")
 		if err := s.install(c, gen); err != nil {
 			s.badGen = gen
@@ -424,12 +425,12 @@ func (s *Syncer) on200(now int64, bodySize int) {
 		if published > c.Version {
 			s.log.warn("control plane served version " + u64(c.Version) + ", below the published " + u64(published) + "; keeping " + u64(published))
 		}
+		defer s.pollAgain(now, false)
 	default:
 		s.fail(now, FailReset, "could not publish version "+u64(c.Version)+": shared data changed meanwhile")
 		return
 	}
 	s.succeed(now)
-	s.pollAgain(now)
 }
 
 // publish writes doc's chunks into the slot the current meta does not use,
@@ -482,8 +483,16 @@ func (s *Syncer) succeed(now int64) {
 }
 
 // pollAgain starts the next poll right away if the lease is still held.
-func (s *Syncer) pollAgain(now int64) {
+// An answer that brought no change (304, timeout, a version already
+// published) less than MinPollSpacing after its poll started defers the
+// next poll until then, to the tick: a control plane or proxy that ignores
+// ?wait costs at most one request per MinPollSpacing, not a busy loop.
+func (s *Syncer) pollAgain(now int64, changed bool) {
 	s.nextPoll = now
+	if !changed && now-s.callStart < int64(MinPollSpacing) && now >= s.callStart {
+		s.nextPoll = s.callStart + int64(MinPollSpacing)
+		return
+	}
 	if s.holding {
 		s.poll(now)
 	}

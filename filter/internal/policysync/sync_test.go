@@ -172,7 +172,8 @@ func TestOnePollPerEnvoyAndPropagation(t *testing.T) {
 		hw.h.metrics[MetricLastSync] != uint64(e.clk.t.Unix()) {
 		t.Errorf("holder metrics %v", hw.h.metrics)
 	}
-	// A 304 polls again at once, with the same ETag.
+	// A 304 at the end of the wait polls again at once, with the same ETag.
+	e.clk.advance(30 * time.Second)
 	hw.h.respond(hw.h.lastCall(), "304", nil, "")
 	if len(hw.h.calls) != 3 || hw.h.lastCall().header("if-none-match") != `"v1"` {
 		t.Errorf("after 304: %d calls", len(hw.h.calls))
@@ -305,6 +306,7 @@ func TestFailuresBackOffAndLogOncePerStateChange(t *testing.T) {
 	if w.h.metrics[MetricSyncFailuresPrefix+"reset"] != 2 || w.h.metrics[MetricSyncFailuresPrefix+"http_status"] != 3 {
 		t.Errorf("failure counters %v", w.h.metrics)
 	}
+	e.clk.advance(30 * time.Second)
 	w.h.respond(w.h.lastCall(), "304", nil, "")
 	if got := w.h.logsWith("sync recovered after 5 failed polls"); len(got) != 1 {
 		t.Errorf("recovery logs %q", w.h.logs)
@@ -328,6 +330,7 @@ func TestTimeoutPollsAgainWithoutFailure(t *testing.T) {
 	e := newEnv(t, 1, nil)
 	e.tick()
 	w := e.ws[0]
+	e.clk.advance(33 * time.Second)
 	w.h.respond(w.h.lastCall(), "504", nil, "upstream request timeout")
 	if len(w.h.calls) != 2 {
 		t.Fatalf("%d calls after the timeout, want 2", len(w.h.calls))
@@ -667,5 +670,31 @@ func TestApplyErrorKeepsPrevious(t *testing.T) {
 	}
 	if v, _ := refuser.s.Version(); v != 1 || len(refuser.h.logsWith("no room")) != 1 {
 		t.Errorf("version %d, logs %q", v, refuser.h.logs)
+	}
+}
+
+func TestEarlyNoChangeAnswersSpaced(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.tick()
+	w := e.ws[0]
+	w.h.respond(w.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+	// A proxy that ignores ?wait answers 304 at once: the next poll waits
+	// for MinPollSpacing, driven by the tick.
+	w.h.respond(w.h.lastCall(), "304", nil, "")
+	if len(w.h.calls) != 2 {
+		t.Fatalf("%d calls after instant 304s, want 2 (the 304 deferred the next)", len(w.h.calls))
+	}
+	ticks := 0
+	for len(w.h.calls) == 2 {
+		e.tick()
+		ticks++
+	}
+	if time.Duration(ticks)*e.opts.Tick != MinPollSpacing {
+		t.Errorf("next poll after %d ticks, want %v", ticks, MinPollSpacing)
+	}
+	// A change answered at once is followed at once.
+	w.h.respond(w.h.lastCall(), "200", etag(2), policyDoc(2, 10))
+	if len(w.h.calls) != 4 {
+		t.Errorf("%d calls after a quick change, want 4", len(w.h.calls))
 	}
 }
