@@ -1,0 +1,133 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
+	"github.com/sluice-proxy/sluice/controlplane/internal/config"
+	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
+)
+
+func TestMainRefusesToStartWithoutTokens(t *testing.T) {
+	var stderr bytes.Buffer
+	code := Main([]string{"--listen", "0.0.0.0:0", "--data-dir", t.TempDir()}, func(string) string { return "" }, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "refusing to serve an unauthenticated API") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestMainBadFlag(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := Main([]string{"--bogus"}, func(string) string { return "" }, &stderr); code != 2 {
+		t.Fatalf("exit %d", code)
+	}
+}
+
+// server runs Run in the background and returns a client and a stop
+// function that cancels it and returns Run's error.
+func server(t *testing.T, args []string, env map[string]string) (*apitest.Client, func() error) {
+	t.Helper()
+	s, err := config.Parse(append([]string{"--listen", "127.0.0.1:0"}, args...), func(k string) string { return env[k] }, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, s, slog.New(slog.NewTextHandler(io.Discard, nil)), func(a net.Addr) { addr <- a })
+	}()
+	var a net.Addr
+	select {
+	case a = <-addr:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not start listening")
+	}
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+			t.Fatal("Run did not return after cancel")
+			return nil
+		}
+	}
+	t.Cleanup(func() { stop() })
+	return apitest.New(t, "http://"+a.String(), env["SLUICE_ADMIN_TOKEN"]), stop
+}
+
+const doc = `{"policy":"p","rules":[{"id":"r1","algorithm":"fixed_window","limit":1,"window":"1m"}]}`
+
+// TestEmbeddedDurableAndGracefulShutdown: the default (embedded) store keeps
+// policies across a restart, and shutdown answers open long polls with 304.
+func TestEmbeddedDurableAndGracefulShutdown(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_DATA_DIR": dir}
+	c, stop := server(t, nil, env)
+	if r := c.Do("PUT", "/v1/policies/p", []byte(doc)); r.Status != 201 {
+		t.Fatalf("PUT → %d %s", r.Status, r.Body)
+	}
+	polled := make(chan *apitest.Response, 1)
+	go func() { polled <- c.Do("GET", "/v1/policies/p?wait=60s", nil, "If-None-Match", `"v1"`) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !bytes.Contains(c.Do("GET", "/metrics", nil).Body, []byte("sluice_controlplane_watchers 1\n")) {
+		if time.Now().After(deadline) {
+			t.Fatal("long poll never opened")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run returned %v", err)
+	}
+	select {
+	case r := <-polled:
+		if r.Status != 304 {
+			t.Fatalf("long poll at shutdown → %d", r.Status)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("long poll not answered at shutdown")
+	}
+
+	c2, _ := server(t, nil, env)
+	r := c2.Do("GET", "/v1/policies/p", nil)
+	if r.Status != 200 || r.ETag() != `"v1"` {
+		t.Fatalf("after restart GET → %d %s %s", r.Status, r.ETag(), r.Body)
+	}
+	if r := c2.Do("GET", "/v1/policies/p/versions", nil); r.Status != 200 || !bytes.Contains(r.Body, []byte(`"put_policy"`)) {
+		t.Fatalf("history after restart → %d %s", r.Status, r.Body)
+	}
+}
+
+func TestRedisStore(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	c, stop := server(t, []string{"--redis-url", srv.URL()}, map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_READ_TOKEN": "rd"})
+	if r := c.Do("PUT", "/v1/policies/p", []byte(doc)); r.Status != 201 {
+		t.Fatalf("PUT → %d %s", r.Status, r.Body)
+	}
+	if r := c.Do("GET", "/readyz", nil); r.Status != 200 {
+		t.Fatalf("readyz → %d", r.Status)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	c2, _ := server(t, []string{"--redis-url", srv.URL()}, map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_READ_TOKEN": "rd"})
+	c2.Token = "rd"
+	if r := c2.Do("GET", "/v1/policies/p", nil); r.Status != 200 {
+		t.Fatalf("second instance GET → %d", r.Status)
+	}
+}

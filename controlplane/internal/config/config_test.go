@@ -1,0 +1,122 @@
+package config
+
+import (
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func files(m map[string]string) func(string) ([]byte, error) {
+	return func(p string) ([]byte, error) {
+		if v, ok := m[p]; ok {
+			return []byte(v), nil
+		}
+		return nil, os.ErrNotExist
+	}
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		files map[string]string
+		check func(t *testing.T, s Settings)
+	}{
+		{"defaults on loopback without tokens", nil, nil, nil, func(t *testing.T, s Settings) {
+			if s.Listen != "127.0.0.1:8080" || s.DataDir != "sluice-data" || s.RedisURL != "" || s.HistoryDepth != 50 ||
+				s.MaxWait != 60*time.Second || s.MaxBodyBytes != 1<<20+64<<10 || s.ResyncInterval != 2*time.Second ||
+				s.LogLevel != "info" || s.LogFormat != "json" || s.AdminToken != "" {
+				t.Fatalf("defaults = %+v", s)
+			}
+		}},
+		{"env", nil, map[string]string{
+			"SLUICE_LISTEN": "0.0.0.0:9000", "SLUICE_ADMIN_TOKEN": "a", "SLUICE_READ_TOKEN": "r",
+			"SLUICE_REDIS_URL": "redis://h:1", "SLUICE_REDIS_MASTER_NAME": "m", "SLUICE_HISTORY_DEPTH": "7",
+			"SLUICE_MAX_WAIT": "90s", "SLUICE_MAX_BODY_BYTES": "4096", "SLUICE_RESYNC_INTERVAL": "500ms",
+		}, nil, func(t *testing.T, s Settings) {
+			if s.Listen != "0.0.0.0:9000" || s.AdminToken != "a" || s.ReadToken != "r" || s.RedisURL != "redis://h:1" ||
+				s.RedisMasterName != "m" || s.HistoryDepth != 7 || s.MaxWait != 90*time.Second || s.MaxBodyBytes != 4096 ||
+				s.ResyncInterval != 500*time.Millisecond {
+				t.Fatalf("from env = %+v", s)
+			}
+		}},
+		{"flags win over env", []string{"--listen", "127.0.0.1:1", "--history-depth=3"},
+			map[string]string{"SLUICE_LISTEN": "0.0.0.0:2", "SLUICE_HISTORY_DEPTH": "9"}, nil,
+			func(t *testing.T, s Settings) {
+				if s.Listen != "127.0.0.1:1" || s.HistoryDepth != 3 {
+					t.Fatalf("flags = %+v", s)
+				}
+			}},
+		{"token files, trimmed", []string{"--admin-token-file", "/a", "--listen", ":8080"},
+			map[string]string{"SLUICE_READ_TOKEN_FILE": "/r"}, map[string]string{"/a": "adm\n", "/r": " rd "},
+			func(t *testing.T, s Settings) {
+				if s.AdminToken != "adm" || s.ReadToken != "rd" {
+					t.Fatalf("tokens %q %q", s.AdminToken, s.ReadToken)
+				}
+			}},
+		{"localhost without tokens", []string{"--listen", "localhost:0"}, nil, nil, func(t *testing.T, s Settings) {}},
+		{"ipv6 loopback without tokens", []string{"--listen", "[::1]:0"}, nil, nil, func(t *testing.T, s Settings) {}},
+		{"read token alone on a public address", []string{"--listen", ":0"}, map[string]string{"SLUICE_READ_TOKEN": "r"}, nil,
+			func(t *testing.T, s Settings) {}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Parse(tc.args, env(tc.env), files(tc.files), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, s)
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"no tokens on all interfaces", []string{"--listen", ":8080"}, nil, "refusing to serve an unauthenticated API"},
+		{"no tokens on a public IP", []string{"--listen", "192.0.2.1:8080"}, nil, "refusing"},
+		{"no tokens on 0.0.0.0 from env", nil, map[string]string{"SLUICE_LISTEN": "0.0.0.0:8080"}, "refusing"},
+		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
+		{"stray argument", []string{"extra"}, nil, "unexpected argument"},
+		{"bad duration in env", nil, map[string]string{"SLUICE_MAX_WAIT": "soon"}, "SLUICE_MAX_WAIT"},
+		{"bad depth", []string{"--history-depth", "0"}, nil, "--history-depth"},
+		{"tiny max wait", []string{"--max-wait", "1ms"}, nil, "--max-wait"},
+		{"bad listen", []string{"--listen", "nowhere"}, nil, "--listen"},
+		{"token and token file", []string{"--admin-token-file", "/a"}, map[string]string{"SLUICE_ADMIN_TOKEN": "x"}, "both"},
+		{"missing token file", []string{"--read-token-file", "/missing"}, nil, "--read-token-file"},
+		{"same tokens", nil, map[string]string{"SLUICE_ADMIN_TOKEN": "x", "SLUICE_READ_TOKEN": "x"}, "must differ"},
+		{"master without url", []string{"--redis-master-name", "m"}, nil, "--redis-master-name"},
+		{"log level", []string{"--log-level", "loud"}, nil, "--log-level"},
+		{"log format", []string{"--log-format", "xml"}, nil, "--log-format"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(tc.args, env(tc.env), files(nil), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Parse([]string{"--listen", ":1"}, env(nil), files(nil), io.Discard); !errors.Is(err, ErrNoTokens) {
+		t.Fatalf("err = %v, want ErrNoTokens", err)
+	}
+	if _, err := Parse([]string{"-h"}, env(nil), files(nil), io.Discard); !errors.Is(err, ErrHelp) {
+		t.Fatalf("-h err = %v, want ErrHelp", err)
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	if got := EnvName("admin-token-file"); got != "SLUICE_ADMIN_TOKEN_FILE" {
+		t.Fatal(got)
+	}
+}
