@@ -118,9 +118,6 @@ func (s *Server) longPoll(ctx context.Context, name string, wait time.Duration, 
 	defer timer.Stop()
 	for {
 		rec, _, changed, release := s.o.Snapshot.Watch(name)
-		if rec.Version == 0 {
-			rec.Name = name
-		}
 		if settled(rec) {
 			release()
 			return rec
@@ -128,6 +125,11 @@ func (s *Server) longPoll(ctx context.Context, name string, wait time.Duration, 
 		select {
 		case <-changed:
 			release()
+			// Usually the change settles the poll: answer without
+			// registering again (1,000 polls wake at once).
+			if rec, _ := s.o.Snapshot.Get(name); settled(rec) {
+				return rec
+			}
 		case <-timer.C:
 			release()
 			return rec
