@@ -32,6 +32,7 @@ type apiError struct {
 	details []Detail
 }
 
+// Error returns the message.
 func (e *apiError) Error() string { return e.message }
 
 func errf(status int, code, message string) *apiError {

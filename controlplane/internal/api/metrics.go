@@ -69,8 +69,10 @@ var versionDesc = prometheus.NewDesc("sluice_controlplane_policy_version",
 // versionCollector reports the snapshot's versions at scrape time.
 type versionCollector struct{ snap *snapshot.Snapshot }
 
+// Describe implements prometheus.Collector.
 func (c versionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- versionDesc }
 
+// Collect implements prometheus.Collector.
 func (c versionCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range c.snap.List() {
 		ch <- prometheus.MustNewConstMetric(versionDesc, prometheus.GaugeValue, float64(r.Version), r.Name)
@@ -82,6 +84,7 @@ type statusRecorder struct {
 	status int
 }
 
+// WriteHeader records the first status code.
 func (r *statusRecorder) WriteHeader(code int) {
 	if r.status == 0 {
 		r.status = code
@@ -89,6 +92,7 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.ResponseWriter.WriteHeader(code)
 }
 
+// Write records an implicit 200.
 func (r *statusRecorder) Write(b []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
@@ -96,6 +100,7 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 	return r.ResponseWriter.Write(b)
 }
 
+// Unwrap gives http.ResponseController the underlying writer.
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // instrument counts and times requests under route (the pattern, so the

@@ -132,6 +132,7 @@ const (
 	roleAdmin
 )
 
+// String is the role's name in history actors: admin, read or anonymous.
 func (r role) String() string {
 	switch r {
 	case roleAdmin:

@@ -140,7 +140,9 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 		cancel()
 		if errors.Is(err, store.ErrConflict) {
 			if ifMatch.present || inm.any {
-				cur, _ := s.o.Store.Get(r.Context(), name)
+				gctx, gcancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+				cur, _ := s.o.Store.Get(gctx, name)
+				gcancel()
 				s.preconditionFailed(w, cur)
 				return
 			}

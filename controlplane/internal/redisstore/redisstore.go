@@ -155,6 +155,7 @@ func SetLogger(l *slog.Logger) { redis.SetLogger(slogAdapter{l}) }
 
 type slogAdapter struct{ l *slog.Logger }
 
+// Printf implements go-redis's internal.Logging.
 func (a slogAdapter) Printf(ctx context.Context, format string, v ...any) {
 	a.l.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }
