@@ -27,8 +27,11 @@ type policyState struct {
 	// so many that one proxy_get_header_map_pairs is cheaper.
 	headerNames []string
 	allHeaders  bool
-	// needIP: some rule keys on client_ip or some exemption lists CIDRs.
-	needIP bool
+	// needIP: some rule keys on client_ip or some exemption lists CIDRs;
+	// needUser, needTenant, needMethod, needPath: something uses the
+	// user or tenant id, the method or the path. Each saves a hostcall
+	// per request when false.
+	needIP, needUser, needTenant, needMethod, needPath bool
 	// userHeader and tenantHeader are the policy's identity headers.
 	userHeader, tenantHeader string
 }
@@ -89,10 +92,19 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 }
 
 // OnTick implements proxy_on_tick: every VM re-reads the hash key so that
-// all converge on the stored one. Rule sync (filter/internal/policysync)
+// all converge on the stored one, and hands its metric increments to the
+// host. Rule sync (filter/internal/policysync)
 // hooks in here and installs new policies with swapPolicy.
 func (p *pluginContext) OnTick() {
 	p.loadHashKey(!p.hashKeyOK)
+	p.flushMetrics()
+}
+
+// OnPluginDone hands the pending metric increments to the host before the
+// root context goes away.
+func (p *pluginContext) OnPluginDone() bool {
+	p.flushMetrics()
+	return true
 }
 
 // swapPolicy makes c the policy in use, from the next request on. Rules
@@ -135,6 +147,8 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		userHeader:   c.Policy.Identity.UserHeader,
 		tenantHeader: c.Policy.Identity.TenantHeader,
 		needIP:       len(c.Policy.Exempt.CIDRs) > 0,
+		needUser:     len(c.Policy.Exempt.Users) > 0,
+		needTenant:   len(c.Policy.Exempt.Tenants) > 0,
 	}
 	names := map[string]bool{}
 	add := func(n string) {
@@ -143,8 +157,6 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 			ps.headerNames = append(ps.headerNames, n)
 		}
 	}
-	add(ps.userHeader)
-	add(ps.tenantHeader)
 	prefix := "sluice/" + c.Name + "/"
 	for i := range ps.rules {
 		cr := c.Rule(i)
@@ -174,13 +186,29 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 					add(alt[len("header:"):])
 				case alt == "client_ip":
 					ps.needIP = true
+				case alt == "user":
+					ps.needUser = true
+				case alt == "tenant":
+					ps.needTenant = true
+				case alt == "method":
+					ps.needMethod = true
+				case alt == "path":
+					ps.needPath = true
 				}
 			}
 		}
 		add(r.CostHeader)
-		if len(r.Exempt.CIDRs) > 0 {
-			ps.needIP = true
-		}
+		ps.needIP = ps.needIP || len(r.Exempt.CIDRs) > 0
+		ps.needUser = ps.needUser || len(r.Exempt.Users) > 0
+		ps.needTenant = ps.needTenant || len(r.Exempt.Tenants) > 0
+		ps.needMethod = ps.needMethod || len(r.Match.Methods) > 0
+		ps.needPath = ps.needPath || r.Match.Path != "" || r.Match.PathPrefix != ""
+	}
+	if ps.needUser {
+		add(ps.userHeader)
+	}
+	if ps.needTenant {
+		add(ps.tenantHeader)
 	}
 	ps.allHeaders = len(ps.headerNames) > allHeadersThreshold
 	return ps, nil

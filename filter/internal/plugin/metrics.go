@@ -21,37 +21,75 @@ const (
 	metricPolicyVersion    = "sluice.policy_version"
 )
 
-// metrics are the plugin-wide metrics. Definition errors are ignored: a
-// metric that could not be defined has id 0, and Envoy answers NOT_FOUND
-// to its increments, which are ignored too.
+// counter is a proxy-wasm counter whose increments are summed in the VM
+// and handed to the host on each tick (flush), so the request path makes no
+// metric hostcall: Envoy's stats are read periodically anyway, and a tick
+// (100 ms by default) is far below its 5 s flush interval. Definition
+// errors are ignored: an undefined counter has id 0, and Envoy answers
+// NOT_FOUND to its increments, which are ignored too.
+type counter struct {
+	m       proxywasm.MetricCounter
+	pending uint64
+}
+
+// Increment adds n to the counter, in the VM.
+func (c *counter) Increment(n uint64) { c.pending += n }
+
+func (c *counter) flush() {
+	if c.pending > 0 {
+		_ = c.m.Increment(c.pending)
+		c.pending = 0
+	}
+}
+
+// metrics are the plugin-wide metrics.
 type metrics struct {
-	failedOpen       proxywasm.MetricCounter
-	noPolicy         proxywasm.MetricCounter
-	casRetries       proxywasm.MetricCounter
-	casExhausted     proxywasm.MetricCounter
-	evictions        proxywasm.MetricCounter
-	corrupt          proxywasm.MetricCounter
-	costInvalid      proxywasm.MetricCounter
-	compensationLost proxywasm.MetricCounter
+	failedOpen       counter
+	noPolicy         counter
+	casRetries       counter
+	casExhausted     counter
+	evictions        counter
+	corrupt          counter
+	costInvalid      counter
+	compensationLost counter
 	policyVersion    proxywasm.MetricGauge
 }
 
 func (m *metrics) define() {
-	m.failedOpen, _ = proxywasm.DefineCounterMetric(metricFailedOpen)
-	m.noPolicy, _ = proxywasm.DefineCounterMetric(metricNoPolicy)
-	m.casRetries, _ = proxywasm.DefineCounterMetric(metricCASRetries)
-	m.casExhausted, _ = proxywasm.DefineCounterMetric(metricCASExhausted)
-	m.evictions, _ = proxywasm.DefineCounterMetric(metricEvictions)
-	m.corrupt, _ = proxywasm.DefineCounterMetric(metricCorrupt)
-	m.costInvalid, _ = proxywasm.DefineCounterMetric(metricCostInvalid)
-	m.compensationLost, _ = proxywasm.DefineCounterMetric(metricCompensationLost)
+	m.failedOpen.m, _ = proxywasm.DefineCounterMetric(metricFailedOpen)
+	m.noPolicy.m, _ = proxywasm.DefineCounterMetric(metricNoPolicy)
+	m.casRetries.m, _ = proxywasm.DefineCounterMetric(metricCASRetries)
+	m.casExhausted.m, _ = proxywasm.DefineCounterMetric(metricCASExhausted)
+	m.evictions.m, _ = proxywasm.DefineCounterMetric(metricEvictions)
+	m.corrupt.m, _ = proxywasm.DefineCounterMetric(metricCorrupt)
+	m.costInvalid.m, _ = proxywasm.DefineCounterMetric(metricCostInvalid)
+	m.compensationLost.m, _ = proxywasm.DefineCounterMetric(metricCompensationLost)
 	m.policyVersion, _ = proxywasm.DefineGaugeMetric(metricPolicyVersion)
+}
+
+func (m *metrics) flush() {
+	for _, c := range [...]*counter{&m.failedOpen, &m.noPolicy, &m.casRetries, &m.casExhausted,
+		&m.evictions, &m.corrupt, &m.costInvalid, &m.compensationLost} {
+		c.flush()
+	}
 }
 
 // ruleMetrics are one rule id's counters. They are defined once per rule id
 // and VM and kept across policy versions.
 type ruleMetrics struct {
-	allowed, limited, shadowLimited, failedOpen proxywasm.MetricCounter
+	allowed, limited, shadowLimited, failedOpen counter
+}
+
+// flushMetrics hands every pending increment to the host (on each tick and
+// at shutdown).
+func (p *pluginContext) flushMetrics() {
+	p.m.flush()
+	for _, m := range p.ruleStats {
+		m.allowed.flush()
+		m.limited.flush()
+		m.shadowLimited.flush()
+		m.failedOpen.flush()
+	}
 }
 
 func (p *pluginContext) ruleMetrics(id string) *ruleMetrics {
@@ -63,10 +101,10 @@ func (p *pluginContext) ruleMetrics(id string) *ruleMetrics {
 	}
 	m := new(ruleMetrics)
 	base := metricRulePrefix + id
-	m.allowed, _ = proxywasm.DefineCounterMetric(base + metricAllowed)
-	m.limited, _ = proxywasm.DefineCounterMetric(base + metricLimited)
-	m.shadowLimited, _ = proxywasm.DefineCounterMetric(base + metricShadowLimited)
-	m.failedOpen, _ = proxywasm.DefineCounterMetric(base + metricRuleFailedOpen)
+	m.allowed.m, _ = proxywasm.DefineCounterMetric(base + metricAllowed)
+	m.limited.m, _ = proxywasm.DefineCounterMetric(base + metricLimited)
+	m.shadowLimited.m, _ = proxywasm.DefineCounterMetric(base + metricShadowLimited)
+	m.failedOpen.m, _ = proxywasm.DefineCounterMetric(base + metricRuleFailedOpen)
 	p.ruleStats[id] = m
 	return m
 }

@@ -119,9 +119,13 @@ func (p *pluginContext) readRequest(ps *policyState) *rules.Request {
 	s := &p.s
 	req := &s.req
 	*req = rules.Request{Headers: s.headers[:0]}
-	req.Method, _ = proxywasm.GetHttpRequestHeader(headerMethod)
-	path, _ := proxywasm.GetHttpRequestHeader(headerPath)
-	req.Path = rules.PathOnly(path)
+	if ps.needMethod {
+		req.Method, _ = proxywasm.GetHttpRequestHeader(headerMethod)
+	}
+	if ps.needPath {
+		path, _ := proxywasm.GetHttpRequestHeader(headerPath)
+		req.Path = rules.PathOnly(path)
+	}
 	if ps.allHeaders {
 		all, _ := proxywasm.GetHttpRequestHeaders()
 		for _, kv := range all {
@@ -135,10 +139,10 @@ func (p *pluginContext) readRequest(ps *policyState) *rules.Request {
 		}
 	}
 	s.headers = req.Headers
-	if ps.userHeader != "" {
+	if ps.needUser && ps.userHeader != "" {
 		req.User, _ = req.Header(ps.userHeader)
 	}
-	if ps.tenantHeader != "" {
+	if ps.needTenant && ps.tenantHeader != "" {
 		req.Tenant, _ = req.Header(ps.tenantHeader)
 	}
 	if ps.needIP {

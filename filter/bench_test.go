@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sluice-proxy/sluice/testenv/host"
+)
+
+// The benchmarks run full streams (request headers, upstream, response
+// headers, on_log/on_done/on_delete) through one worker VM of the testenv
+// host, so ns/op and allocs/op include the host's own work; the floor
+// plugin (testdata/floor: reads the same request headers and
+// source.address, then continues) measures that part. Run them side by
+// side:
+//
+//	go test ./filter -run '^$' -bench 'Request' -benchmem -count 6
+//	go test ./filter -run '^$' -bench 'LinearMemory' -benchtime 10000000x
+
+// benchRule is the one-rule policy: per user (else client IP), a limit no
+// benchmark reaches, so every request takes the allowed path.
+const benchRule = `{"id":"r0","key":["user|client_ip"],"algorithm":"token_bucket","limit":1000000000000,"window":"1s"}`
+
+func benchPolicy(rules ...string) string {
+	return `{"policy":"bench","version":1,"identity":{"user_header":"x-user-id","tenant_header":"x-tenant-id"},"rules":[` +
+		strings.Join(rules, ",") + `]}`
+}
+
+// fiveRules is benchRule and four more rules on the same key with other
+// algorithms, none of which a benchmark exhausts.
+func fiveRules() []string {
+	return []string{benchRule,
+		`{"id":"r1","key":["user","route"],"algorithm":"time_wheel","limit":1000000000,"window":"1h","slots":60}`,
+		`{"id":"r2","key":["user"],"algorithm":"fixed_window","limit":1000000000,"window":"1h"}`,
+		`{"id":"r3","key":["user"],"algorithm":"gcra","limit":1000000000,"window":"1s","burst":1000000000}`,
+		`{"id":"r4","key":["user"],"algorithm":"token_bucket","limit":1000000000,"window":"1h"}`,
+	}
+}
+
+var floorBin []byte
+
+func buildFloor(tb testing.TB) []byte {
+	tb.Helper()
+	if floorBin != nil {
+		return floorBin
+	}
+	out := filepath.Join(tb.TempDir(), "floor.wasm")
+	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./testdata/floor")
+	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("building the floor plugin: %v\n%s", err, b)
+	}
+	bin, err := os.ReadFile(out)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	floorBin = bin
+	return bin
+}
+
+func benchHost(b *testing.B, bin []byte, cfg string) *host.Host {
+	b.Helper()
+	h, err := host.New(context.Background(), host.Config{
+		Wasm: bin, VMID: "bench", PluginConfig: []byte(cfg), NoCanary: true,
+		Clock: host.NewVirtualClock(epoch), LogLevel: host.LogWarn,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	return h
+}
+
+// BenchmarkRequest: the floor, then sluice with a policy whose rules match
+// nothing, one rule, five rules, and one rule over a million distinct keys
+// (a new user per request, cycling through 1,000,000).
+func BenchmarkRequest(b *testing.B) {
+	sluice := buildWasmTB(b)
+	floor := buildFloor(b)
+	noMatch := `{"id":"r0","match":{"path_prefix":"/elsewhere"},"key":["user"],"algorithm":"gcra","limit":10,"window":"1s"}`
+	for _, bc := range []struct {
+		name  string
+		bin   []byte
+		cfg   string
+		users int
+	}{
+		{"floor", floor, "", 1},
+		{"no_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(noMatch) + `}`, 1},
+		{"one_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(benchRule) + `}`, 1},
+		{"five_rules", sluice, `{"tick":"1m","policy":` + benchPolicy(fiveRules()...) + `}`, 1},
+		{"one_rule_1M_keys", sluice, `{"tick":"1m","policy":` + benchPolicy(benchRule) + `}`, 1_000_000},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			h := benchHost(b, bc.bin, bc.cfg)
+			w := h.Worker(0)
+			ctx := context.Background()
+			users := make([]string, min(bc.users, 1_000_000))
+			for i := range users {
+				users[i] = "user-" + strconv.Itoa(i)
+			}
+			r := host.Request{Path: "/v1/api/items", Headers: host.Headers{{"x-user-id", ""}, {"x-tenant-id", "acme"}},
+				Info: host.StreamInfo{SourceAddress: "203.0.113.7:40000"}}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				r.Headers[0][1] = users[i%len(users)]
+				resp, err := w.Do(ctx, r)
+				if err != nil || resp.Status != 200 {
+					b.Fatalf("request %d: %d %v", i, resp.Status, err)
+				}
+			}
+		})
+	}
+}
