@@ -183,7 +183,7 @@ func (s *Server) unavailable(w http.ResponseWriter, err error) {
 	s.o.Snapshot.ReportError(err)
 	s.log.Warn("api: store unavailable for a write", "err", err)
 	writeError(w, http.StatusServiceUnavailable, "store_unavailable",
-		"the store is unreachable; the write was not applied, retry later (reads are served from the last snapshot)", nil)
+		"the store is unreachable or did not confirm the write, so it is not acknowledged; retry later (with If-Match a retry cannot apply it twice). Reads are served from the last snapshot", nil)
 }
 
 func (s *Server) preconditionFailed(w http.ResponseWriter, rec store.Record) {
