@@ -262,6 +262,13 @@ func TestNoTokensMeansOpen(t *testing.T) {
 	r := startReplica(t, boltBackend(t), func(o *api.Options) { o.AdminToken, o.ReadToken = "", "" })
 	expect(t, r.anon.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "write without token")
 	expect(t, r.anon.Do("GET", "/v1/policies/p", nil), 200, "read without token")
+	var h struct {
+		Versions []struct{ Actor string }
+	}
+	r.anon.Do("GET", "/v1/policies/p/versions", nil, "X-Sluice-Actor", "x").JSON(t, &h)
+	if h.Versions[0].Actor != "anonymous" {
+		t.Fatalf("actor without auth = %q", h.Versions[0].Actor)
+	}
 }
 
 // TestErrorBodiesAreJSON: even the router's own answers use the error shape.

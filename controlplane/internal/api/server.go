@@ -130,17 +130,21 @@ const (
 	roleNone role = iota
 	roleRead
 	roleAdmin
+	roleOpen // authentication disabled: may do everything
 )
 
-// String is the role's name in history actors: admin, read or anonymous.
+// String is the role's name in history actors: admin, read, or anonymous
+// when authentication is off.
 func (r role) String() string {
 	switch r {
 	case roleAdmin:
 		return "admin"
 	case roleRead:
 		return "read"
+	case roleOpen:
+		return "anonymous"
 	}
-	return "anonymous"
+	return "none"
 }
 
 // access is what a route method needs.
@@ -184,7 +188,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) 
 		return roleNone, true
 	}
 	if !s.authOn {
-		return roleAdmin, true
+		return roleOpen, true
 	}
 	h := r.Header.Get("Authorization")
 	scheme, token, found := strings.Cut(h, " ")
