@@ -264,8 +264,8 @@ func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64
 	}
 }
 
-// recordDenial counts the denial and sets the report from d; shadow rules
-// that would also have denied are counted as shadow-limited.
+// recordDenial counts the denial (in every rule that denies: enforced ones
+// as limited, shadow ones as shadow-limited) and sets the report from d.
 func (h *httpContext) recordDenial(d *eval) {
 	p := h.p
 	shadow := false
@@ -277,8 +277,8 @@ func (h *httpContext) recordDenial(d *eval) {
 		if ev.rule.cr.Shadow {
 			ev.rule.m.shadowLimited.Increment(1)
 			shadow = true
-		} else if ev == d {
-			ev.rule.m.limited.Increment(1)
+		} else {
+			ev.rule.m.limited.Increment(1) // every enforced rule that denies
 		}
 	}
 	h.setReport(d, true)

@@ -2,8 +2,13 @@ package plugin
 
 import (
 	"net/netip"
+	"reflect"
+	"sort"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/filter/internal/config"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 func TestXFFHop(t *testing.T) {
@@ -66,5 +71,70 @@ func TestCeilSeconds(t *testing.T) {
 		if got := ceilSeconds(d); got != want {
 			t.Errorf("ceilSeconds(%v) = %d, want %d", d, got, want)
 		}
+	}
+}
+
+func compile(t *testing.T, doc string) *rules.Compiled {
+	t.Helper()
+	p, err := rules.ParsePolicy([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rules.Compile(p, rules.CompileOptions{Env: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestSwapPolicy: the seam rule sync uses. Shared-data keys name the policy
+// and rule (not the version), so an unchanged rule keeps its counters;
+// metrics are kept per rule id; the request data read follows the rules.
+func TestSwapPolicy(t *testing.T) {
+	p := &pluginContext{cfg: config.Default()}
+	p.cfg.BucketsPerRule = 3
+	v1 := compile(t, `{"policy":"edge","version":1,"identity":{"user_header":"x-user","tenant_header":"x-tenant"},"rules":[
+	  {"id":"a","key":["client_ip"],"algorithm":"gcra","limit":1,"window":"1s"}]}`)
+	if err := p.swapPolicy(v1); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := p.policyVersion(); !ok || v != 1 {
+		t.Fatalf("version %d %v", v, ok)
+	}
+	ps := p.pol
+	if want := []string{"sluice/edge/a/0", "sluice/edge/a/1", "sluice/edge/a/2"}; !reflect.DeepEqual(ps.rules[0].keys, want) {
+		t.Errorf("keys %q, want %q", ps.rules[0].keys, want)
+	}
+	if !ps.needIP || ps.needUser || ps.needTenant || ps.needMethod || ps.needPath || len(ps.headerNames) != 0 {
+		t.Errorf("v1 needs %+v", ps)
+	}
+	ma := ps.rules[0].m
+	v2 := compile(t, `{"policy":"edge","version":2,"identity":{"user_header":"x-user","tenant_header":"x-tenant"},"rules":[
+	  {"id":"a","key":["client_ip"],"algorithm":"gcra","limit":1,"window":"1s"},
+	  {"id":"b","match":{"path_prefix":"/x","methods":["GET"],"headers":[{"name":"x-env","exact":"p"}]},
+	   "key":["user|tenant","header:x-k"],"algorithm":"fixed_window","limit":5,"window":"1m","cost_header":"x-cost","max_cost":3}]}`)
+	if err := p.swapPolicy(v2); err != nil {
+		t.Fatal(err)
+	}
+	ps = p.pol
+	if ps.rules[0].m != ma {
+		t.Error("rule a's metrics were redefined")
+	}
+	if !ps.needUser || !ps.needTenant || !ps.needMethod || !ps.needPath || ps.allHeaders {
+		t.Errorf("v2 needs %+v", ps)
+	}
+	got := append([]string(nil), ps.headerNames...)
+	sort.Strings(got)
+	if want := []string{"x-cost", "x-env", "x-k", "x-tenant", "x-user"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("headers %q, want %q", got, want)
+	}
+	// A policy whose buckets would not fit is refused; the current one stays.
+	p.cfg.EntriesPerBucket = 64
+	big := compile(t, `{"policy":"edge","version":3,"rules":[{"id":"s","algorithm":"sliding_log","limit":64,"window":"1s"}]}`)
+	if err := p.swapPolicy(big); err == nil {
+		t.Fatal("oversized buckets accepted")
+	}
+	if v, _ := p.policyVersion(); v != 2 {
+		t.Errorf("version after a refused swap: %d", v)
 	}
 }
