@@ -1,0 +1,17 @@
+// Package envoy holds sluice's ready-to-use proxy configuration, and tests
+// that keep it loadable:
+//
+//   - envoy.yaml: an Envoy bootstrap with the sluice Wasm filter, the
+//     control-plane and upstream clusters, and the JSON access log; the
+//     dev proxy (testenv/devproxy) follows the same file;
+//   - istio/wasmplugin.yaml: the filter as an Istio WasmPlugin;
+//   - istio/controlplane.yaml: the ServiceEntry and DestinationRule that
+//     let the filter reach the control plane from the mesh.
+//
+// config_test.go parses every file with Envoy's and Istio's own API
+// definitions (go-control-plane and istio.io/api generated types, unknown
+// fields rejected, Envoy's validation rules run) and starts the real
+// sluice.wasm with each embedded plugin configuration, so a misspelt
+// field or a configuration the filter refuses fails CI. The package has no
+// other code.
+package envoy
