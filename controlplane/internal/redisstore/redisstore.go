@@ -283,7 +283,13 @@ func (s *Store) Commit(ctx context.Context, c store.Change) (store.Record, error
 			_ = s.client.SAdd(ctx, SetKey, c.Name).Err()
 		}
 	}
-	return store.Record{Name: c.Name, Version: uint64(res[1]), Doc: c.Doc}, nil
+	r := store.Record{Name: c.Name, Version: uint64(res[1]), Doc: c.Doc}
+	// Tell this replica's subscribers at once. The pub/sub notice reaches the
+	// other replicas; here it may be lost if the subscription is not confirmed
+	// yet (SUBSCRIBE is asynchronous), and its echo is harmless: the fanout
+	// keeps the highest version per name.
+	s.Publish(store.Event{Name: r.Name, Version: r.Version})
+	return r, nil
 }
 
 // History implements store.Store.
