@@ -4,20 +4,35 @@ BUILD     := build
 WASM      := $(BUILD)/sluice.wasm
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: all wasm build test bench check fmt vet tidy clean
+.PHONY: all wasm build run test bench check fmt vet tidy clean
 
 all: build
 
 ## wasm: the proxy-wasm filter, built with the standard Go toolchain as a WASI reactor.
-wasm: $(BUILD)
+wasm:
+	@mkdir -p $(BUILD)
+	@echo "==> building $(WASM)"
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./filter
 
 ## build: the filter and every binary.
 build: wasm
+	@echo "==> building $(BUILD)/sluice-controlplane"
 	@if [ -d controlplane/cmd/sluice-controlplane ]; then \
 		$(GO) build -trimpath -o $(BUILD)/sluice-controlplane ./controlplane/cmd/sluice-controlplane; fi
-	@if [ -d testenv/cmd/sluice-devproxy ]; then \
-		$(GO) build -trimpath -o $(BUILD)/sluice-devproxy ./testenv/cmd/sluice-devproxy; fi
+	@for cmd in sluice-devproxy sluice-echo sluice-run; do \
+		if [ -d testenv/cmd/$$cmd ]; then echo "==> building $(BUILD)/$$cmd"; \
+		$(GO) build -trimpath -o $(BUILD)/$$cmd ./testenv/cmd/$$cmd || exit 1; fi; done
+
+## run: build, then start the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
+## ($(UPSTREAM_PORT)) and the dev proxy ($(PROXY_PORT)) with the demo policy; Ctrl-C stops all.
+## Redis instead of the embedded store: make run REDIS_URL=redis://127.0.0.1:6379
+CP_PORT       ?= 8080
+PROXY_PORT    ?= 10000
+UPSTREAM_PORT ?= 8000
+RUN_DIR       ?= $(BUILD)/run
+run: build
+	@CP_PORT=$(CP_PORT) PROXY_PORT=$(PROXY_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) RUN_DIR=$(RUN_DIR) REDIS_URL=$(REDIS_URL) \
+		BIN_DIR=$(BUILD) $(BUILD)/sluice-run
 
 ## test: build what the tests need, then run every test (race detector on native code).
 test: build
@@ -34,9 +49,6 @@ check:
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 	$(GO) mod tidy -diff
-
-$(BUILD):
-	mkdir -p $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

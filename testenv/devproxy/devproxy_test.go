@@ -46,7 +46,9 @@ func TestFormatTypedJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.env = func(k string) (string, bool) { return map[string]string{"SLUICE_TEST_ENV": "dev"}[k], k == "SLUICE_TEST_ENV" }
+	f.env = func(k string) (string, bool) {
+		return map[string]string{"SLUICE_TEST_ENV": "dev"}[k], k == "SLUICE_TEST_ENV"
+	}
 	line := f.Line(&LogEntry{
 		Start:          time.Date(2026, 1, 2, 3, 4, 5, 678e6, time.UTC),
 		Duration:       42 * time.Millisecond,
@@ -213,4 +215,3 @@ func TestPassThroughUpstreamErrors(t *testing.T) {
 		})
 	}
 }
-

@@ -1,0 +1,269 @@
+// Command sluice-run is `make run`: it starts the control plane, applies the
+// demo policy, starts the demo upstream and the dev proxy, waits until the
+// filter enforces the policy, prints what to try, and on SIGINT (Ctrl-C) or
+// SIGTERM stops every process it started (each in its own process group,
+// SIGTERM then SIGKILL after 5s), leaving none behind.
+//
+// Settings come from the environment (the Makefile passes its variables):
+//
+//	CP_PORT        control plane port (8080)
+//	PROXY_PORT     dev proxy port (10000)
+//	UPSTREAM_PORT  demo upstream port (8000)
+//	REDIS_URL      use Redis (redis://host:port); empty: the embedded store in RUN_DIR/data
+//	SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens; generated and printed when empty
+//	BIN_DIR        where the binaries and sluice.wasm are (build)
+//	RUN_DIR        data, logs and access.log (build/run)
+//	POLICY         the policy applied as "default" (examples/default-policy.json)
+//	ENVOY_CONFIG   the Envoy bootstrap the dev proxy follows (envoy/envoy.yaml)
+//	WORKERS        dev proxy worker VMs (2)
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() { os.Exit(run()) }
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+type settings struct {
+	cpPort, proxyPort, upPort     string
+	redisURL, admin, read         string
+	binDir, runDir, policy, envoy string
+	workers                       string
+	generated                     bool
+}
+
+func run() int {
+	s := settings{
+		cpPort: env("CP_PORT", "8080"), proxyPort: env("PROXY_PORT", "10000"), upPort: env("UPSTREAM_PORT", "8000"),
+		redisURL: os.Getenv("REDIS_URL"), admin: os.Getenv("SLUICE_ADMIN_TOKEN"), read: os.Getenv("SLUICE_READ_TOKEN"),
+		binDir: env("BIN_DIR", "build"), runDir: env("RUN_DIR", "build/run"),
+		policy: env("POLICY", "examples/default-policy.json"), envoy: env("ENVOY_CONFIG", "envoy/envoy.yaml"),
+		workers: env("WORKERS", "2"),
+	}
+	if s.admin == "" {
+		s.admin, s.generated = token(), true
+	}
+	if s.read == "" {
+		s.read, s.generated = token(), true
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	sup := &supervisor{exited: make(chan string, 4)}
+	defer sup.stopAll()
+	if err := start(ctx, s, sup); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "sluice-run: interrupted; stopping")
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "sluice-run: %v\n", err)
+		return 1
+	}
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(os.Stderr, "\nsluice-run: stopping (Ctrl-C)")
+		return 0
+	case name := <-sup.exited:
+		fmt.Fprintf(os.Stderr, "sluice-run: %s exited unexpectedly; see %s/%s.log; stopping\n", name, s.runDir, name)
+		return 1
+	}
+}
+
+func token() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func start(ctx context.Context, s settings, sup *supervisor) error {
+	for _, p := range []struct{ name, port, variable string }{
+		{"control plane", s.cpPort, "CP_PORT"}, {"dev proxy", s.proxyPort, "PROXY_PORT"}, {"demo upstream", s.upPort, "UPSTREAM_PORT"},
+	} {
+		l, err := net.Listen("tcp", "127.0.0.1:"+p.port)
+		if err != nil {
+			return fmt.Errorf("port %s for the %s is taken (%v): choose another, e.g. `make run %s=%d`", p.port, p.name, err, p.variable, 18000+len(p.variable))
+		}
+		l.Close()
+	}
+	if err := os.MkdirAll(s.runDir, 0o755); err != nil {
+		return err
+	}
+	policy, err := os.ReadFile(s.policy)
+	if err != nil {
+		return fmt.Errorf("the demo policy: %w", err)
+	}
+	cp := "127.0.0.1:" + s.cpPort
+	store := "embedded store in " + filepath.Join(s.runDir, "data")
+	cpArgs := []string{"--listen", cp, "--log-format", "text"}
+	if s.redisURL != "" {
+		cpArgs = append(cpArgs, "--redis-url", s.redisURL)
+		store = "Redis at " + s.redisURL
+	} else {
+		cpArgs = append(cpArgs, "--data-dir", filepath.Join(s.runDir, "data"))
+	}
+	tokens := []string{"SLUICE_ADMIN_TOKEN=" + s.admin, "SLUICE_READ_TOKEN=" + s.read}
+
+	step("starting the control plane on http://%s (%s)", cp, store)
+	if err := sup.start(s, "controlplane", filepath.Join(s.binDir, "sluice-controlplane"), cpArgs, tokens); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, "http://"+cp+"/readyz", 20*time.Second, sup); err != nil {
+		return fmt.Errorf("control plane not ready: %w (see %s/controlplane.log)", err, s.runDir)
+	}
+	step("applying %s as policy \"default\"", s.policy)
+	version, err := putPolicy(ctx, cp, s.admin, policy)
+	if err != nil {
+		return err
+	}
+	up := "127.0.0.1:" + s.upPort
+	step("starting the demo upstream on http://%s", up)
+	if err := sup.start(s, "upstream", filepath.Join(s.binDir, "sluice-echo"), []string{"--listen", up}, nil); err != nil {
+		return err
+	}
+	proxy := "127.0.0.1:" + s.proxyPort
+	accessLog := filepath.Join(s.runDir, "access.log")
+	step("starting the dev proxy on http://%s (%s, %s workers)", proxy, s.envoy, s.workers)
+	if err := sup.start(s, "devproxy", filepath.Join(s.binDir, "sluice-devproxy"), []string{
+		"--config", s.envoy, "--wasm", filepath.Join(s.binDir, "sluice.wasm"), "--listen", proxy, "--upstream", up,
+		"--cluster", "control_plane=" + cp, "--access-log", accessLog, "--workers", s.workers,
+	}, append(tokens, "SLUICE_ENV=dev")); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, "http://"+up+"/", 20*time.Second, sup); err != nil {
+		return fmt.Errorf("demo upstream not ready: %w", err)
+	}
+	step("waiting for the filter to pull policy version %d", version)
+	if err := waitPolicy(ctx, proxy, accessLog, version, 30*time.Second, sup); err != nil {
+		return fmt.Errorf("the dev proxy does not enforce the policy: %w (see %s/devproxy.log)", err, s.runDir)
+	}
+	printTry(s, cp, proxy, up, accessLog, store)
+	return nil
+}
+
+func step(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "==> "+format+"\n", args...)
+}
+
+func putPolicy(ctx context.Context, cp, admin string, doc []byte) (uint64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+cp+"/v1/policies/default", bytes.NewReader(doc))
+	req.Header.Set("Authorization", "Bearer "+admin)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("applying the policy: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated {
+		return 0, fmt.Errorf("applying the policy: %s: %s", resp.Status, body)
+	}
+	var v struct {
+		Version uint64 `json:"version"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil || v.Version == 0 {
+		return 0, fmt.Errorf("applying the policy: no version in %s", body)
+	}
+	return v.Version, nil
+}
+
+// waitHTTP polls url until it answers 200, the deadline passes or a child
+// exits.
+func waitHTTP(ctx context.Context, url string, limit time.Duration, sup *supervisor) error {
+	deadline := time.Now().Add(limit)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = errors.New(resp.Status)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %v after %s", url, err, limit)
+		}
+		if err := sup.pause(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// waitPolicy sends readiness probes through the proxy (to a path no demo
+// rule matches) until the access log shows the filter using version.
+func waitPolicy(ctx context.Context, proxy, accessLog string, version uint64, limit time.Duration, sup *supervisor) error {
+	deadline := time.Now().Add(limit)
+	want := fmt.Sprintf(`"rate_limit_policy_version":"%d"`, version)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+proxy+"/sluice-run/ready", nil)
+		req.Header.Set("User-Agent", "sluice-run readiness probe")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if b, err := os.ReadFile(accessLog); err == nil && bytes.Contains(lastLine(b), []byte(want)) {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("policy version %d not in use after %s", version, limit)
+		}
+		if err := sup.pause(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func lastLine(b []byte) []byte {
+	b = bytes.TrimRight(b, "\n")
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		return b[i+1:]
+	}
+	return b
+}
+
+func printTry(s settings, cp, proxy, up, accessLog, store string) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nsluice is running.\n")
+	fmt.Fprintf(&b, "  dev proxy      http://%s  (%s, %s/sluice.wasm, %s workers)\n", proxy, s.envoy, s.binDir, s.workers)
+	fmt.Fprintf(&b, "  control plane  http://%s  (%s)\n", cp, store)
+	fmt.Fprintf(&b, "  demo upstream  http://%s  (echoes the request as JSON; ?delay=<ms>)\n", up)
+	fmt.Fprintf(&b, "  access log     %s\n", accessLog)
+	fmt.Fprintf(&b, "  process logs   %s/{controlplane,devproxy,upstream}.log\n\n", s.runDir)
+	if s.generated {
+		fmt.Fprintf(&b, "Tokens (generated; set SLUICE_ADMIN_TOKEN and SLUICE_READ_TOKEN to choose them). In another terminal:\n")
+	} else {
+		fmt.Fprintf(&b, "Tokens (from the environment). In another terminal:\n")
+	}
+	fmt.Fprintf(&b, "  export SLUICE_ADMIN_TOKEN=%s\n  export SLUICE_READ_TOKEN=%s\n\n", s.admin, s.read)
+	fmt.Fprintf(&b, "1. Trip a limit (5 requests a minute per user on /api/): five 200s, then 429s\n")
+	fmt.Fprintf(&b, "  for i in $(seq 8); do curl -s -o /dev/null -w '%%{http_code} ' -H 'x-user-id: alice' http://%s/api/hello; done; echo\n", proxy)
+	fmt.Fprintf(&b, "2. See a rejection, its headers and JSON body\n")
+	fmt.Fprintf(&b, "  curl -i -H 'x-user-id: alice' http://%s/api/hello\n", proxy)
+	fmt.Fprintf(&b, "3. Raise the limit to 100 with one REST call (enforced within a second)\n")
+	fmt.Fprintf(&b, "  curl -s -X PUT -H \"Authorization: Bearer $SLUICE_ADMIN_TOKEN\" -H 'Content-Type: application/json' \\\n")
+	fmt.Fprintf(&b, "    -d '{\"id\":\"api-per-user\",\"match\":{\"path_prefix\":\"/api/\"},\"key\":[\"user|client_ip\"],\"algorithm\":\"token_bucket\",\"limit\":100,\"window\":\"1m\"}' \\\n")
+	fmt.Fprintf(&b, "    http://%s/v1/policies/default/rules/api-per-user\n", cp)
+	fmt.Fprintf(&b, "4. Read the decisions in the access log\n")
+	fmt.Fprintf(&b, "  tail -n 3 %s\n", accessLog)
+	fmt.Fprintf(&b, "More scenarios (one per algorithm): README.md, \"Five-minute walkthrough\". Stop with Ctrl-C.\n")
+	fmt.Print(b.String())
+}
