@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// walkthroughCommands returns the shell commands of the README's
+// walkthrough (the ```sh blocks between the walkthrough markers).
+func walkthroughCommands(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	i, j := strings.Index(s, "<!-- walkthrough:begin -->"), strings.Index(s, "<!-- walkthrough:end -->")
+	if i < 0 || j < i {
+		t.Fatal("README.md: walkthrough markers not found")
+	}
+	var cmds []string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(s[i:j], -1) {
+		cmds = append(cmds, strings.TrimSpace(m[1]))
+	}
+	return cmds
+}
+
+// TestMakeRun starts `make run` as a user would (on free ports), runs the
+// README's walkthrough commands against it, then stops it with SIGINT and
+// checks that no process is left behind.
+func TestMakeRun(t *testing.T) {
+	requireSync(t)
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not found (Debian package make)")
+	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("curl not found (Debian package curl): the walkthrough uses it")
+	}
+	cmds := walkthroughCommands(t)
+	if len(cmds) != 6 {
+		t.Fatalf("README walkthrough: %d commands, want 6", len(cmds))
+	}
+	runDir := t.TempDir()
+	cp, proxy, up := freeAddr(t), freeAddr(t), freeAddr(t)
+	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
+	out := &syncBuffer{}
+	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C reaches the terminal's process group
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+		if t.Failed() {
+			t.Logf("make run output:\n%s", out)
+		}
+	})
+	if !waitFor(5*time.Minute, func() bool { return strings.Contains(out.String(), "sluice is running.") }) {
+		t.Fatalf("make run not ready within 5 minutes")
+	}
+	for _, want := range []string{"export SLUICE_ADMIN_TOKEN=" + adminToken, "curl", "access.log"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("make run output lacks %q", want)
+		}
+	}
+
+	sh := func(c string) string {
+		t.Helper()
+		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:8080", cp, "build/run/", runDir+"/").Replace(c)
+		b, err := exec.Command("bash", "-c", c).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", c, err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := sh(cmds[0]); got != "200 200 200 200 200 429 429 429" {
+		t.Errorf("step 1: %q", got)
+	}
+	if got := sh(cmds[1]); !strings.HasPrefix(got, "HTTP/1.1 429") || !strings.Contains(got, `"rule":"api-per-user"`) {
+		t.Errorf("step 2: %q", got)
+	}
+	if got := sh(cmds[2]); got != "200" {
+		t.Errorf("step 3 (PUT): %q", got)
+	}
+	start := time.Now()
+	if !waitFor(10*time.Second, func() bool { return sh(cmds[3]) == "200" }) {
+		t.Errorf("step 3: the raised limit is not enforced after 10s")
+	}
+	t.Logf("raised limit enforced %s after the PUT", time.Since(start))
+	var line map[string]any
+	if err := json.Unmarshal([]byte(sh(cmds[4])), &line); err != nil || line["rate_limit_rule"] != "api-per-user" || line["rate_limited"] != "false" {
+		t.Errorf("step 4: %v %v", line, err)
+	}
+	if got := sh(cmds[5]); !strings.Contains(got, `"version"`) {
+		t.Errorf("step 5: %q", got)
+	}
+
+	// Ctrl-C: SIGINT to the foreground process group.
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	select {
+	case <-exited:
+		stopped = true
+	case <-time.After(30 * time.Second):
+		t.Fatal("make run did not stop within 30s of SIGINT")
+	}
+	for _, a := range []string{cp, proxy, up} {
+		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s still accepts connections after make run stopped", a)
+		}
+	}
+	if left := processesMentioning(runDir); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
+	}
+}
+
+// processesMentioning lists the command lines of running processes that
+// contain s (Linux /proc).
+func processesMentioning(s string) []string {
+	var out []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, d := range dirs {
+		b, err := os.ReadFile(d)
+		if err == nil && strings.Contains(string(b), s) {
+			out = append(out, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}

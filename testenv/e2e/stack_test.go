@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	adminToken = "e2e-admin-token"
+	readToken  = "e2e-read-token"
+)
+
+// stack is the control plane, the demo upstream and the dev proxy as
+// processes, started as `make run` starts them.
+type stack struct {
+	t                   *testing.T
+	cp, echo, dp        *proc
+	cpAddr, proxyAddr   string
+	accessLog           string
+	redisAddr, redisDir string
+	redis               *proc
+}
+
+// startStack starts the processes; withRedis selects a redis-server store
+// (else the embedded one).
+func startStack(t *testing.T, withRedis bool) *stack {
+	t.Helper()
+	s := &stack{t: t, cpAddr: freeAddr(t), proxyAddr: freeAddr(t)}
+	dir := t.TempDir()
+	s.accessLog = filepath.Join(dir, "access.log")
+	cpArgs := []string{"--listen", s.cpAddr, "--log-level", "warn", "--resync-interval", "200ms"}
+	if withRedis {
+		s.redisAddr, s.redisDir = freeAddr(t), t.TempDir()
+		s.redis = startRedis(t, s.redisAddr, s.redisDir)
+		cpArgs = append(cpArgs, "--redis-url", "redis://"+s.redisAddr)
+	} else {
+		cpArgs = append(cpArgs, "--data-dir", filepath.Join(dir, "data"))
+	}
+	tokens := []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_READ_TOKEN=" + readToken}
+	s.cp = startProc(t, "control plane", filepath.Join(binDir, "sluice-controlplane"), cpArgs, tokens)
+	awaitHTTP(t, "http://"+s.cpAddr+"/readyz", s.cp)
+	up := freeAddr(t)
+	s.echo = startProc(t, "upstream", filepath.Join(binDir, "sluice-echo"), []string{"--listen", up}, nil)
+	s.dp = startProc(t, "dev proxy", filepath.Join(binDir, "sluice-devproxy"), []string{
+		"--config", "envoy/envoy.yaml", "--wasm", filepath.Join(binDir, "sluice.wasm"), "--listen", s.proxyAddr,
+		"--upstream", up, "--cluster", "control_plane=" + s.cpAddr, "--access-log", s.accessLog, "--workers", "2",
+		"--log-level", "warn"}, append(tokens, "SLUICE_ENV=e2e"))
+	awaitHTTP(t, "http://"+up+"/", s.echo)
+	return s
+}
+
+// put sends a write to the control plane and returns the status and body.
+func (s *stack) put(path, doc string) (int, []byte) {
+	s.t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, "http://"+s.cpAddr+path, strings.NewReader(doc))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// putOK is put that must succeed; it returns the new policy version.
+func (s *stack) putOK(path, doc string) uint64 {
+	s.t.Helper()
+	code, b := s.put(path, doc)
+	if code != http.StatusOK && code != http.StatusCreated {
+		s.t.Fatalf("PUT %s: %d %s", path, code, b)
+	}
+	var v struct{ Version uint64 }
+	if err := json.Unmarshal(b, &v); err != nil {
+		s.t.Fatalf("PUT %s: %v in %s", path, err, b)
+	}
+	return v.Version
+}
+
+func (s *stack) applyDemo() uint64 {
+	s.t.Helper()
+	doc, err := os.ReadFile(filepath.Join(repo, "examples/default-policy.json"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return s.putOK("/v1/policies/default", string(doc))
+}
+
+// response is what a client got.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// get sends GET path through the dev proxy with the headers given as
+// name, value pairs.
+func (s *stack) get(method, path string, kv ...string) response {
+	s.t.Helper()
+	req, _ := http.NewRequest(method, "http://"+s.proxyAddr+path, nil)
+	for i := 0; i+1 < len(kv); i += 2 {
+		req.Header.Set(kv[i], kv[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, b}
+}
+
+// logLines returns the access log's lines, parsed.
+func (s *stack) logLines() []map[string]any {
+	s.t.Helper()
+	b, err := os.ReadFile(s.accessLog)
+	if err != nil && !os.IsNotExist(err) {
+		s.t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		if len(l) == 0 {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(l, &m); err != nil {
+			s.t.Fatalf("access log line %q: %v", l, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// logOf returns the access-log line of the request with x-request-id id.
+func (s *stack) logOf(id string) map[string]any {
+	s.t.Helper()
+	var found map[string]any
+	waitFor(5*time.Second, func() bool {
+		for _, m := range s.logLines() {
+			if m["request_id"] == id {
+				found = m
+				return true
+			}
+		}
+		return false
+	})
+	if found == nil {
+		s.t.Fatalf("no access-log line with request_id %s", id)
+	}
+	return found
+}
+
+// awaitVersion sends probes (a path no demo rule matches) until the
+// filter reports policy version v; it returns how long that took.
+func (s *stack) awaitVersion(v uint64) time.Duration {
+	s.t.Helper()
+	start := time.Now()
+	want := strconv.FormatUint(v, 10)
+	n := 0
+	ok := waitFor(30*time.Second, func() bool {
+		n++
+		id := fmt.Sprintf("probe-%d-%d", v, n)
+		s.get("GET", "/e2e/probe", "X-Request-Id", id)
+		return s.logOf(id)["rate_limit_policy_version"] == want
+	})
+	if !ok {
+		s.t.Fatalf("the filter did not use policy version %d within 30s\n%s", v, s.dp.out)
+	}
+	return time.Since(start)
+}
