@@ -111,3 +111,43 @@ func TestDeniedRequestConsumesNothing(t *testing.T) {
 	step("192.0.2.2", 200, "") // a's second unit for .2
 	step("192.0.2.2", 429, "a")
 }
+
+// TestCASExhaustionFailsOpenAccountably: with a single CAS retry and 8
+// workers contending, some requests run out of retries and pass undecided.
+// Each of them says so (sluice.reason cas_exhausted, counted), and every
+// other admission is exact: admitted − failed-open ≤ the limit.
+func TestCASExhaustionFailsOpenAccountably(t *testing.T) {
+	buildWasm(t)
+	const workers, perWorker, limit = 8, 100, 200
+	pol := `{"policy":"p","rules":[{"id":"g","algorithm":"fixed_window","limit":` + strconv.Itoa(limit) + `,"window":"1h"}]}`
+	e := newEnv(t, `{"tick":"1m","cas_retries":1,"policy":`+pol+`}`, workers)
+	var admitted, exhausted atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < perWorker; i++ {
+				resp, err := e.h.Worker(w).Do(context.Background(), host.Request{Path: "/"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.Status == 200 {
+					admitted.Add(1)
+					if resp.FilterState["wasm.sluice.reason"] == "cas_exhausted" {
+						exhausted.Add(1)
+					}
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if got := e.metric("sluice.cas_exhausted"); got != exhausted.Load() {
+		t.Errorf("cas_exhausted metric %d, filter state says %d", got, exhausted.Load())
+	}
+	if a, x := admitted.Load(), exhausted.Load(); a-x > limit || a < limit {
+		t.Errorf("admitted %d with %d failed open; want admitted-failed ≤ %d ≤ admitted", a, x, limit)
+	}
+	t.Logf("admitted %d, failed open after CAS exhaustion %d", admitted.Load(), exhausted.Load())
+}
