@@ -84,6 +84,10 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 	} else {
 		proxywasm.LogInfo("sluice: no static policy; fail_mode " + cfg.FailMode.String() + " until one arrives")
 	}
+	if err := p.startSync(); err != nil {
+		proxywasm.LogError("sluice: invalid plugin configuration: control_plane: " + err.Error())
+		return types.OnPluginStartStatusFailed
+	}
 	p.loadHashKey(true)
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.Tick.Milliseconds())); err != nil {
 		proxywasm.LogWarn("sluice: setting the tick period: " + err.Error())
@@ -93,16 +97,23 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 
 // OnTick implements proxy_on_tick: every VM re-reads the hash key so that
 // all converge on the stored one, and hands its metric increments to the
-// host. Rule sync (filter/internal/policysync)
-// hooks in here and installs new policies with swapPolicy.
+// host. Rule sync (filter/internal/policysync) applies a newly published
+// policy with swapPolicy and, on the lease holder, polls the control plane.
 func (p *pluginContext) OnTick() {
 	p.loadHashKey(!p.hashKeyOK)
+	if p.sync != nil {
+		p.sync.Tick()
+	}
 	p.flushMetrics()
 }
 
 // OnPluginDone hands the pending metric increments to the host before the
-// root context goes away.
+// root context goes away; the sync lease holder hands the lease back, so
+// another worker polls at once.
 func (p *pluginContext) OnPluginDone() bool {
+	if p.sync != nil {
+		p.sync.Stop()
+	}
 	p.flushMetrics()
 	return true
 }

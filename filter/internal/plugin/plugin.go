@@ -63,6 +63,7 @@ package plugin
 
 import (
 	"github.com/sluice-proxy/sluice/filter/internal/config"
+	"github.com/sluice-proxy/sluice/filter/internal/policysync"
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
 	"github.com/sluice-proxy/sluice/shared/rules"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -92,6 +93,9 @@ type pluginContext struct {
 	// pol is the policy in use; nil means none (fail_mode applies). It is
 	// replaced only by swapPolicy.
 	pol *policyState
+	// sync pulls the policy from the control plane (sync.go); nil
+	// without a control_plane section.
+	sync *policysync.Syncer
 
 	hashKey   siphash.Key
 	hashKeyOK bool

@@ -68,6 +68,9 @@ var (
 // rule, then commit or deny (see the package doc).
 func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) types.Action {
 	p := h.p
+	if p.sync != nil {
+		p.sync.Check() // a newly published policy applies from this request on
+	}
 	ps := p.pol
 	if ps == nil {
 		p.m.noPolicy.Increment(1)
