@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -17,8 +16,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
 // Built once per test binary by TestMain, into a temporary directory.
@@ -226,35 +223,19 @@ func awaitHTTP(t testing.TB, url string, p *proc) {
 	}
 }
 
-// requireSync skips the test when the filter does not pull its policy
-// from the control plane yet (issue 6, rule sync): it starts the filter
-// against a test server and waits for its first poll.
-func requireSync(t *testing.T) {
+// awaitListening waits until addr accepts TCP connections (the dev proxy
+// listens only once its VMs have started).
+func awaitListening(t testing.TB, addr string, p *proc) {
 	t.Helper()
-	polled := make(chan struct{}, 1)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case polled <- struct{}{}:
-		default:
+	ok := waitFor(60*time.Second, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return false
 		}
-		w.WriteHeader(http.StatusNotFound)
-	})}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(l)
-	defer srv.Close()
-	h, err := host.New(context.Background(), host.Config{Wasm: wasmBin, VMID: "sluice", PluginName: "sluice",
-		PluginConfig: []byte(`{"control_plane":{"cluster":"cp","policy":"default"}}`), Workers: 1,
-		Clusters: map[string]string{"cp": l.Addr().String()}, LogLevel: host.LogError, NoCanary: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	select {
-	case <-polled:
-	case <-time.After(5 * time.Second):
-		t.Skip("the filter does not poll the control plane yet (issue 6 rule sync not in filter/internal/plugin): skipping")
+		c.Close()
+		return true
+	})
+	if !ok {
+		t.Fatalf("%s not listening within 60s:\n%s", addr, p.out)
 	}
 }

@@ -55,6 +55,7 @@ func startStack(t *testing.T, withRedis bool) *stack {
 		"--upstream", up, "--cluster", "control_plane=" + s.cpAddr, "--access-log", s.accessLog, "--workers", "2",
 		"--log-level", "warn"}, append(tokens, "SLUICE_ENV=e2e"))
 	awaitHTTP(t, "http://"+up+"/", s.echo)
+	awaitListening(t, s.proxyAddr, s.dp)
 	return s
 }
 

@@ -17,7 +17,6 @@ const raiseRule = `{"id":"api-per-user","match":{"path_prefix":"/api/"},"key":["
 // PUT that raises the limit, Redis killed and restarted, the control plane
 // killed and restarted, with enforcement never stopping.
 func TestWalkthrough(t *testing.T) {
-	requireSync(t)
 	s := startStack(t, true)
 	v1 := s.applyDemo()
 	t.Logf("policy version %d in use after %s", v1, s.awaitVersion(v1))
@@ -83,23 +82,36 @@ func TestWalkthrough(t *testing.T) {
 	enforced(t, s, "frank", 2, v4)
 }
 
-// enforced checks that user gets exactly limit 200s, then a 429, under
-// policy version v.
+// enforced sends requests as user until the first 429 and checks that the
+// number admitted is what raiseRule's token bucket (capacity limit, refilled
+// at limit per minute) allows over the burst's real duration: at least limit,
+// at most limit plus the tokens refilled meanwhile. Every request must have
+// been decided under policy version v.
 func enforced(t *testing.T, s *stack, user string, limit int, v uint64) {
 	t.Helper()
-	for i := 1; i <= limit+1; i++ {
+	start := time.Now()
+	admitted := 0
+	for i := 1; ; i++ {
 		id := fmt.Sprintf("%s-%d", user, i)
 		r := s.get("GET", "/api/x", "X-User-Id", user, "X-Request-Id", id)
-		want := http.StatusOK
-		if i > limit {
-			want = http.StatusTooManyRequests
-		}
-		if r.status != want {
-			t.Fatalf("%s request %d: %d, want %d (limit %d, version %d)", user, i, r.status, want, limit, v)
-		}
 		if got := s.logOf(id)["rate_limit_policy_version"]; got != strconv.FormatUint(v, 10) {
 			t.Fatalf("%s request %d: policy version %v, want %d", user, i, got, v)
 		}
+		if r.status == http.StatusTooManyRequests {
+			break
+		}
+		if r.status != http.StatusOK {
+			t.Fatalf("%s request %d: %d, want 200 or 429 (limit %d, version %d)", user, i, r.status, limit, v)
+		}
+		admitted++
+		if admitted > 2*limit+10 {
+			t.Fatalf("%s: %d requests admitted and none limited (limit %d, version %d)", user, admitted, limit, v)
+		}
+	}
+	refilled := int(time.Since(start).Seconds() * float64(limit) / 60)
+	if admitted < limit || admitted > limit+refilled {
+		t.Fatalf("%s: %d admitted before the first 429, want %d to %d (limit %d per minute over %s, version %d)",
+			user, admitted, limit, limit+refilled, limit, time.Since(start), v)
 	}
 }
 
