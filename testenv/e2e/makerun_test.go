@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // walkthroughCommands returns the shell commands of the README's
@@ -48,9 +50,9 @@ func TestMakeRun(t *testing.T) {
 		t.Fatalf("README walkthrough: %d commands, want 6", len(cmds))
 	}
 	runDir := t.TempDir()
-	cp, proxy, up := freeAddr(t), freeAddr(t), freeAddr(t)
+	cp, proxy, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
 	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
-	out := &syncBuffer{}
+	out := &proctest.SyncBuffer{}
 	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
@@ -70,7 +72,7 @@ func TestMakeRun(t *testing.T) {
 			t.Logf("make run output:\n%s", out)
 		}
 	})
-	if !waitFor(5*time.Minute, func() bool { return strings.Contains(out.String(), "sluice is running.") }) {
+	if !proctest.WaitFor(5*time.Minute, func() bool { return strings.Contains(out.String(), "sluice is running.") }) {
 		t.Fatalf("make run not ready within 5 minutes")
 	}
 	for _, want := range []string{"export SLUICE_ADMIN_TOKEN=" + adminToken, "curl", "access.log"} {
@@ -101,7 +103,7 @@ func TestMakeRun(t *testing.T) {
 		t.Errorf("step 3 (PUT): %q", got)
 	}
 	start := time.Now()
-	if !waitFor(10*time.Second, func() bool { return sh(cmds[3]) == "200" }) {
+	if !proctest.WaitFor(10*time.Second, func() bool { return sh(cmds[3]) == "200" }) {
 		t.Errorf("step 3: the raised limit is not enforced after 10s")
 	}
 	t.Logf("raised limit enforced %s after the PUT", time.Since(start))

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // TestDemoPolicy trips every rule of examples/default-policy.json the way
@@ -70,7 +72,7 @@ func TestDemoPolicy(t *testing.T) {
 		}()
 	}
 	time.Sleep(300 * time.Millisecond) // a head start, so the first probes rarely get in their way
-	if !waitFor(10*time.Second, func() bool { return s.get("GET", "/slow", "X-User-Id", user).status == http.StatusServiceUnavailable }) {
+	if !proctest.WaitFor(10*time.Second, func() bool { return s.get("GET", "/slow", "X-User-Id", user).status == http.StatusServiceUnavailable }) {
 		t.Error("slow-in-flight (concurrency): a third request in flight was never refused")
 	}
 	wg.Wait()

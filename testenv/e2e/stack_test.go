@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 const (
@@ -23,23 +25,23 @@ const (
 // processes, started as `make run` starts them.
 type stack struct {
 	t                   *testing.T
-	cp, echo, dp        *proc
+	cp, echo, dp        *proctest.Proc
 	cpAddr, proxyAddr   string
 	accessLog           string
 	redisAddr, redisDir string
-	redis               *proc
+	redis               *proctest.Proc
 }
 
 // startStack starts the processes; withRedis selects a redis-server store
 // (else the embedded one).
 func startStack(t *testing.T, withRedis bool) *stack {
 	t.Helper()
-	s := &stack{t: t, cpAddr: freeAddr(t), proxyAddr: freeAddr(t)}
+	s := &stack{t: t, cpAddr: proctest.FreeAddr(t), proxyAddr: proctest.FreeAddr(t)}
 	dir := t.TempDir()
 	s.accessLog = filepath.Join(dir, "access.log")
 	cpArgs := []string{"--listen", s.cpAddr, "--log-level", "warn", "--resync-interval", "200ms"}
 	if withRedis {
-		s.redisAddr, s.redisDir = freeAddr(t), t.TempDir()
+		s.redisAddr, s.redisDir = proctest.FreeAddr(t), t.TempDir()
 		s.redis = startRedis(t, s.redisAddr, s.redisDir)
 		cpArgs = append(cpArgs, "--redis-url", "redis://"+s.redisAddr)
 	} else {
@@ -47,15 +49,15 @@ func startStack(t *testing.T, withRedis bool) *stack {
 	}
 	tokens := []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_READ_TOKEN=" + readToken}
 	s.cp = startProc(t, "control plane", filepath.Join(binDir, "sluice-controlplane"), cpArgs, tokens)
-	awaitHTTP(t, "http://"+s.cpAddr+"/readyz", s.cp)
-	up := freeAddr(t)
+	proctest.AwaitHTTP(t, "http://"+s.cpAddr+"/readyz", readyTimeout, s.cp)
+	up := proctest.FreeAddr(t)
 	s.echo = startProc(t, "upstream", filepath.Join(binDir, "sluice-echo"), []string{"--listen", up}, nil)
 	s.dp = startProc(t, "dev proxy", filepath.Join(binDir, "sluice-devproxy"), []string{
 		"--config", "envoy/envoy.yaml", "--wasm", filepath.Join(binDir, "sluice.wasm"), "--listen", s.proxyAddr,
 		"--upstream", up, "--cluster", "control_plane=" + s.cpAddr, "--access-log", s.accessLog, "--workers", "2",
 		"--log-level", "warn"}, append(tokens, "SLUICE_ENV=e2e"))
-	awaitHTTP(t, "http://"+up+"/", s.echo)
-	awaitListening(t, s.proxyAddr, s.dp)
+	proctest.AwaitHTTP(t, "http://"+up+"/", readyTimeout, s.echo)
+	proctest.AwaitListening(t, s.proxyAddr, listenTimeout, s.dp)
 	return s
 }
 
@@ -146,7 +148,7 @@ func (s *stack) logLines() []map[string]any {
 func (s *stack) logOf(id string) map[string]any {
 	s.t.Helper()
 	var found map[string]any
-	waitFor(5*time.Second, func() bool {
+	proctest.WaitFor(5*time.Second, func() bool {
 		for _, m := range s.logLines() {
 			if m["request_id"] == id {
 				found = m
@@ -168,14 +170,14 @@ func (s *stack) awaitVersion(v uint64) time.Duration {
 	start := time.Now()
 	want := strconv.FormatUint(v, 10)
 	n := 0
-	ok := waitFor(30*time.Second, func() bool {
+	ok := proctest.WaitFor(30*time.Second, func() bool {
 		n++
 		id := fmt.Sprintf("probe-%d-%d", v, n)
 		s.get("GET", "/e2e/probe", "X-Request-Id", id)
 		return s.logOf(id)["rate_limit_policy_version"] == want
 	})
 	if !ok {
-		s.t.Fatalf("the filter did not use policy version %d within 30s\n%s", v, s.dp.out)
+		s.t.Fatalf("the filter did not use policy version %d within 30s\n%s", v, s.dp.Output())
 	}
 	return time.Since(start)
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 const raiseRule = `{"id":"api-per-user","match":{"path_prefix":"/api/"},"key":["user|client_ip"],"algorithm":"token_bucket","limit":%d,"window":"1m"}`
@@ -41,7 +43,7 @@ func TestWalkthrough(t *testing.T) {
 	start := time.Now()
 	v2 := s.putOK("/v1/policies/default/rules/api-per-user", fmt.Sprintf(raiseRule, 100))
 	n := 0
-	if !waitFor(10*time.Second, func() bool {
+	if !proctest.WaitFor(10*time.Second, func() bool {
 		n++
 		return s.get("GET", "/api/hello", "X-User-Id", "alice").status == http.StatusOK
 	}) {
@@ -51,16 +53,16 @@ func TestWalkthrough(t *testing.T) {
 	s.awaitVersion(v2)
 
 	// Redis down: the last policy keeps being enforced; writes get 503.
-	s.redis.kill()
+	s.redis.Kill()
 	if code, b := s.put("/v1/policies/default/rules/api-per-user", fmt.Sprintf(raiseRule, 7)); code != http.StatusServiceUnavailable {
 		t.Fatalf("PUT with Redis down: %d %s, want 503", code, b)
 	}
 	enforced(t, s, "carol", 100, v2)
 	// Redis back (same data): writes work again.
-	s.redis.start()
-	awaitRedis(t, s.redisAddr, s.redis)
+	s.redis.Start()
+	proctest.AwaitRedis(t, s.redisAddr, s.redis)
 	var v3 uint64
-	if !waitFor(20*time.Second, func() bool {
+	if !proctest.WaitFor(20*time.Second, func() bool {
 		code, b := s.put("/v1/policies/default/rules/api-per-user", fmt.Sprintf(raiseRule, 3))
 		if code == http.StatusOK {
 			json.Unmarshal(b, &struct{ Version *uint64 }{&v3})
@@ -73,10 +75,10 @@ func TestWalkthrough(t *testing.T) {
 	enforced(t, s, "dave", 3, v3)
 
 	// Control plane down: enforcement goes on with the last policy.
-	s.cp.kill()
+	s.cp.Kill()
 	enforced(t, s, "erin", 3, v3)
-	s.cp.start()
-	awaitHTTP(t, "http://"+s.cpAddr+"/readyz", s.cp)
+	s.cp.Start()
+	proctest.AwaitHTTP(t, "http://"+s.cpAddr+"/readyz", readyTimeout, s.cp)
 	v4 := s.putOK("/v1/policies/default/rules/api-per-user", fmt.Sprintf(raiseRule, 2))
 	s.awaitVersion(v4)
 	enforced(t, s, "frank", 2, v4)

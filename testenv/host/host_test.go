@@ -3,7 +3,6 @@ package host_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/host"
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 func TestHeadersReadAndWritten(t *testing.T) {
@@ -213,7 +213,7 @@ func TestHTTPCallout(t *testing.T) {
 		conn.Close()
 	}))
 	defer cut.Close()
-	refused := closedAddr(t)
+	refused := proctest.FreeAddr(t) // nothing listens there
 	h, _ := newHost(t, host.Config{NoCanary: true, Clusters: map[string]string{
 		"control_plane": srv.Listener.Addr().String(),
 		"cut":           cut.Listener.Addr().String(),
@@ -246,18 +246,6 @@ func TestHTTPCallout(t *testing.T) {
 	if gotReq == nil || gotReq.Host != "cp.internal" || gotReq.URL.String() != "/cp?q=1" || gotReq.Header.Get("X-From") != "abi" {
 		t.Errorf("control plane saw %+v", gotReq)
 	}
-}
-
-// closedAddr returns an address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 func TestPanicInCallbackKeepsVM(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/host"
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // workers is the number of worker VMs of every test Envoy.
@@ -115,7 +116,7 @@ func (e *envoy) awaitVersion(v uint64, limit time.Duration, live ...int) {
 	}
 	want := strconv.FormatUint(v, 10)
 	var last []string
-	ok := waitFor(limit, func() bool {
+	ok := proctest.WaitFor(limit, func() bool {
 		last = last[:0]
 		done := true
 		for _, i := range live {
@@ -161,7 +162,7 @@ func (e *envoy) logsWith(s string) []host.LogEntry {
 func (e *envoy) holder() int {
 	e.t.Helper()
 	var took []host.LogEntry
-	waitFor(5*time.Second, func() bool {
+	proctest.WaitFor(5*time.Second, func() bool {
 		took = e.logsWith("took the sync lease")
 		if len(took) == 0 {
 			e.advance()

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // measuring skips t unless SLUICE_MEASURE=1: the measurements take minutes
@@ -69,7 +71,7 @@ func TestMeasurePropagation(t *testing.T) {
 		t0 := time.Now()
 		key := strconv.FormatUint(v, 10)
 		var done time.Time
-		ok := waitFor(10*time.Second, func() bool {
+		ok := proctest.WaitFor(10*time.Second, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			f := first[key]

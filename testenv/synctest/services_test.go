@@ -1,25 +1,22 @@
 package synctest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // Built once per test binary by TestMain.
@@ -34,127 +31,48 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	root, err := filepath.Abs("../..")
+	code, err := setup(m, dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		code = 1
 	}
-	wasmPath := filepath.Join(dir, "sluice.wasm")
-	cpBin = filepath.Join(dir, "sluice-controlplane")
-	builds := []struct {
-		env  []string
-		args []string
-	}{
-		{[]string{"GOOS=wasip1", "GOARCH=wasm"}, []string{"build", "-buildmode=c-shared", "-o", wasmPath, "./filter"}},
-		{nil, []string{"build", "-o", cpBin, "./controlplane/cmd/sluice-controlplane"}},
-	}
-	errs := make([]error, len(builds))
-	var wg sync.WaitGroup
-	for i, b := range builds {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cmd := exec.Command("go", b.args...)
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), b.env...)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				errs[i] = fmt.Errorf("go %s: %v\n%s", strings.Join(b.args, " "), err, out)
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	if wasmBin, err = os.ReadFile(wasmPath); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-// freeAddr returns a loopback address with a port nobody listens on now.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// setup builds sluice.wasm and the control plane into dir, then runs the
+// tests.
+func setup(m *testing.M, dir string) (int, error) {
+	root, err := filepath.Abs("../..")
 	if err != nil {
-		t.Fatal(err)
+		return 1, err
 	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
-// waitFor polls cond every 10 ms until it holds or limit passes; it
-// reports whether it held. Only bounds, never timings, are asserted with it.
-func waitFor(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
+	wasmPath := filepath.Join(dir, "sluice.wasm")
+	cpBin = filepath.Join(dir, "sluice-controlplane")
+	err = proctest.BuildAll(root,
+		proctest.Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"}, Args: []string{"-buildmode=c-shared", "-o", wasmPath, "./filter"}},
+		proctest.Build{Args: []string{"-o", cpBin, "./controlplane/cmd/sluice-controlplane"}},
+	)
+	if err != nil {
+		return 1, err
 	}
-}
-
-// syncBuffer is an io.Writer safe for a process's stdout and stderr.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	if wasmBin, err = os.ReadFile(wasmPath); err != nil {
+		return 1, err
+	}
+	return m.Run(), nil
 }
 
 // startRedis runs redis-server on a free loopback port without persistence
-// and returns its address; it is killed when the test ends.
+// and returns its address; it is killed when the test ends. Without
+// redis-server on PATH the test is skipped.
 func startRedis(t testing.TB) string {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	bin, err := proctest.LookRedis()
 	if err != nil {
-		t.Skip("redis-server not found on PATH: install Debian's redis-server package (CI does)")
+		t.Skip(err)
 	}
-	addr := freeAddr(t)
-	_, port, _ := net.SplitHostPort(addr)
-	out := &syncBuffer{}
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", t.TempDir())
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server: %v", err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	ok := waitFor(10*time.Second, func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			return false
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(time.Second))
-		io.WriteString(c, "PING\r\n")
-		line, _ := bufio.NewReader(c).ReadString('\n')
-		return strings.HasPrefix(line, "+PONG")
-	})
-	if !ok {
-		t.Fatalf("redis-server on %s did not answer PING within 10s:\n%s", addr, out)
-	}
+	addr := proctest.FreeAddr(t)
+	proctest.StartRedis(t, bin, addr, t.TempDir(), "--appendonly", "no")
 	return addr
 }
 
@@ -169,62 +87,38 @@ const (
 type controlPlane struct {
 	t    testing.TB
 	addr string
-	args []string
-	cmd  *exec.Cmd
-	out  *syncBuffer
+	p    *proctest.Proc
 }
+
+// cpReadyTimeout is how long the control plane may take to answer /readyz.
+const cpReadyTimeout = 15 * time.Second
 
 // startControlPlane runs the control plane against the Redis at redisAddr,
 // or, if redisAddr is "", its embedded store in a temporary directory.
 func startControlPlane(t testing.TB, redisAddr string) *controlPlane {
 	t.Helper()
-	c := &controlPlane{t: t, addr: freeAddr(t), out: &syncBuffer{}}
-	c.args = []string{"--listen", c.addr, "--log-level", "warn", "--resync-interval", "200ms"}
+	c := &controlPlane{t: t, addr: proctest.FreeAddr(t)}
+	args := []string{"--listen", c.addr, "--log-level", "warn", "--resync-interval", "200ms"}
 	if redisAddr != "" {
-		c.args = append(c.args, "--redis-url", "redis://"+redisAddr)
+		args = append(args, "--redis-url", "redis://"+redisAddr)
 	} else {
-		c.args = append(c.args, "--data-dir", t.TempDir())
+		args = append(args, "--data-dir", t.TempDir())
 	}
-	c.start()
-	t.Cleanup(func() {
-		c.stop()
-		if t.Failed() {
-			t.Logf("control plane output:\n%s", c.out)
-		}
-	})
+	c.p = proctest.Start(t, proctest.Spec{Name: "control plane", Bin: cpBin, Args: args,
+		Env: []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_READ_TOKEN=" + readToken}})
+	proctest.AwaitHTTP(t, "http://"+c.addr+"/readyz", cpReadyTimeout, c.p)
 	return c
 }
 
+// start starts the stopped control plane again and waits until it is ready.
 func (c *controlPlane) start() {
 	c.t.Helper()
-	c.cmd = exec.Command(cpBin, c.args...)
-	c.cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
-	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
-	if err := c.cmd.Start(); err != nil {
-		c.t.Fatalf("starting the control plane: %v", err)
-	}
-	ok := waitFor(15*time.Second, func() bool {
-		resp, err := http.Get("http://" + c.addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	if !ok {
-		c.t.Fatalf("control plane on %s not ready within 15s:\n%s", c.addr, c.out)
-	}
+	c.p.Start()
+	proctest.AwaitHTTP(c.t, "http://"+c.addr+"/readyz", cpReadyTimeout, c.p)
 }
 
 // stop kills the process (no graceful shutdown: an outage).
-func (c *controlPlane) stop() {
-	if c.cmd == nil {
-		return
-	}
-	c.cmd.Process.Kill()
-	c.cmd.Wait()
-	c.cmd = nil
-}
+func (c *controlPlane) stop() { c.p.Kill() }
 
 // put stores doc as the policy with PUT and returns the new version.
 func (c *controlPlane) put(doc string) uint64 {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/host"
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // Metric names of filter/internal/policysync (not importable from here).
@@ -31,7 +32,7 @@ func TestPutEnforcedByAllWorkers(t *testing.T) {
 		t.Fatalf("before any policy: status %d, filter state %v; want 200 with reason=no_policy", resp.Status, resp.FilterState)
 	}
 	// The lease holder's poll is open before the first PUT.
-	if !waitFor(10*time.Second, func() bool { _, open, _ := px.counts(); return open == 1 }) {
+	if !proctest.WaitFor(10*time.Second, func() bool { _, open, _ := px.counts(); return open == 1 }) {
 		t.Fatal("no long poll reached the control plane")
 	}
 
@@ -43,7 +44,7 @@ func TestPutEnforcedByAllWorkers(t *testing.T) {
 	v2 := cp.put(twoRules(1, 3))
 	e.awaitVersion(v2, 10*time.Second)
 	// Let the next poll open, then count.
-	waitFor(5*time.Second, func() bool { total, open, _ := px.counts(); return total >= 3 && open == 1 })
+	proctest.WaitFor(5*time.Second, func() bool { total, open, _ := px.counts(); return total >= 3 && open == 1 })
 	total, open, maxOpen := px.counts()
 	t.Logf("long polls: %d in total, %d open, at most %d open at once", total, open, maxOpen)
 	if maxOpen != 1 || open != 1 {
@@ -116,7 +117,7 @@ func TestControlPlaneOutage(t *testing.T) {
 	e.awaitVersion(v1, 10*time.Second)
 
 	cp.stop()
-	if !waitFor(10*time.Second, func() bool { return e.metric(metricFailures+"http_status") > 0 }) {
+	if !proctest.WaitFor(10*time.Second, func() bool { return e.metric(metricFailures+"http_status") > 0 }) {
 		t.Fatal("the outage was not noticed within 10s")
 	}
 	time.Sleep(time.Second) // a few failed polls
@@ -169,7 +170,7 @@ func TestInvalidPoliciesRejected(t *testing.T) {
 	} {
 		before := e.metric(metricFailures + tc.kind)
 		s.queue <- tc.resp
-		if !waitFor(20*time.Second, func() bool { return e.metric(metricFailures+tc.kind) > before }) {
+		if !proctest.WaitFor(20*time.Second, func() bool { return e.metric(metricFailures+tc.kind) > before }) {
 			t.Fatalf("%s: no %s failure counted within 20s", tc.name, tc.kind)
 		}
 		for i := range workers {

@@ -1,0 +1,16 @@
+// Package proctest is the test support shared by the end-to-end suites
+// (testenv/e2e, testenv/synctest): free loopback ports, polling with a
+// deadline, child processes the test can kill and start again, a private
+// redis-server, and building the binaries once in TestMain.
+//
+// Only tests import it, and it uses the standard library only. Helpers
+// that take a testing.TB fail the test (t.Fatal) when what they set up
+// does not come up; the others return an error or report a bool. Child
+// processes run in their own process group and are killed with SIGKILL,
+// so the package needs a Unix system.
+//
+// # Errors
+//
+//   - ErrNoRedis: redis-server is not on PATH (LookRedis). Suites decide
+//     whether that skips or fails a test.
+package proctest
