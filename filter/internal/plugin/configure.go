@@ -162,8 +162,12 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		needTenant:   len(c.Policy.Exempt.Tenants) > 0,
 	}
 	names := map[string]bool{}
+	// Every header a rule names is read as a header, pseudo-headers
+	// included: req.Method and req.Path (needMethod, needPath) serve the
+	// "method"/"path" key parts and path/method matches, not req.Header,
+	// which header conditions and "header:<name>" key parts use.
 	add := func(n string) {
-		if n != "" && n != ":method" && n != ":path" && !names[n] {
+		if n != "" && !names[n] {
 			names[n] = true
 			ps.headerNames = append(ps.headerNames, n)
 		}
