@@ -134,6 +134,15 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			}
 			next.Version = rec.Version + 1
 			ch.Doc = rules.EncodePolicy(next)
+			if len(ch.Doc) > rules.MaxPolicyBytes {
+				// Rules added one by one can outgrow what ParsePolicy (the
+				// filter's and every later write's) accepts.
+				e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
+				e.details = []Detail{{Field: "", Message: "the resulting policy would be " + strconv.Itoa(len(ch.Doc)) +
+					" bytes, more than the maximum of " + strconv.Itoa(rules.MaxPolicyBytes)}}
+				e.write(w)
+				return
+			}
 		}
 		ctx, cancel = context.WithTimeout(r.Context(), s.o.StoreTimeout)
 		nrec, err := s.o.Store.Commit(ctx, ch)
