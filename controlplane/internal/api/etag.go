@@ -18,7 +18,8 @@ type condition struct {
 }
 
 // parseCondition parses a comma-separated list of entity tags or "*". An
-// unparseable member makes ok false.
+// unparseable member makes ok false. An opaque tag may itself hold commas
+// (RFC 9110 §8.8.3: etagc), so the list is scanned tag by tag.
 func parseCondition(h http.Header, name string) (c condition, ok bool) {
 	values := h.Values(name)
 	if len(values) == 0 {
@@ -26,22 +27,28 @@ func parseCondition(h http.Header, name string) (c condition, ok bool) {
 	}
 	c.present = true
 	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			part = strings.TrimSpace(part)
-			switch {
-			case part == "":
-				continue
-			case part == "*":
+		for v = strings.TrimLeft(v, " \t,"); v != ""; v = strings.TrimLeft(v, " \t,") {
+			if v[0] == '*' {
 				c.any = true
-				continue
+				v = v[1:]
+			} else {
+				weak := strings.HasPrefix(v, "W/")
+				v = strings.TrimPrefix(v, "W/")
+				if v == "" || v[0] != '"' {
+					return c, false
+				}
+				end := strings.IndexByte(v[1:], '"')
+				if end < 0 {
+					return c, false
+				}
+				c.tags = append(c.tags, v[:end+2])
+				c.weak = append(c.weak, weak)
+				v = v[end+2:]
 			}
-			weak := strings.HasPrefix(part, "W/")
-			part = strings.TrimPrefix(part, "W/")
-			if len(part) < 2 || part[0] != '"' || part[len(part)-1] != '"' || strings.Contains(part[1:len(part)-1], `"`) {
+			// A member ends at a comma or the end of the field.
+			if v = strings.TrimLeft(v, " \t"); v != "" && v[0] != ',' {
 				return c, false
 			}
-			c.tags = append(c.tags, part)
-			c.weak = append(c.weak, weak)
 		}
 	}
 	if !c.any && len(c.tags) == 0 {
