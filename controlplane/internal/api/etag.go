@@ -90,3 +90,18 @@ func (c condition) matchWeak(exists bool, version uint64) bool {
 	}
 	return false
 }
+
+// namesOlder reports whether one of the tags is a version of ours older than
+// version ("v3" when version is 4), weak or strong.
+func (c condition) namesOlder(version uint64) bool {
+	for _, tag := range c.tags {
+		opaque := tag[1 : len(tag)-1]
+		if !strings.HasPrefix(opaque, "v") {
+			continue
+		}
+		if n, err := strconv.ParseUint(opaque[1:], 10, 64); err == nil && n < version {
+			return true
+		}
+	}
+	return false
+}

@@ -85,10 +85,12 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, _ role) {
 	}
 	// settled reports whether rec answers the request without waiting: it
 	// exists and differs from what the client has, or it was deleted while
-	// the request waited. (A policy that does not exist is waited for.)
+	// the request waited or after the version the client has. (A policy that
+	// does not exist is otherwise waited for.)
 	existed := rec.Exists()
 	settled := func(rec store.Record) bool {
-		return rec.Exists() && !inm.matchWeak(true, rec.Version) || existed && !rec.Exists()
+		return rec.Exists() && !inm.matchWeak(true, rec.Version) ||
+			!rec.Exists() && (existed || inm.namesOlder(rec.Version))
 	}
 	if wait > 0 && !settled(rec) {
 		rec = s.longPoll(r.Context(), name, wait, settled)
