@@ -129,8 +129,16 @@ func (p *pluginContext) readRequest(ps *policyState) *rules.Request {
 		path, _ := proxywasm.GetHttpRequestHeader(headerPath)
 		req.Path = rules.PathOnly(path)
 	}
+	// The whole map can fail to decode (pairs.DecodeString refuses more
+	// than 1024 pairs or 1 MiB, limits Envoy applies only to maps from the
+	// guest): a client sending that many headers then gets the same
+	// one-at-a-time reads, not a request without headers.
+	var all [][2]string
+	var err error
 	if ps.allHeaders {
-		all, _ := proxywasm.GetHttpRequestHeaders()
+		all, err = proxywasm.GetHttpRequestHeaders()
+	}
+	if ps.allHeaders && err == nil {
 		for _, kv := range all {
 			req.Headers = append(req.Headers, rules.Header{Name: kv[0], Value: kv[1]})
 		}
