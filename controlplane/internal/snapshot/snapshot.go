@@ -16,6 +16,7 @@ package snapshot
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sort"
 	"sync"
@@ -131,6 +132,9 @@ func (s *Snapshot) Resync(ctx context.Context) error {
 }
 
 func (s *Snapshot) fail(err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the caller gave up (client gone, shutdown): nothing about the store
+	}
 	s.errors.Add(1)
 	if s.healthy.Swap(false) {
 		s.log.Error("snapshot: store unreachable; serving the last snapshot", "err", err)

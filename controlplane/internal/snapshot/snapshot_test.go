@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -96,5 +97,35 @@ func TestUnhealthyWhenStoreFails(t *testing.T) {
 	st.Close()
 	if err := s.Resync(context.Background()); err == nil || s.Healthy() || s.StoreErrors() == 0 {
 		t.Fatalf("Resync on a closed store: %v healthy %v errors %d", err, s.Healthy(), s.StoreErrors())
+	}
+}
+
+// ctxStore is a store whose Get honours its context, as the Redis store does.
+type ctxStore struct{ store.Store }
+
+func (c ctxStore) Get(ctx context.Context, name string) (store.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Record{}, err
+	}
+	return c.Store.Get(ctx, name)
+}
+
+// TestCanceledRequestKeepsHealthy: a store call cut short because the
+// client went away (context canceled) says nothing about the store, so it
+// must not turn readiness false or count as a store error.
+func TestCanceledRequestKeepsHealthy(t *testing.T) {
+	_, st := newSnap(t)
+	s := New(Options{Store: ctxStore{st}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := s.Resync(context.Background()); err != nil || !s.Healthy() {
+		t.Fatalf("Resync: %v healthy %v", err, s.Healthy())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Load(ctx, "p"); err == nil {
+		t.Fatal("Load with a canceled context succeeded")
+	}
+	s.ReportError(fmt.Errorf("redisstore: commit p: %w", context.Canceled))
+	if !s.Healthy() || s.StoreErrors() != 0 {
+		t.Fatalf("after canceled calls: healthy %v, store errors %d", s.Healthy(), s.StoreErrors())
 	}
 }
