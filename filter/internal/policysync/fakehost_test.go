@@ -78,6 +78,9 @@ type fakeHost struct {
 	metrics map[string]uint64
 	// dispatchErr, if set, is returned by DispatchHttpCall.
 	dispatchErr error
+	// setErr, if set, is consulted before every SetSharedData; a non-nil
+	// result is returned instead of writing.
+	setErr func(key string) error
 }
 
 type response struct {
@@ -91,6 +94,11 @@ func newFakeHost(t testing.TB, st *store) *fakeHost {
 
 func (h *fakeHost) GetSharedData(key string) ([]byte, uint32, error) { return h.st.get(key) }
 func (h *fakeHost) SetSharedData(key string, v []byte, cas uint32) error {
+	if h.setErr != nil {
+		if err := h.setErr(key); err != nil {
+			return err
+		}
+	}
 	return h.st.set(key, v, cas)
 }
 

@@ -411,6 +411,7 @@ func (s *Syncer) on200(now int64, bodySize int) {
 		s.fail(now, FailInvalidPolicy, "invalid policy (etag "+clip(etag)+"), keeping version "+u64(s.appliedVersion)+": "+err.Error())
 		return
 	}
+	prevETag := s.etag
 	s.etag = etag
 	published, gen, ok := s.publish(body, c.Version, etag)
 	switch {
@@ -427,6 +428,9 @@ func (s *Syncer) on200(now int64, bodySize int) {
 		}
 		defer s.pollAgain(now, false)
 	default:
+		// Not published: fetch it again after the backoff, rather than
+		// have the control plane answer 304 to its ETag.
+		s.etag = prevETag
 		s.fail(now, FailReset, "could not publish version "+u64(c.Version)+": shared data changed meanwhile")
 		return
 	}

@@ -698,3 +698,35 @@ func TestEarlyNoChangeAnswersSpaced(t *testing.T) {
 		t.Errorf("%d calls after a quick change, want 4", len(w.h.calls))
 	}
 }
+
+// TestFailedPublishRefetched: a 200 whose policy could not be published
+// (the meta's compare-and-swap kept failing) must be fetched again after
+// the backoff, not answered 304 because its ETag was already sent as
+// If-None-Match.
+func TestFailedPublishRefetched(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	e.tick()
+	w := e.ws[0]
+	w.h.respond(w.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+	w.h.setErr = func(key string) error {
+		if key == MetaKey("default") {
+			return proxywasm.ErrCasMismatch
+		}
+		return nil
+	}
+	w.h.respond(w.h.lastCall(), "200", etag(2), policyDoc(2, 10))
+	w.h.setErr = nil
+	if w.version() != 1 {
+		t.Fatalf("version %d applied although publishing failed", w.version())
+	}
+	n := len(w.h.calls)
+	for i := 0; i < 100 && len(w.h.calls) == n; i++ {
+		e.tick()
+	}
+	if len(w.h.calls) == n {
+		t.Fatal("no poll after the failed publication")
+	}
+	if got := w.h.lastCall().header("if-none-match"); got == `"v2"` {
+		t.Fatalf("the retry sent If-None-Match %s: the control plane answers 304 and version 2 is never published", got)
+	}
+}
