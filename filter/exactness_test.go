@@ -151,3 +151,25 @@ func TestCASExhaustionFailsOpenAccountably(t *testing.T) {
 	}
 	t.Logf("admitted %d, failed open after CAS exhaustion %d", admitted.Load(), exhausted.Load())
 }
+
+// TestBucketKeysExistBeforeRequests: every counter key of the static
+// policy exists once the plugin is configured, so no request ever writes an
+// absent key. A write to an absent key succeeds whatever its cas (Envoy
+// cannot create a key atomically), so two workers that both found a bucket
+// absent would both win and one charge would be lost.
+func TestBucketKeysExistBeforeRequests(t *testing.T) {
+	buildWasm(t)
+	const buckets = 8
+	pol := `{"policy":"p","rules":[
+	  {"id":"a","key":["client_ip"],"algorithm":"concurrency","limit":2},
+	  {"id":"b","algorithm":"fixed_window","limit":5,"window":"1m"}]}`
+	e := newEnv(t, `{"tick":"1m","buckets_per_rule":`+strconv.Itoa(buckets)+`,"policy":`+pol+`}`, 2)
+	for _, rule := range []string{"a", "b"} {
+		for n := 0; n < buckets; n++ {
+			key := "sluice/p/" + rule + "/" + strconv.Itoa(n)
+			if _, _, ok := e.h.SharedData(key); !ok {
+				t.Errorf("shared data %s absent after configure", key)
+			}
+		}
+	}
+}

@@ -81,6 +81,9 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 			proxywasm.LogError("sluice: invalid plugin configuration: " + err.Error())
 			return types.OnPluginStartStatusFailed
 		}
+		if err := p.createBuckets(cfg.Policy); err != nil {
+			proxywasm.LogWarn("sluice: creating the static policy's counters: " + err.Error())
+		}
 	} else {
 		proxywasm.LogInfo("sluice: no static policy; fail_mode " + cfg.FailMode.String() + " until one arrives")
 	}
@@ -172,7 +175,6 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 			ps.headerNames = append(ps.headerNames, n)
 		}
 	}
-	prefix := "sluice/" + c.Name + "/"
 	for i := range ps.rules {
 		cr := c.Rule(i)
 		layout, _ := table.New(cr.Limiter, p.cfg.EntriesPerBucket) // checked by CheckPolicy
@@ -180,7 +182,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		rs.index, rs.cr, rs.layout = i, cr, layout
 		rs.keys = make([]string, p.cfg.BucketsPerRule)
 		for n := range rs.keys {
-			rs.keys[n] = prefix + cr.ID + "/" + strconv.Itoa(n)
+			rs.keys[n] = bucketKey(c.Name, cr.ID, n)
 		}
 		rs.m = p.ruleMetrics(cr.ID)
 		switch cr.Config.Algorithm {

@@ -21,6 +21,7 @@ func (p *pluginContext) startSync() error {
 		Wait: cp.Wait, Timeout: cp.Timeout, Tick: p.cfg.Tick, Lease: cp.Lease,
 		Compile: rules.CompileOptions{Env: p.cfg.Env},
 		Check:   func(c *rules.Compiled) error { return p.cfg.CheckPolicy(c, "policy") },
+		Prepare: p.createBuckets,
 		Apply:   p.swapPolicy,
 	})
 	if err != nil {

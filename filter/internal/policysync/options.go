@@ -67,6 +67,12 @@ type Options struct {
 	// its rules fit the plugin's counter layout); a policy it refuses is
 	// rejected like an invalid one, and never published.
 	Check func(*rules.Compiled) error
+	// Prepare, if set, runs on the lease holder after Check and before the
+	// policy is published, so it is done before any worker can apply the
+	// policy (the plugin creates the policy's shared-data counter keys
+	// there). An error leaves the policy unpublished; it is fetched again
+	// after the backoff.
+	Prepare func(*rules.Compiled) error
 	// Apply installs a newly compiled policy; it runs between requests
 	// (from a tick, a request's check, or the poll's response) and must
 	// swap atomically. An error leaves the previous policy in use; the

@@ -411,6 +411,12 @@ func (s *Syncer) on200(now int64, bodySize int) {
 		s.fail(now, FailInvalidPolicy, "invalid policy (etag "+clip(etag)+"), keeping version "+u64(s.appliedVersion)+": "+err.Error())
 		return
 	}
+	if s.o.Prepare != nil {
+		if err := s.o.Prepare(c); err != nil {
+			s.fail(now, FailReset, "preparing version "+u64(c.Version)+": "+err.Error())
+			return
+		}
+	}
 	prevETag := s.etag
 	s.etag = etag
 	published, gen, ok := s.publish(body, c.Version, etag)

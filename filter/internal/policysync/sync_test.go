@@ -2,6 +2,7 @@ package policysync
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -728,5 +729,68 @@ func TestFailedPublishRefetched(t *testing.T) {
 	}
 	if got := w.h.lastCall().header("if-none-match"); got == `"v2"` {
 		t.Fatalf("the retry sent If-None-Match %s: the control plane answers 304 and version 2 is never published", got)
+	}
+}
+
+// TestPrepareRunsBeforePublish: the holder runs Prepare on a new policy
+// before its meta is published (so the plugin's counter keys exist before
+// any worker applies it), and a Prepare error leaves it unpublished and
+// fetched again after the backoff.
+func TestPrepareRunsBeforePublish(t *testing.T) {
+	var e *env
+	var prepared []uint64
+	fail := false
+	e = newEnv(t, 2, func(o *Options) {
+		o.Prepare = func(c *rules.Compiled) error {
+			if val, _, err := e.ws[0].h.GetSharedData(MetaKey("default")); err == nil {
+				if m, ok := DecodeMeta(val); ok && m.Version >= c.Version {
+					t.Errorf("Prepare(version %d) ran after version %d was published", c.Version, m.Version)
+				}
+			}
+			for _, w := range e.ws {
+				if w.version() >= c.Version {
+					t.Errorf("Prepare(version %d) ran after a worker applied it", c.Version)
+				}
+			}
+			prepared = append(prepared, c.Version)
+			if fail {
+				return errors.New("shared data unavailable")
+			}
+			return nil
+		}
+	})
+	e.tick()
+	w := e.ws[0]
+	if !w.s.Holding() {
+		w = e.ws[1]
+	}
+	w.h.respond(w.h.lastCall(), "200", etag(1), policyDoc(1, 10))
+	e.tick()
+	for i, x := range e.ws {
+		if x.version() != 1 {
+			t.Fatalf("worker %d: version %d, want 1", i, x.version())
+		}
+	}
+	fail = true
+	w.h.respond(w.h.lastCall(), "200", etag(2), policyDoc(2, 10))
+	fail = false
+	n := len(w.h.calls)
+	e.tick()
+	for i, x := range e.ws {
+		if x.version() != 1 {
+			t.Fatalf("worker %d: version %d applied although Prepare failed", i, x.version())
+		}
+	}
+	for i := 0; i < 100 && len(w.h.calls) == n; i++ {
+		e.tick()
+	}
+	if len(w.h.calls) == n {
+		t.Fatal("no poll after the failed Prepare")
+	}
+	if got := w.h.lastCall().header("if-none-match"); got == `"v2"` {
+		t.Fatalf("the retry sent If-None-Match %s: version 2 would never be published", got)
+	}
+	if fmt.Sprint(prepared) != "[1 2]" {
+		t.Fatalf("Prepare ran for versions %v, want [1 2]", prepared)
 	}
 }
