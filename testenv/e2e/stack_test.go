@@ -16,6 +16,9 @@ import (
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
+// workers is the number of worker VMs the dev proxy runs.
+const workers = 2
+
 const (
 	adminToken = "e2e-admin-token"
 	readToken  = "e2e-read-token"
@@ -39,6 +42,12 @@ func startStack(t *testing.T, withRedis bool) *stack {
 	s := &stack{t: t, cpAddr: proctest.FreeAddr(t), proxyAddr: proctest.FreeAddr(t)}
 	dir := t.TempDir()
 	s.accessLog = filepath.Join(dir, "access.log")
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(s.accessLog)
+			t.Logf("access log:\n%s", b)
+		}
+	})
 	cpArgs := []string{"--listen", s.cpAddr, "--log-level", "warn", "--resync-interval", "200ms"}
 	if withRedis {
 		s.redisAddr, s.redisDir = proctest.FreeAddr(t), t.TempDir()
@@ -54,7 +63,7 @@ func startStack(t *testing.T, withRedis bool) *stack {
 	s.echo = startProc(t, "upstream", filepath.Join(binDir, "sluice-echo"), []string{"--listen", up}, nil)
 	s.dp = startProc(t, "dev proxy", filepath.Join(binDir, "sluice-devproxy"), []string{
 		"--config", "envoy/envoy.yaml", "--wasm", filepath.Join(binDir, "sluice.wasm"), "--listen", s.proxyAddr,
-		"--upstream", up, "--cluster", "control_plane=" + s.cpAddr, "--access-log", s.accessLog, "--workers", "2",
+		"--upstream", up, "--cluster", "control_plane=" + s.cpAddr, "--access-log", s.accessLog, "--workers", strconv.Itoa(workers),
 		"--log-level", "warn"}, append(tokens, "SLUICE_ENV=e2e"))
 	proctest.AwaitHTTP(t, "http://"+up+"/", readyTimeout, s.echo)
 	proctest.AwaitListening(t, s.proxyAddr, listenTimeout, s.dp)
@@ -164,20 +173,32 @@ func (s *stack) logOf(id string) map[string]any {
 }
 
 // awaitVersion sends probes (a path no demo rule matches) until the
-// filter reports policy version v; it returns how long that took.
+// filter reports policy version v on every worker; it returns how long that
+// took. The dev proxy spreads requests round robin, and a worker may trail
+// a publication by up to policysync.RequestCheckInterval (or a tick), so
+// one probe under v proves only its own worker: it takes 2×workers
+// consecutive probes under v.
 func (s *stack) awaitVersion(v uint64) time.Duration {
 	s.t.Helper()
 	start := time.Now()
 	want := strconv.FormatUint(v, 10)
-	n := 0
+	n, run := 0, 0
 	ok := proctest.WaitFor(30*time.Second, func() bool {
-		n++
-		id := fmt.Sprintf("probe-%d-%d", v, n)
-		s.get("GET", "/e2e/probe", "X-Request-Id", id)
-		return s.logOf(id)["rate_limit_policy_version"] == want
+		for {
+			n++
+			id := fmt.Sprintf("probe-%d-%d", v, n)
+			s.get("GET", "/e2e/probe", "X-Request-Id", id)
+			if s.logOf(id)["rate_limit_policy_version"] != want {
+				run = 0
+				return false
+			}
+			if run++; run >= 2*workers {
+				return true
+			}
+		}
 	})
 	if !ok {
-		s.t.Fatalf("the filter did not use policy version %d within 30s\n%s", v, s.dp.Output())
+		s.t.Fatalf("the filter did not use policy version %d on every worker within 30s\n%s", v, s.dp.Output())
 	}
 	return time.Since(start)
 }

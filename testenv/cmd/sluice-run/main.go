@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -154,7 +155,11 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 		return fmt.Errorf("demo upstream not ready: %w", err)
 	}
 	step("waiting for the filter to pull policy version %d", version)
-	if err := waitPolicy(ctx, proxy, accessLog, version, 30*time.Second, sup); err != nil {
+	workers, err := strconv.Atoi(s.workers)
+	if err != nil || workers < 1 {
+		return fmt.Errorf("WORKERS=%q: want a positive number", s.workers)
+	}
+	if err := waitPolicy(ctx, proxy, accessLog, version, workers, 30*time.Second, sup); err != nil {
 		return fmt.Errorf("the dev proxy does not enforce the policy: %w (see %s/devproxy.log)", err, s.runDir)
 	}
 	printTry(s, cp, proxy, up, accessLog, store)
@@ -209,20 +214,27 @@ func waitHTTP(ctx context.Context, url string, limit time.Duration, sup *supervi
 	}
 }
 
-// waitPolicy sends readiness probes through the proxy (to a path no demo
-// rule matches) until the access log shows the filter using version.
-func waitPolicy(ctx context.Context, proxy, accessLog string, version uint64, limit time.Duration, sup *supervisor) error {
+// waitPolicy probes the dev proxy until policy version is in use on every
+// worker. The dev proxy spreads requests round robin and a worker may trail
+// a publication by one tick, so it takes 2×workers consecutive probes that
+// the access log shows under version.
+func waitPolicy(ctx context.Context, proxy, accessLog string, version uint64, workers int, limit time.Duration, sup *supervisor) error {
 	deadline := time.Now().Add(limit)
 	want := fmt.Sprintf(`"rate_limit_policy_version":"%d"`, version)
+	run := 0
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+proxy+"/sluice-run/ready", nil)
 		req.Header.Set("User-Agent", "sluice-run readiness probe")
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 			if b, err := os.ReadFile(accessLog); err == nil && bytes.Contains(lastLine(b), []byte(want)) {
-				return nil
+				if run++; run >= 2*workers {
+					return nil
+				}
+				continue
 			}
 		}
+		run = 0
 		if time.Now().After(deadline) {
 			return fmt.Errorf("policy version %d not in use after %s", version, limit)
 		}
