@@ -24,10 +24,14 @@ import (
 // State layout (8·Limit bytes, little-endian):
 //
 //	[8j:8j+8]  expiry  int64  Unix ns at which slot j's lease ends; the slot is held
-//	                          iff now < expiry <= now+Lease (0 = free)
+//	                          iff now < expiry <= now+2·Lease (0 = free)
 //
-// An expiry more than one Lease ahead of now cannot have been written by this limiter
-// and reads as a free slot.
+// A slot is written with expiry now+Lease, but by whichever worker committed it, and
+// workers' clock readings are not ordered like their commits: a worker that read the
+// clock before another but commits after it sees that worker's fresh slot up to a
+// little more than one Lease ahead. So an expiry up to 2·Lease ahead is trusted (else
+// that worker would zero a held slot and admit one request too many); only one further
+// ahead cannot have been written by this limiter, and reads as a free slot.
 type concurrency struct {
 	base
 	limit uint64
@@ -42,7 +46,9 @@ func newConcurrency(c Config) *concurrency {
 // StateSize is 8·Limit bytes.
 func (c *concurrency) StateSize() int { return c.size }
 
-func (c *concurrency) held(e, now int64) bool { return e > now && e-now <= c.lease }
+// held reports whether a slot with expiry e is held at now (see the layout: up to two
+// leases ahead is trusted).
+func (c *concurrency) held(e, now int64) bool { return e > now && uint64(e-now) <= 2*uint64(c.lease) }
 
 // load copies state into next with every slot not held at now zeroed, and returns the
 // number of held slots and the earliest and latest expiry among them.
@@ -56,7 +62,7 @@ func (c *concurrency) load(state, next []byte, now int64) (held uint64, earliest
 	earliest = 1<<63 - 1
 	for b := next; len(b) >= 8; b = b[8:] {
 		e := int64(binary.LittleEndian.Uint64(b))
-		if e > now && e-now <= c.lease {
+		if c.held(e, now) {
 			held++
 			latest = max(latest, e)
 			earliest = min(earliest, e)
