@@ -173,3 +173,42 @@ func TestBucketKeysExistBeforeRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrencyExactAcrossWorkers: workers racing to acquire slots of one
+// concurrency key admit exactly the limit, round after round (every stream
+// released between rounds).
+func TestConcurrencyExactAcrossWorkers(t *testing.T) {
+	buildWasm(t)
+	const workers, perWorker, limit, rounds = 4, 3, 5, 20
+	pol := `{"policy":"p","identity":{"user_header":"x-user-id"},"rules":[
+	  {"id":"inflight","key":["user"],"algorithm":"concurrency","limit":` + strconv.Itoa(limit) + `,"lease":"1h"}]}`
+	e := newEnv(t, `{"tick":"1m","cas_retries":1000,"policy":`+pol+`}`, workers)
+	for round := 0; round < rounds; round++ {
+		var mu sync.Mutex
+		var open []*host.Stream
+		admitted := 0
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(w int) {
+				defer wg.Done()
+				for i := 0; i < perWorker; i++ {
+					s, st := e.openStream(w, "/", "u")
+					mu.Lock()
+					open = append(open, s)
+					if st == host.Continue {
+						admitted++
+					}
+					mu.Unlock()
+				}
+			}(w)
+		}
+		wg.Wait()
+		if admitted != limit {
+			t.Fatalf("round %d: %d of %d requests in flight admitted, want exactly %d", round, admitted, workers*perWorker, limit)
+		}
+		for _, s := range open {
+			e.finish(s, false)
+		}
+	}
+}
