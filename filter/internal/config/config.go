@@ -218,21 +218,11 @@ func Default() Config {
 // ErrInvalid is matched by errors.Is for every Errors value.
 var ErrInvalid = errors.New("config: invalid plugin configuration")
 
-// FieldError is one problem in the configuration.
-type FieldError struct {
-	// Field is the JSON path, e.g. "control_plane.wait"; "" is the document.
-	Field string
-	// Message says what is wrong.
-	Message string
-}
-
-// Error returns "field: message", or the message alone when Field is "".
-func (e FieldError) Error() string {
-	if e.Field == "" {
-		return e.Message
-	}
-	return e.Field + ": " + e.Message
-}
+// FieldError is one problem in the configuration: Field is its JSON path
+// (e.g. "control_plane.wait"; "" is the document), Message what is wrong,
+// and Error() is "field: message". It is the policy schema's type, so a
+// configuration and the policy embedded in it report problems alike.
+type FieldError = rules.FieldError
 
 // Errors is every problem found in a configuration, in document order.
 type Errors []FieldError
@@ -370,7 +360,9 @@ type parser struct {
 	errs Errors
 }
 
-func (p *parser) fail(field, msg string) { p.errs = append(p.errs, FieldError{field, msg}) }
+func (p *parser) fail(field, msg string) {
+	p.errs = append(p.errs, FieldError{Field: field, Message: msg})
+}
 
 func (p *parser) str() string {
 	if p.d.Null() {
