@@ -314,12 +314,18 @@ func hostGetHeaderMapPairs(v *vm, s []uint64) status {
 	return v.copyOut(pairs.Encode(*m), uint32(s[1]), uint32(s[2]))
 }
 
-func hostSetHeaderMapPairs(v *vm, s []uint64) status {
-	t := uint32(s[0])
+// writableHeaderMap is the header map t for a set, add, replace or remove,
+// or nil (BAD_ARGUMENT) if t is unknown or an HTTP-call response map,
+// which the guest may only read.
+func (v *vm) writableHeaderMap(t uint32) *Headers {
 	if t == mapCallResponseHeaders || t == mapCallResponseTrailers {
-		return statusBadArgument
+		return nil
 	}
-	m := v.headerMap(t)
+	return v.headerMap(t)
+}
+
+func hostSetHeaderMapPairs(v *vm, s []uint64) status {
+	m := v.writableHeaderMap(uint32(s[0]))
 	if m == nil {
 		return statusBadArgument
 	}
@@ -362,11 +368,7 @@ func hostGetHeaderMapValue(v *vm, s []uint64) status {
 }
 
 func hostModifyHeader(v *vm, s []uint64, op string) status {
-	t := uint32(s[0])
-	if t == mapCallResponseHeaders || t == mapCallResponseTrailers {
-		return statusBadArgument
-	}
-	m := v.headerMap(t)
+	m := v.writableHeaderMap(uint32(s[0]))
 	if m == nil {
 		return statusBadArgument
 	}
