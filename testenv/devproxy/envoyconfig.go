@@ -316,10 +316,12 @@ func (c *EnvoyConfig) hcm(h *hcmv3.HttpConnectionManager) error {
 func (c *EnvoyConfig) wasm(pc *wasmv3.PluginConfig) error {
 	p := wasmName
 	vm := pc.GetVmConfig()
+	//lint:ignore SA1019 Envoy still honours the deprecated fail_open when failure_policy is unset, so the dev proxy does too.
+	failOpen := pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN || pc.GetFailOpen()
 	f := &WasmFilter{Name: pc.GetName(), RootID: pc.GetRootId(), VMID: vm.GetVmId(),
 		WasmFile: vm.GetCode().GetLocal().GetFilename(),
 		Env:      vm.GetEnvironmentVariables().GetKeyValues(),
-		FailOpen: pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN || pc.GetFailOpen()}
+		FailOpen: failOpen}
 	var err error
 	if f.PluginConfig, err = anyBytes(pc.GetConfiguration()); err != nil {
 		return fmt.Errorf("%w: %s configuration: %v", ErrEnvoyConfig, p, err)
@@ -370,6 +372,7 @@ func (c *EnvoyConfig) accessLog(name string, tc *anypb.Any) error {
 	}
 	switch v := m.(type) {
 	case *filev3.FileAccessLog:
+		//lint:ignore SA1019 Envoy still reads the deprecated json_format of file access logs, so the dev proxy does too.
 		path, format, legacy = v.GetPath(), v.GetLogFormat(), v.GetJsonFormat()
 		ignoreRest(&c.Ignored, p+".", v, "path", "log_format", "json_format")
 	case *streamv3.StdoutAccessLog:

@@ -16,11 +16,6 @@ import (
 // promptly; it only turns a hang into a failure, it asserts no timing.
 const guard = 15 * time.Second
 
-type result struct {
-	resp *apitest.Response
-	err  error
-}
-
 // poll starts a long poll and returns its eventual response.
 func poll(c *apitest.Client, path string, headers ...string) <-chan *apitest.Response {
 	ch := make(chan *apitest.Response, 1)
