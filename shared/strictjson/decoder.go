@@ -497,6 +497,26 @@ func (d *Decoder) Skip() error {
 	return d.stop
 }
 
+// Raw reads the next value, checking it as [Decoder.Skip] does, and returns its bytes
+// exactly as they stand in the document, without the white space around them (the
+// role of encoding/json's RawMessage). The slice aliases the decoder's input and has
+// no spare capacity, so appending to it never writes into the document. On an error
+// it returns nil and the error that stopped decoding.
+//
+// Raw hands a member to a decoder of its own, for example an embedded document that
+// another package parses with its own limits and error paths.
+func (d *Decoder) Raw() ([]byte, error) {
+	if d.stop != nil {
+		return nil, d.stop
+	}
+	d.skipWS()
+	start := d.pos
+	if err := d.Skip(); err != nil {
+		return nil, err
+	}
+	return d.data[start:d.pos:d.pos], nil
+}
+
 // ---- internals ----
 
 func (d *Decoder) lit(word string) error {

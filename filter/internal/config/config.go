@@ -253,10 +253,7 @@ func Parse(doc []byte) (Config, error) {
 	c := Default()
 	p := parser{d: strictjson.NewDecoder(doc, strictjson.Limits{MaxBytes: MaxBytes, MaxDepth: rules.MaxDepth + 1})}
 	var policyDoc []byte
-	member := 0
 	_ = p.d.Object(func(key string) error {
-		idx := member
-		member++
 		switch key {
 		case "env":
 			c.Env = p.str()
@@ -268,13 +265,11 @@ func Parse(doc []byte) (Config, error) {
 				p.d.Fail("must be an object")
 				return p.d.Skip()
 			}
-			if err := p.d.Skip(); err != nil {
+			raw, err := p.d.Raw()
+			if err != nil {
 				return err
 			}
-			policyDoc = memberValue(doc, idx)
-			if policyDoc == nil {
-				p.d.Fail("cannot locate the policy object")
-			}
+			policyDoc = raw
 		case "control_plane":
 			return p.controlPlane(&c.ControlPlane)
 		case "tick":

@@ -126,18 +126,6 @@ func TestParseReportsEveryProblem(t *testing.T) {
 	}
 }
 
-func TestMemberValue(t *testing.T) {
-	doc := []byte(` { "a" : 1 , "b\"}" : {"x":[1,{"y":"]}"}]} ,"c":"s","d":true}`)
-	for i, want := range []string{"1", `{"x":[1,{"y":"]}"}]}`, `"s"`, "true", ""} {
-		if got := string(memberValue(doc, i)); got != want {
-			t.Errorf("member %d = %q, want %q", i, got, want)
-		}
-	}
-	for _, bad := range []string{"", "[", `{"a"`, `{"a":`, `{"a":{`} {
-		_ = memberValue([]byte(bad), 0) // must not panic
-	}
-}
-
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"env":"prod","policy":{"policy":"p","rules":[{"id":"r","algorithm":"gcra","limit":1,"window":"1s"}]},"tick":"1s"}`))
 	f.Add([]byte(`{"control_plane":{"cluster":"c"}}`))
