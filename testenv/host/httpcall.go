@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
 )
 
 // calloutResult is what proxy_on_http_call_response may read: map 6, map
@@ -29,9 +28,9 @@ func hostHTTPCall(v *vm, s []uint64) status {
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return statusInvalidMemoryAccess
 	}
-	hdrs, err1 := pairs.Decode(hraw)
-	trls, err2 := pairs.Decode(traw)
-	if err1 != nil || err2 != nil {
+	hdrs, ok5 := decodePairs(hraw)
+	trls, ok6 := decodePairs(traw)
+	if !ok5 || !ok6 {
 		return statusBadArgument
 	}
 	body = append([]byte(nil), body...)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 
-	"github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 )
@@ -311,7 +310,7 @@ func hostGetHeaderMapPairs(v *vm, s []uint64) status {
 		// CPPHOST get_header_map_pairs: an empty map is ptr 0, size 0.
 		return v.copyOut(nil, uint32(s[1]), uint32(s[2]))
 	}
-	return v.copyOut(pairs.Encode(*m), uint32(s[1]), uint32(s[2]))
+	return v.copyOut(encodePairs(*m), uint32(s[1]), uint32(s[2]))
 }
 
 // writableHeaderMap is the header map t for a set, add, replace or remove,
@@ -333,8 +332,8 @@ func hostSetHeaderMapPairs(v *vm, s []uint64) status {
 	if !ok {
 		return statusInvalidMemoryAccess
 	}
-	ps, err := pairs.Decode(raw)
-	if err != nil {
+	ps, ok := decodePairs(raw)
+	if !ok {
 		// CPPHOST PairsUtil::toPairs: bad input is treated as an empty map.
 		ps = nil
 	}
@@ -441,8 +440,8 @@ func hostSendLocalResponse(v *vm, s []uint64) status {
 		return statusInvalidMemoryAccess
 	}
 	body = append([]byte(nil), body...)
-	ps, err := pairs.Decode(hraw)
-	if err != nil {
+	ps, ok := decodePairs(hraw)
+	if !ok {
 		ps = nil
 	}
 	st := v.effectiveStream()

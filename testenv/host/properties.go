@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
 )
 
 // property resolves a proxy_get_property path as Envoy does
@@ -169,7 +168,7 @@ func headerAttr(h Headers, rest []string) ([]byte, bool, bool) {
 			idx[kv[0]] = len(joined)
 			joined = append(joined, kv)
 		}
-		return pairs.Encode(joined), true, true
+		return encodePairs(joined), true, true
 	}
 	vals := h.Values(strings.ToLower(rest[0]))
 	if len(vals) == 0 {
