@@ -48,7 +48,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// seedFields are the access-log fields of the seeds (issue 7).
+// seedFields are the fields every access-log line carries (the README's
+// "Access log" section).
 var seedFields = []string{"timestamp", "env", "trace_id", "request_id", "user_id", "tenant_id", "method", "path",
 	"query", "status_code", "response_time_ms", "client_ip", "user_agent", "rate_limited",
 	"rate_limit_rule", "rate_limit_key", "rate_limit_limit", "rate_limit_remaining", "rate_limit_reset",

@@ -13,7 +13,8 @@ import (
 // forbiddenImports may not appear in the wasip1 import graph of filter/...
 // and shared/...: importing os initialises Go's runtime poller, which
 // crashes on Envoy releases whose WASI poll_oneoff answers ENOSYS
-// (DESIGN.md §2; golang/go#78513). The others import os.
+// (golang/go#78513; docs/ENVOY.md, WASI and the poll_oneoff crash). The
+// others import os.
 var forbiddenImports = []string{"os", "fmt", "log", "log/slog", "encoding/json"}
 
 type listedPackage struct {

@@ -34,7 +34,8 @@ func n32(n int) []api.ValueType {
 }
 
 // wantExports are the module's function exports with their proxy-wasm ABI
-// v0.2.1 signatures (PROXYWASM-ENVOY.md §1.1), plus the reactor entry.
+// v0.2.1 signatures (the spec, and proxy-wasm-cpp-host
+// include/proxy-wasm/wasm.h), plus the reactor entry.
 var wantExports = map[string]signature{
 	"_initialize":                          sig(nil),
 	"proxy_abi_version_0_2_1":              sig(nil),
@@ -99,7 +100,8 @@ var envImports = map[string]signature{
 }
 
 // wasiImports is the WASI surface Envoy's host provides that a Go 1.24+
-// reactor may use (PROXYWASM-ENVOY.md §1.2, §9.4).
+// reactor may use (proxy-wasm-cpp-host src/exports.cc; docs/ENVOY.md, WASI
+// and the poll_oneoff crash).
 var wasiImports = map[string]bool{
 	"args_get": true, "args_sizes_get": true, "clock_time_get": true, "environ_get": true,
 	"environ_sizes_get": true, "fd_close": true, "fd_fdstat_get": true, "fd_fdstat_set_flags": true,

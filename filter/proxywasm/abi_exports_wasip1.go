@@ -5,12 +5,12 @@ package proxywasm
 import "unsafe"
 
 // Callbacks of proxy-wasm ABI v0.2.1 (spec abi-versions/v0.2.1; parameter
-// lists as in the fact sheet §1.1 and proxy-wasm-cpp-host
-// include/proxy-wasm/wasm.h). Each is a thin shim over a portable function
-// in context.go or http.go, which recovers panics and fails open. Booleans
-// travel as i32 0/1. gRPC and foreign-function callbacks are not exported:
-// sluice makes no gRPC calls and calls no foreign functions, and a host
-// looks these up only when it needs them.
+// lists as in proxy-wasm-cpp-host include/proxy-wasm/wasm.h). Each is a thin
+// shim over a portable function in context.go or http.go, which recovers
+// panics and fails open. Booleans travel as i32 0/1. gRPC and
+// foreign-function callbacks are not exported: sluice makes no gRPC calls and
+// calls no foreign functions, and a host looks these up only when it needs
+// them.
 
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion021() {}

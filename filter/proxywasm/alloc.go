@@ -26,10 +26,12 @@ func allocate(size uint32) (p unsafe.Pointer) {
 }
 
 // takeAlloc claims the buffer the host filled during the hostcall that just
-// returned st, given the pointer and size (bytes) the host wrote back.
-// Every proxy-wasm-cpp-host hostcall allocates at most once and writes the
-// pointer back at once (fact sheet §1.6), so the pointer must be that of
-// lastAlloc; anything else is reported as INVALID_MEMORY_ACCESS.
+// returned st, given the pointer and size (bytes) the host wrote back. Every
+// proxy-wasm-cpp-host hostcall allocates at most once and writes the pointer
+// back at once (proxy-wasm-cpp-host include/proxy-wasm/wasm.h
+// WasmBase::copyToPointerSize; docs/ENVOY.md, Memory and the allocator), so
+// the pointer must be that of lastAlloc; anything else is reported as
+// INVALID_MEMORY_ACCESS.
 func takeAlloc(st status, ptr, size uint32) ([]byte, status) {
 	buf := lastAlloc
 	lastAlloc = nil

@@ -278,7 +278,8 @@ func onUpstreamConnectionClose(id, peerType uint32) {
 // For a root context it returns PluginContext.OnPluginDone (false defers
 // deletion until PluginDone). For streams it returns true and does nothing
 // else: the stream-done callback runs from on_log (see onLog), because
-// Envoy calls on_log before on_done for HTTP streams (fact sheet §1.7).
+// Envoy calls on_log before on_done for HTTP streams (envoy context.cc
+// Context::log, Context::onDestroy; docs/ENVOY.md, Lifecycle).
 func onDone(id uint32) (ok bool) {
 	activeContextID = id
 	ok = true

@@ -158,7 +158,7 @@ func TestHTTPStreamEnvoyOrder(t *testing.T) {
 	onResponseHeaders(2, 4, false)
 	onResponseBody(2, 20, true)
 	onResponseTrailers(2, 2)
-	// Envoy: on_log, then on_done, then on_delete (fact sheet §1.7).
+	// Envoy: on_log, then on_done, then on_delete (docs/ENVOY.md, Lifecycle).
 	onLog(2)
 	if !onDone(2) {
 		t.Fatal("on_done for a stream must return true")

@@ -9,8 +9,8 @@
 // callbacks to the context interfaces of
 // github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types (VMContext,
 // PluginContext, HttpContext, TcpContext), so plugin code reads like any
-// proxy-wasm Go plugin. The facts it relies on, with their sources, are in
-// the project's PROXYWASM-ENVOY.md fact sheet.
+// proxy-wasm Go plugin. The Envoy behaviour it relies on, with its upstream
+// sources, is in docs/ENVOY.md.
 //
 // # Setup
 //

@@ -205,8 +205,8 @@ func (f *fakeHost) httpCall(upstream string, headers, body, trailers []byte, tim
 	return f.nextToken, statusOK
 }
 
-// setSharedData follows Envoy (fact sheet §2): cas 0 is unconditional, a
-// stale non-zero cas is CAS_MISMATCH.
+// setSharedData follows Envoy (proxy-wasm-cpp-host src/shared_data.cc): cas 0
+// is unconditional, a stale non-zero cas is CAS_MISMATCH.
 func (f *fakeHost) setSharedData(key string, value []byte, cas uint32) status {
 	f.record("set_shared_data " + key + " " + u(cas))
 	if e, ok := f.shared[key]; ok && cas != 0 && cas != e.cas {

@@ -5,9 +5,9 @@ import "github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
 // Header maps (spec v0.2.1 "HTTP fields"). Pairs are (key, value) in the
 // host's order; Envoy lower-cases keys on every write, returns only the
 // first value of a repeated header from the single-value getters, and
-// implements the Replace*s functions as "remove all, then add" (fact sheet
-// §1.4). The returned strings are views of a buffer the host allocated for
-// this call; they are never modified.
+// implements the Replace*s functions as "remove all, then add" (envoy
+// context.cc; docs/ENVOY.md, Header maps). The returned strings are views
+// of a buffer the host allocated for this call; they are never modified.
 //
 // Errors: ErrNotFound for a missing header (single-value getters) or a map
 // that does not exist in the current callback; a *pairs.DecodeError if the
@@ -68,7 +68,7 @@ func removeMapValue(mt MapType, key string) error {
 
 // GetHeaderMapSize returns the size of a header map with
 // proxy_get_header_map_size. Envoy reports the serialized size in bytes,
-// not the number of pairs (fact sheet §1.2).
+// not the number of pairs (envoy context.cc getHeaderMapSize).
 func GetHeaderMapSize(mt MapType) (sizeBytes uint32, err error) {
 	size, st := hostGetHeaderMapSize(mt)
 	if err := statusError(st); err != nil {

@@ -27,11 +27,12 @@ func GetPluginConfiguration() ([]byte, error) {
 	return getBuffer(BufferTypePluginConfiguration, 0, math.MaxInt32)
 }
 
-// SetTickPeriodMilliSeconds asks the host to call PluginContext.OnTick of
-// the current root context every periodMillis milliseconds, with
+// SetTickPeriodMilliSeconds asks the host to call PluginContext.OnTick of the
+// current root context every periodMillis milliseconds, with
 // proxy_set_tick_period_milliseconds (spec v0.2.1 "Timers"); 0 disables
 // ticks. Envoy keys the timer by root context and fires first after one
-// period; each worker VM ticks on its own (fact sheet §5).
+// period; each worker VM ticks on its own (docs/ENVOY.md, Ticks and worker
+// VMs).
 func SetTickPeriodMilliSeconds(periodMillis uint32) error {
 	return statusError(hostSetTickPeriodMilliseconds(periodMillis))
 }

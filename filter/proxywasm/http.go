@@ -2,10 +2,10 @@ package proxywasm
 
 import "github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
 
-// DispatchHttpCall sends an HTTP request to the Envoy cluster named
-// cluster with proxy_http_call (spec v0.2.1 "HTTP calls"; fact sheet §4)
-// and returns the call's token. headers must include ":method", ":path"
-// and ":authority"; body and trailers may be empty. timeoutMillis is in
+// DispatchHttpCall sends an HTTP request to the Envoy cluster named cluster
+// with proxy_http_call (spec v0.2.1 "HTTP calls"; docs/ENVOY.md, HTTP calls)
+// and returns the call's token. headers must include ":method", ":path" and
+// ":authority"; body and trailers may be empty. timeoutMillis is in
 // milliseconds, 0 meaning no timeout.
 //
 // The call belongs to the current root context (also when dispatched from
@@ -83,14 +83,14 @@ func onHttpCallResponse(rootID, token, numHeaders, bodySize, numTrailers uint32)
 // grpc-status (Envoy uses one only in 0..16).
 const GrpcStatusNone int32 = -1
 
-// SendHttpResponse answers the current stream with a local reply instead
-// of forwarding it, with proxy_send_local_response (spec v0.2.1 "HTTP
-// streams"; fact sheet §7). statusCode is the HTTP status, headers are
+// SendHttpResponse answers the current stream with a local reply instead of
+// forwarding it, with proxy_send_local_response (spec v0.2.1 "HTTP streams";
+// docs/ENVOY.md, Local replies). statusCode is the HTTP status, headers are
 // appended (keys lower-cased), grpcStatus is a gRPC status 0..16 or
-// GrpcStatusNone. Envoy sends the reply after the callback returns and
-// forces that callback's result to stop; return types.ActionPause. It is
-// allowed only before response headers went downstream. On a root context
-// without an effective stream Envoy silently does nothing.
+// GrpcStatusNone. Envoy sends the reply after the callback returns and forces
+// that callback's result to stop; return types.ActionPause. It is allowed
+// only before response headers went downstream. On a root context without an
+// effective stream Envoy silently does nothing.
 func SendHttpResponse(statusCode uint32, headers [][2]string, body []byte, grpcStatus int32) error {
 	return SendHttpResponseWithDetails(statusCode, "", headers, body, grpcStatus)
 }

@@ -1,8 +1,8 @@
 package proxywasm
 
-// Metrics (spec v0.2.1 "Metrics"; Envoy semantics in fact sheet §6). Envoy
-// names the stat "wasmcustom.<name>" and shares it between worker VMs, so
-// values aggregate across workers. Define metrics in OnPluginStart, not in
+// Metrics (spec v0.2.1 "Metrics"; Envoy semantics in docs/ENVOY.md, Metrics).
+// Envoy names the stat "wasmcustom.<name>" and shares it between worker VMs,
+// so values aggregate across workers. Define metrics in OnPluginStart, not in
 // init (Envoy allows only proxy_log there).
 
 // MetricCounter is a counter defined with DefineCounterMetric.

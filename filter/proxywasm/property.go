@@ -1,7 +1,8 @@
 package proxywasm
 
 // appendPropertyPath serializes a property path as its segments joined by
-// NUL bytes, with no trailing NUL (fact sheet §1.5; Envoy splits on '\0').
+// NUL bytes, with no trailing NUL (envoy context.cc Context::getProperty
+// splits on '\0').
 func appendPropertyPath(dst []byte, path []string) []byte {
 	for i, seg := range path {
 		if i > 0 {
@@ -13,11 +14,11 @@ func appendPropertyPath(dst []byte, path []string) []byte {
 }
 
 // GetProperty reads a host property with proxy_get_property (spec v0.2.1
-// "Properties"), e.g. []string{"request", "path"} or
-// []string{"plugin_name"}. The value encoding depends on the attribute
-// (fact sheet §1.5): strings and bytes raw, integers 8 bytes
-// little-endian, maps as pairs. Envoy resolves attributes first, then
-// plugin tokens, then filter state "wasm.<name>".
+// "Properties"), e.g. []string{"request", "path"} or []string{"plugin_name"}.
+// The value encoding depends on the attribute (Envoy's attributes doc;
+// docs/ENVOY.md, Properties and filter state): strings and bytes raw,
+// integers 8 bytes little-endian, maps as pairs. Envoy resolves attributes
+// first, then plugin tokens, then filter state "wasm.<name>".
 //
 // Errors: ErrNotFound if the property does not exist;
 // ErrSerializationFailure if Envoy cannot serialize it.
@@ -34,8 +35,9 @@ func GetProperty(path []string) ([]byte, error) {
 // SetProperty writes value with proxy_set_property (spec v0.2.1
 // "Properties"). Envoy stores it as filter state "wasm.<path>" (Bytes, life
 // span FilterChain), readable in access logs as
-// %FILTER_STATE(wasm.<path>:PLAIN)% (fact sheet §3). Use a single path
-// segment: the separators become part of the key.
+// %FILTER_STATE(wasm.<path>:PLAIN)% (envoy context.cc Context::setProperty;
+// docs/ENVOY.md, Properties and filter state). Use a single path segment: the
+// separators become part of the key.
 //
 // Errors: ErrNotFound on a root context (no stream info); ErrBadArgument
 // for a second write to a read-only declared property.

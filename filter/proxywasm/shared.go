@@ -1,7 +1,7 @@
 package proxywasm
 
-// Shared data and shared queues (spec v0.2.1 "Shared data", "Shared
-// queues"; Envoy semantics in fact sheet §2). Shared data is one
+// Shared data and shared queues (spec v0.2.1 "Shared data", "Shared queues";
+// Envoy semantics in docs/ENVOY.md, Shared data). Shared data is one
 // key-value map per Envoy process and vm_id, seen by every worker VM; keys
 // cannot be deleted.
 

@@ -7,7 +7,7 @@
 // (state, now, cost): it never mutates state, never allocates, never panics on any
 // bytes, and does no I/O; time is always an argument (Unix nanoseconds). This is what
 // lets the filter check every matching rule first and consume from all of them only
-// when all allow (DESIGN.md §3).
+// when all allow (docs/ARCHITECTURE.md, The request path).
 //
 // State bytes come from a shared store another plugin could scribble on, so every
 // decoder accepts any bytes: a state that is implausible for `now` (a time far in the

@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// TestNoOSImport checks DESIGN.md §2: no package under shared/ may import os, even
-// indirectly (fmt, log, encoding/json, log/slog all do), when built for the filter
-// (GOOS=wasip1 GOARCH=wasm).
+// TestNoOSImport checks that no package under shared/ imports os, even indirectly
+// (fmt, log, encoding/json, log/slog all do), when built for the filter
+// (GOOS=wasip1 GOARCH=wasm): docs/ENVOY.md, WASI and the poll_oneoff crash.
 func TestNoOSImport(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {

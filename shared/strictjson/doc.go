@@ -3,7 +3,8 @@
 //
 // It exists because every Go JSON library, encoding/json included, imports fmt and so
 // os, and a proxy-wasm guest built with the standard Go toolchain must not import os
-// (see DESIGN.md §2). It imports only errors, strconv, time and unicode/utf8.
+// (see docs/ENVOY.md, WASI and the poll_oneoff crash). It imports only errors,
+// strconv, time and unicode/utf8.
 //
 // # Reading
 //

@@ -13,9 +13,9 @@ import (
 // The WASI monotonic clock (clock id 1) is deliberately not taken from the
 // Clock: the Go runtime paces its garbage collector with it, and a guest
 // whose monotonic clock stands still grows its heap to gigabytes
-// (PROXYWASM-ENVOY.md §9.4). A guest that wants virtual durations must
-// therefore subtract wall-clock readings (t.UnixNano()), not use
-// time.Since.
+// (docs/ENVOY.md, The test host on wazero). A guest that wants virtual
+// durations must therefore subtract wall-clock readings (t.UnixNano()), not
+// use time.Since.
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time

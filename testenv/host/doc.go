@@ -3,7 +3,7 @@
 //
 // It implements the env.proxy_* imports and Envoy's WASI surface with
 // Envoy's semantics, citing the source each non-obvious behaviour follows
-// (shared/PROXYWASM-ENVOY.md; CPPHOST = proxy-wasm-cpp-host, ENVOY-CTX =
+// (docs/ENVOY.md collects them; CPPHOST = proxy-wasm-cpp-host, ENVOY-CTX =
 // envoy source/extensions/common/wasm/context.cc):
 //
 //   - a reactor started with _initialize (then main or __main_void), where
@@ -33,21 +33,18 @@
 //
 // # Usage
 //
-//	clock := host.NewVirtualClock(time.Now())
-//	h, err := host.New(ctx, host.Config{
-//		Wasm: wasm, VMID: "sluice", PluginName: "sluice",
-//		PluginConfig: cfg, Workers: 2, Clock: clock,
-//		Clusters: map[string]string{"control_plane": "127.0.0.1:8081"},
-//	})
-//	if err != nil { ... }
-//	defer h.Close()
-//	resp, err := h.Worker(0).Do(ctx, host.Request{Path: "/api", Headers: host.Headers{{"x-user", "u1"}}})
-//	// resp.Status, resp.Headers, resp.LocalReply, resp.FilterState["wasm.sluice.limited"]
-//	clock.Advance(time.Second) // fires due ticks on every worker, then returns
+// Example (example_test.go) starts the real filter in two worker VMs on a
+// VirtualClock with host.New, sends requests with Worker.Do, reads the
+// Response (Status, Headers, LocalReply, FilterState keyed as Envoy's
+// filter state, e.g. "wasm.sluice.rate_limited") and moves time with
+// VirtualClock.Advance, which fires due ticks on every worker. Its output
+// is checked by go test, so it stays in step with the API. A filter that
+// calls out (proxy_http_call) also needs Config.Clusters, which maps Envoy
+// cluster names to "host:port" addresses.
 //
 // For a proxy, drive a Stream phase by phase: Worker.NewStream,
 // RequestHeaders/Body/Trailers (Wait when Paused), ResponseHeaders/…,
-// Finish.
+// Finish (ExampleWorker_NewStream).
 //
 // # Known deviations from Envoy
 //

@@ -21,7 +21,7 @@ type Config struct {
 	// Wasm is the module's binary (required).
 	Wasm []byte
 	// VMID is vm_config.vm_id: the shared-data and shared-queue namespace
-	// (PROXYWASM-ENVOY.md §2) and the plugin_vm_id property.
+	// (docs/ENVOY.md, Shared data) and the plugin_vm_id property.
 	VMID string
 	// PluginName is PluginConfig.name, the plugin_name property.
 	PluginName string

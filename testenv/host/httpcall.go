@@ -107,7 +107,7 @@ func (v *vm) deliverCallout(tok uint32, res *calloutResult) {
 //     a 503 local reply delivered as a success, body "upstream connect
 //     error or disconnect/reset before headers. reset reason: …";
 //   - the call's timeout → 504 "upstream request timeout", delivered as a
-//     success [UNCONFIRMED: from issue reports, PROXYWASM-ENVOY.md §4];
+//     success [UNCONFIRMED: from issue reports; docs/ENVOY.md, HTTP calls];
 //   - a reset after the headers (body cut short) → failure: (0, 0, 0)
 //     and proxy_get_status (11, "reset"), ENVOY-CTX onHttpCallFailure.
 func (h *Host) doCallout(addr string, hdrs Headers, body []byte, trailers Headers, timeout time.Duration) *calloutResult {

@@ -56,7 +56,7 @@ func (h *Host) instantiateImports(ctx context.Context) error {
 		})
 	}
 	h.exportEnv(b, "proxy_get_current_time_nanoseconds", i32s(1), func(v *vm, s []uint64) status {
-		// 64 bits (MOSN's host writes only 32, PROXYWASM-ENVOY.md §9.2).
+		// 64 bits (mosn/proxy-wasm-go-host writes only 32).
 		if !v.mem.WriteUint64Le(uint32(s[0]), uint64(v.h.clock.Now().UnixNano())) {
 			return statusInvalidMemoryAccess
 		}
@@ -522,7 +522,7 @@ func hostSetProperty(v *vm, s []uint64) status {
 		return statusNotFound
 	}
 	// Filter state "wasm." + raw path bytes (NULs included), a Bytes
-	// CelState (PROXYWASM-ENVOY.md §3.1).
+	// CelState (ENVOY-CTX Context::setProperty).
 	st.filterState["wasm."+path] = append([]byte(nil), val...)
 	return statusOK
 }

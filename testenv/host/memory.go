@@ -4,12 +4,12 @@ import "context"
 
 // MemorySize returns the size in bytes of the worker VM's linear memory
 // (wasm memory.size × 64 KiB), read on the VM's loop; 0 if the VM is
-// closed. Wasm memory only grows (PROXYWASM-ENVOY.md §8), so this is also
+// closed. Wasm memory only grows (golang/go#59061), so this is also
 // the VM's peak: the filter's benchmarks use it to show that memory stops
 // growing after warm-up.
 //
-// Added by the filter's engineer (issue 5, filter/memory_test.go) after this
-// package's commits had stopped; a read-only accessor, no behaviour change.
+// It is a read-only accessor (filter/memory_test.go uses it) and changes
+// nothing in the VM.
 func (w *Worker) MemorySize() uint32 {
 	var n uint32
 	_ = w.v.run(context.Background(), func() error {

@@ -2,7 +2,7 @@ package host
 
 // Profile selects the parts of Envoy's WASI surface that changed between
 // Envoy releases. It follows proxy-wasm-cpp-host (CPPHOST) src/exports.cc,
-// which Envoy embeds; see PROXYWASM-ENVOY.md §0.2, §1.2 and §8.
+// which Envoy embeds; see docs/ENVOY.md, WASI and the poll_oneoff crash.
 //
 // The zero Profile means EnvoyPrePR533.
 type Profile struct {

@@ -9,7 +9,7 @@ import (
 )
 
 // property resolves a proxy_get_property path as Envoy does
-// (ENVOY-CTX Context::getProperty / findValue, PROXYWASM-ENVOY.md §3.3):
+// (ENVOY-CTX Context::getProperty / findValue; Envoy's attributes doc):
 // CEL attributes first, then the Wasm tokens plugin_name,
 // plugin_root_id, plugin_vm_id, then filter state "wasm.<name>". Values
 // use Envoy's encodings (§1.5): strings raw, integers 8 bytes
@@ -139,7 +139,8 @@ func (st *stream) attribute(path []string) (val []byte, ok, handled bool) {
 		}
 		switch path[1] {
 		case "address":
-			// Address::asStringView: "ip:port" (PROXYWASM-ENVOY.md §3.3).
+			// Address::asStringView: "ip:port" (envoy
+			// source/extensions/filters/common/expr/context.cc).
 			return str(addr, addr != "")
 		case "port":
 			_, p, err := net.SplitHostPort(addr)

@@ -167,7 +167,7 @@ func hostDequeue(v *vm, s []uint64) status {
 }
 
 // metricStore holds the Envoy stats behind guest metrics, by name, shared
-// by every VM (values aggregate across workers, PROXYWASM-ENVOY.md §6).
+// by every VM (values aggregate across workers; docs/ENVOY.md, Metrics).
 type metricStore struct {
 	mu     sync.Mutex
 	byName map[string]*metric

@@ -360,7 +360,7 @@ func (s *Stream) Wait(ctx context.Context) (Status, error) {
 
 // Finish ends the stream as Envoy does: proxy_on_log (from the access-log
 // handler), then proxy_on_done and proxy_on_delete (from onDestroy) —
-// PROXYWASM-ENVOY.md §1.7; the spec's order differs. A stream that never
+// docs/ENVOY.md, Lifecycle; the spec's order differs. A stream that never
 // reached the filter gets proxy_on_context_create first (ENVOY-CTX
 // Context::log → onCreate).
 func (s *Stream) Finish(ctx context.Context) error {

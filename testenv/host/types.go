@@ -14,7 +14,7 @@ type Headers [][2]string
 
 // Get returns the first value of key (compared case-insensitively), or ""
 // if there is none; this is what Envoy's proxy_get_header_map_value
-// answers for a repeated header (PROXYWASM-ENVOY.md §1.4).
+// answers for a repeated header (ENVOY-CTX; docs/ENVOY.md, Header maps).
 func (h Headers) Get(key string) string {
 	v, _ := h.Lookup(key)
 	return v
@@ -163,7 +163,7 @@ const (
 
 // Metric is the value of a guest-defined metric, aggregated over every VM
 // of the Host as Envoy aggregates a stat across workers
-// (PROXYWASM-ENVOY.md §6).
+// (docs/ENVOY.md, Metrics).
 type Metric struct {
 	Type MetricType
 	// Value is the counter or gauge value; for a histogram it is the

@@ -1,9 +1,9 @@
-// Package synctest holds the end-to-end tests of rule sync (issue 6,
-// DESIGN.md §6): the real build/sluice.wasm under the testenv host with four
-// workers, pulling its policy from a real control plane (the
-// sluice-controlplane binary, run as a process) backed by a real
-// redis-server, or from a test server that serves invalid and truncated
-// policies. The package has no non-test code.
+// Package synctest holds the end-to-end tests of rule sync
+// (docs/ARCHITECTURE.md, Rule sync inside Envoy): the real build/sluice.wasm
+// under the testenv host with four workers, pulling its policy from a real
+// control plane (the sluice-controlplane binary, run as a process) backed by
+// a real redis-server, or from a test server that serves invalid and
+// truncated policies. The package has no non-test code.
 //
 // Run:
 //

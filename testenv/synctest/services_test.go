@@ -161,7 +161,7 @@ func newPollProxy(t testing.TB, target string) *pollProxy {
 	u, _ := url.Parse("http://" + target)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
-		// As Envoy's router answers a connect failure (fact sheet §4).
+		// As Envoy's router answers a connect failure (docs/ENVOY.md, HTTP calls).
 		http.Error(w, "upstream connect error or disconnect/reset before headers", http.StatusServiceUnavailable)
 	}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

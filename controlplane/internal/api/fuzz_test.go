@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func FuzzPutPolicy(f *testing.F) {
 	} {
 		f.Add(seed)
 	}
-	if b, err := os.ReadFile("../../../shared/rules/testdata/example.json"); err == nil {
+	if b, err := os.ReadFile(filepath.Join("..", "..", "..", "shared", "rules", "testdata", "example.json")); err == nil {
 		f.Add(b)
 	}
 	dir := f.TempDir()

@@ -34,7 +34,8 @@
 // "policy.rules[0].window: must be > 0"). Errors matches ErrInvalid.
 //
 // The package imports neither os nor anything that does (it runs inside
-// the wasm filter; DESIGN.md §2): JSON goes through shared/strictjson.
+// the wasm filter; docs/ENVOY.md, WASI and the poll_oneoff crash): JSON
+// goes through shared/strictjson.
 package config
 
 import (

@@ -35,7 +35,8 @@ func boolBytes(b bool) []byte {
 // policy_version always; rule, key, limit, remaining and reset when a rule
 // counted the request; reason when it failed open. It must run in the
 // request-headers callback (the key is read from scratch), before any
-// access logger (fact sheet §3.2).
+// access logger (envoyproxy/envoy#30859; docs/ENVOY.md, Properties and
+// filter state).
 func (h *httpContext) setState(ps *policyState, reason string) {
 	p := h.p
 	r := &h.report

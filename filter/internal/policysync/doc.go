@@ -1,8 +1,8 @@
 // Package policysync pulls the rate-limit policy from the control plane
-// into every worker VM of one Envoy (DESIGN.md §6): one worker holds a sync
-// lease and keeps one long poll open; what it receives is validated and
-// published in shared data; every worker applies the published policy on
-// its tick, or sooner on the request path.
+// into every worker VM of one Envoy (docs/ARCHITECTURE.md, Rule sync inside
+// Envoy): one worker holds a sync lease and keeps one long poll open;
+// what it receives is validated and published in shared data; every worker
+// applies the published policy on its tick, or sooner on the request path.
 //
 // # Roles
 //

@@ -9,9 +9,10 @@ import (
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 )
 
-// store is shared data with Envoy's semantics (PROXYWASM-ENVOY.md §2): one
-// global cas counter that skips 0; cas 0 writes unconditionally; a new key
-// is created whatever the cas.
+// store is shared data with Envoy's semantics (proxy-wasm-cpp-host
+// src/shared_data.cc; docs/ENVOY.md, Shared data): one global cas counter
+// that skips 0; cas 0 writes unconditionally; a new key is created whatever
+// the cas.
 type store struct {
 	mu      sync.Mutex
 	cas     uint32

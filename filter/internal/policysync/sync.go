@@ -56,7 +56,8 @@ var FailureKinds = []FailureKind{FailHTTPStatus, FailReset, FailInvalidPolicy, F
 const maxLogReason = 512
 
 // envoyTimeoutBody is the body of the 504 Envoy's router answers when a
-// callout's timeout fires (PROXYWASM-ENVOY.md §4).
+// callout's timeout fires, as issue reports show it (unconfirmed in Envoy's
+// source; docs/ENVOY.md, HTTP calls).
 const envoyTimeoutBody = "upstream request timeout"
 
 // Syncer keeps one plugin instance's policy in step with the control plane

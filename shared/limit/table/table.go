@@ -1,6 +1,6 @@
 // Package table is the binary layout of one shared-data bucket: a fixed-capacity table
 // of rate-limit entries (key hash, idle time, algorithm state) that all worker VMs of an
-// Envoy read and compare-and-swap (DESIGN.md §3).
+// Envoy read and compare-and-swap (docs/ARCHITECTURE.md, The request path).
 //
 // A rule owns a fixed number of buckets; BucketOf maps a key hash (siphash of the
 // client key under the per-Envoy secret) to one of them, and the key takes one entry of

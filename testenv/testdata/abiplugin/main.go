@@ -10,7 +10,8 @@
 // With -tags abi_initcall its init also calls proxy_get_shared_data,
 // which Envoy forbids during _initialize.
 //
-// It imports neither os nor fmt (see DESIGN.md §2).
+// It imports neither os nor fmt (see docs/ENVOY.md, WASI and the poll_oneoff
+// crash).
 package main
 
 import (
