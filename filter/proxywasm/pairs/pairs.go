@@ -13,9 +13,10 @@
 // An empty map may be sent as zero bytes or as a single byte; Envoy's
 // proxy_get_header_map_pairs returns size 0 for an empty map.
 //
-// Both sides of the ABI use this package: the guest (filter/proxywasm) and
-// the wazero test host (testenv). It uses only the standard library and
-// never panics on any input.
+// The guest (filter/proxywasm) uses this package; the wazero test host
+// (testenv/host) has its own codec on purpose, so that a guest that gets the
+// format wrong is caught, and a test holds the two to one format. It uses only
+// the standard library and never panics on any input.
 //
 // # Errors
 //
