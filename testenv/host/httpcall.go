@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
 )
 
 // calloutResult is what proxy_on_http_call_response may read: map 6, map

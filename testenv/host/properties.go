@@ -5,7 +5,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-
 )
 
 // property resolves a proxy_get_property path as Envoy does
@@ -176,4 +175,34 @@ func headerAttr(h Headers, rest []string) ([]byte, bool, bool) {
 		return nil, false, true
 	}
 	return []byte(strings.Join(vals, ",")), true, true
+}
+
+func hostGetProperty(v *vm, s []uint64) status {
+	path, ok := v.readString(uint32(s[0]), uint32(s[1]))
+	if !ok {
+		return statusInvalidMemoryAccess
+	}
+	val, st := v.property(strings.Split(path, "\x00"))
+	if st != statusOK {
+		return st
+	}
+	return v.copyOut(val, uint32(s[2]), uint32(s[3]))
+}
+
+func hostSetProperty(v *vm, s []uint64) status {
+	path, ok1 := v.readString(uint32(s[0]), uint32(s[1]))
+	val, ok2 := v.read(uint32(s[2]), uint32(s[3]))
+	if !ok1 || !ok2 {
+		return statusInvalidMemoryAccess
+	}
+	st := v.effectiveStream()
+	if st == nil {
+		// ENVOY-CTX setProperty needs the stream info: NOT_FOUND on a root
+		// context.
+		return statusNotFound
+	}
+	// Filter state "wasm." + raw path bytes (NULs included), a Bytes
+	// CelState (ENVOY-CTX Context::setProperty).
+	st.filterState["wasm."+path] = append([]byte(nil), val...)
+	return statusOK
 }

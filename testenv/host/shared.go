@@ -250,3 +250,31 @@ func (s *metricStore) lookup(name string) (Metric, bool) {
 }
 
 func sortStrings(s []string) { sort.Strings(s) }
+
+func hostSetSharedData(v *vm, s []uint64) status {
+	key, ok1 := v.readString(uint32(s[0]), uint32(s[1]))
+	val, ok2 := v.read(uint32(s[2]), uint32(s[3]))
+	if !ok1 || !ok2 {
+		return statusInvalidMemoryAccess
+	}
+	_, st := v.h.store.set(v.h.cfg.VMID, key, val, uint32(s[4]))
+	return st
+}
+
+func hostGetSharedData(v *vm, s []uint64) status {
+	key, ok := v.readString(uint32(s[0]), uint32(s[1]))
+	if !ok {
+		return statusInvalidMemoryAccess
+	}
+	val, cas, found := v.h.store.get(v.h.cfg.VMID, key)
+	if !found {
+		return statusNotFound
+	}
+	if st := v.copyOut(val, uint32(s[2]), uint32(s[3])); st != statusOK {
+		return st
+	}
+	if !v.writeU32(uint32(s[4]), cas) {
+		return statusInvalidMemoryAccess
+	}
+	return statusOK
+}

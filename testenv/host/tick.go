@@ -47,3 +47,11 @@ func (v *vm) armTick() {
 		})
 	})
 }
+
+func hostSetTickPeriod(v *vm, s []uint64) status {
+	// CPPHOST ContextBase::setTimerPeriod keys the timer by the root
+	// context; Envoy arms one timer per root context on the VM's
+	// dispatcher, first fire after one period (ENVOY-WASM setTimerPeriod).
+	v.setTick(uint32(s[0]))
+	return statusOK
+}
