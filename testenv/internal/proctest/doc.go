@@ -1,5 +1,5 @@
 // Package proctest is the test support shared by the end-to-end suites
-// (testenv/e2e, testenv/synctest): free loopback ports, polling with a
+// (testenv/e2e, testenv/rulesync): free loopback ports, polling with a
 // deadline, child processes the test can kill and start again, a private
 // redis-server, and building the binaries once in TestMain.
 //

@@ -1,4 +1,4 @@
-package synctest
+package rulesync
 
 import (
 	"context"

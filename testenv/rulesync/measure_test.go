@@ -1,4 +1,4 @@
-package synctest
+package rulesync
 
 import (
 	"math/rand/v2"

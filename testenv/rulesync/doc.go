@@ -1,4 +1,4 @@
-// Package synctest holds the end-to-end tests of rule sync
+// Package rulesync holds the end-to-end tests of rule sync
 // (docs/ARCHITECTURE.md, Rule sync inside Envoy): the real build/sluice.wasm
 // under the testenv host with four workers, pulling its policy from a real
 // control plane (the sluice-controlplane binary, run as a process) backed by
@@ -7,11 +7,11 @@
 //
 // Run:
 //
-//	go test ./testenv/synctest/
+//	go test ./testenv/rulesync/
 //
 // The tests need redis-server on PATH (Debian package redis-server) and
 // skip with that message otherwise. The propagation and load figures are
 // measured with
 //
-//	SLUICE_MEASURE=1 go test -run Measure -v -timeout 20m ./testenv/synctest/
-package synctest
+//	SLUICE_MEASURE=1 go test -run Measure -v -timeout 20m ./testenv/rulesync/
+package rulesync
