@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strconv"
 	"testing"
 	"unsafe"
 
@@ -413,7 +414,7 @@ func TestDispatchHttpCall(t *testing.T) {
 	var got []string
 	cb := func(name string) func(int, int, int) {
 		return func(nh, bs, nt int) {
-			got = append(got, name+" "+itoa(uint32(nh))+" "+itoa(uint32(bs))+" "+itoa(uint32(nt))+" effective="+itoa(activeContextID))
+			got = append(got, name+" "+strconv.FormatUint(uint64(uint32(nh)), 10)+" "+strconv.FormatUint(uint64(uint32(bs)), 10)+" "+strconv.FormatUint(uint64(uint32(nt)), 10)+" effective="+strconv.FormatUint(uint64(activeContextID), 10))
 			_ = ResumeHttpRequest()
 		}
 	}

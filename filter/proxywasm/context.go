@@ -1,6 +1,10 @@
 package proxywasm
 
-import "github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+import (
+	"strconv"
+
+	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
+)
 
 // The context registry. Context ids come from the host (spec v0.2.1
 // "proxy_on_context_create"; Envoy starts at 1 per VM): a context created
@@ -87,7 +91,7 @@ func onContextCreate(id, parentID uint32) {
 		}
 		p := vmContext.NewPluginContext(id)
 		if p == nil {
-			logAlways(LogLevelError, "proxywasm: NewPluginContext returned nil; root context "+itoa(id)+" ignored")
+			logAlways(LogLevelError, "proxywasm: NewPluginContext returned nil; root context "+strconv.FormatUint(uint64(id), 10)+" ignored")
 			return
 		}
 		roots[id] = &rootContext{plugin: p}
@@ -95,7 +99,7 @@ func onContextCreate(id, parentID uint32) {
 	}
 	root, ok := roots[parentID]
 	if !ok {
-		logAlways(LogLevelError, "proxywasm: proxy_on_context_create: unknown root context "+itoa(parentID)+" for context "+itoa(id))
+		logAlways(LogLevelError, "proxywasm: proxy_on_context_create: unknown root context "+strconv.FormatUint(uint64(parentID), 10)+" for context "+strconv.FormatUint(uint64(id), 10))
 		return
 	}
 	if hc := root.plugin.NewHttpContext(id); hc != nil {
@@ -106,7 +110,7 @@ func onContextCreate(id, parentID uint32) {
 		tcpStreams[id] = &tcpStream{ctx: tc, rootID: parentID}
 		return
 	}
-	LogDebug("proxywasm: plugin created no stream context for " + itoa(id) + "; its callbacks will continue")
+	LogDebug("proxywasm: plugin created no stream context for " + strconv.FormatUint(uint64(id), 10) + "; its callbacks will continue")
 }
 
 // onVMStart implements proxy_on_vm_start(root_context_id,
@@ -134,7 +138,7 @@ func onConfigure(rootID, pluginConfigurationSize uint32) (ok bool) {
 	defer catchPanic("proxy_on_configure")
 	root, known := roots[rootID]
 	if !known {
-		logAlways(LogLevelError, "proxywasm: proxy_on_configure: unknown root context "+itoa(rootID))
+		logAlways(LogLevelError, "proxywasm: proxy_on_configure: unknown root context "+strconv.FormatUint(uint64(rootID), 10))
 		return false
 	}
 	return bool(root.plugin.OnPluginStart(int(pluginConfigurationSize)))

@@ -75,10 +75,8 @@ func installFakeHost(t *testing.T) *fakeHost {
 
 func (f *fakeHost) record(s string) { f.trace = append(f.trace, s) }
 
-func u(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
-
 func (f *fakeHost) log(level LogLevel, msg string) status {
-	f.logs = append(f.logs, u(uint32(level))+" "+msg)
+	f.logs = append(f.logs, strconv.FormatUint(uint64(uint32(level)), 10)+" "+msg)
 	return statusOK
 }
 
@@ -92,7 +90,7 @@ func (f *fakeHost) getCurrentTimeNanoseconds() (uint64, status) {
 }
 
 func (f *fakeHost) getBufferBytes(bt BufferType, start, maxSize uint32) ([]byte, status) {
-	f.record("get_buffer_bytes " + u(uint32(bt)) + " " + u(start) + " " + u(maxSize))
+	f.record("get_buffer_bytes " + strconv.FormatUint(uint64(uint32(bt)), 10) + " " + strconv.FormatUint(uint64(start), 10) + " " + strconv.FormatUint(uint64(maxSize), 10))
 	b, ok := f.buffers[bt]
 	if !ok {
 		return nil, statusNotFound
@@ -111,12 +109,12 @@ func (f *fakeHost) getBufferBytes(bt BufferType, start, maxSize uint32) ([]byte,
 }
 
 func (f *fakeHost) setBufferBytes(bt BufferType, start, size uint32, value []byte) status {
-	f.record("set_buffer_bytes " + u(uint32(bt)) + " " + u(start) + " " + u(size) + " " + string(value))
+	f.record("set_buffer_bytes " + strconv.FormatUint(uint64(uint32(bt)), 10) + " " + strconv.FormatUint(uint64(start), 10) + " " + strconv.FormatUint(uint64(size), 10) + " " + string(value))
 	return statusOK
 }
 
 func (f *fakeHost) getHeaderMapPairs(mt MapType) ([]byte, status) {
-	f.record("get_header_map_pairs " + u(uint32(mt)))
+	f.record("get_header_map_pairs " + strconv.FormatUint(uint64(uint32(mt)), 10))
 	b, ok := f.maps[mt]
 	if !ok {
 		return nil, statusNotFound
@@ -125,13 +123,13 @@ func (f *fakeHost) getHeaderMapPairs(mt MapType) ([]byte, status) {
 }
 
 func (f *fakeHost) setHeaderMapPairs(mt MapType, data []byte) status {
-	f.record("set_header_map_pairs " + u(uint32(mt)))
+	f.record("set_header_map_pairs " + strconv.FormatUint(uint64(uint32(mt)), 10))
 	f.maps[mt] = append([]byte(nil), data...)
 	return statusOK
 }
 
 func (f *fakeHost) getHeaderMapValue(mt MapType, key string) ([]byte, status) {
-	f.record("get_header_map_value " + u(uint32(mt)) + " " + key)
+	f.record("get_header_map_value " + strconv.FormatUint(uint64(uint32(mt)), 10) + " " + key)
 	ps, err := pairs.Decode(f.maps[mt])
 	if err != nil {
 		return nil, statusSerializationFail
@@ -145,29 +143,29 @@ func (f *fakeHost) getHeaderMapValue(mt MapType, key string) ([]byte, status) {
 }
 
 func (f *fakeHost) addHeaderMapValue(mt MapType, key, value string) status {
-	f.record("add_header_map_value " + u(uint32(mt)) + " " + key + " " + value)
+	f.record("add_header_map_value " + strconv.FormatUint(uint64(uint32(mt)), 10) + " " + key + " " + value)
 	ps, _ := pairs.Decode(f.maps[mt])
 	f.maps[mt] = pairs.Encode(append(ps, [2]string{key, value}))
 	return statusOK
 }
 
 func (f *fakeHost) replaceHeaderMapValue(mt MapType, key, value string) status {
-	f.record("replace_header_map_value " + u(uint32(mt)) + " " + key + " " + value)
+	f.record("replace_header_map_value " + strconv.FormatUint(uint64(uint32(mt)), 10) + " " + key + " " + value)
 	return statusOK
 }
 
 func (f *fakeHost) removeHeaderMapValue(mt MapType, key string) status {
-	f.record("remove_header_map_value " + u(uint32(mt)) + " " + key)
+	f.record("remove_header_map_value " + strconv.FormatUint(uint64(uint32(mt)), 10) + " " + key)
 	return statusOK
 }
 
 func (f *fakeHost) continueStream(st StreamType) status {
-	f.record("continue_stream " + u(uint32(st)) + " effective=" + u(f.effective))
+	f.record("continue_stream " + strconv.FormatUint(uint64(uint32(st)), 10) + " effective=" + strconv.FormatUint(uint64(f.effective), 10))
 	return statusOK
 }
 
 func (f *fakeHost) closeStream(st StreamType) status {
-	f.record("close_stream " + u(uint32(st)))
+	f.record("close_stream " + strconv.FormatUint(uint64(uint32(st)), 10))
 	return statusOK
 }
 
@@ -184,7 +182,7 @@ func (f *fakeHost) sendLocalResponse(code uint32, details string, body, headers 
 	for _, p := range ps {
 		hs = append(hs, p[0]+"="+p[1])
 	}
-	f.localResp = append(f.localResp, u(code)+" "+details+" ["+strings.Join(hs, ",")+"] "+string(body)+" "+strconv.Itoa(int(grpcStatus)))
+	f.localResp = append(f.localResp, strconv.FormatUint(uint64(code), 10)+" "+details+" ["+strings.Join(hs, ",")+"] "+string(body)+" "+strconv.Itoa(int(grpcStatus)))
 	return statusOK
 }
 
@@ -208,7 +206,7 @@ func (f *fakeHost) httpCall(upstream string, headers, body, trailers []byte, tim
 // setSharedData follows Envoy (proxy-wasm-cpp-host src/shared_data.cc): cas 0
 // is unconditional, a stale non-zero cas is CAS_MISMATCH.
 func (f *fakeHost) setSharedData(key string, value []byte, cas uint32) status {
-	f.record("set_shared_data " + key + " " + u(cas))
+	f.record("set_shared_data " + key + " " + strconv.FormatUint(uint64(cas), 10))
 	if e, ok := f.shared[key]; ok && cas != 0 && cas != e.cas {
 		return statusCasMismatch
 	}
@@ -230,18 +228,18 @@ func (f *fakeHost) dequeueSharedQueue(queueID uint32) ([]byte, status) {
 }
 
 func (f *fakeHost) defineMetric(mt MetricType, name string) (uint32, status) {
-	f.record("define_metric " + u(uint32(mt)) + " " + name)
+	f.record("define_metric " + strconv.FormatUint(uint64(uint32(mt)), 10) + " " + name)
 	return 4 + uint32(mt), statusOK
 }
 
 func (f *fakeHost) incrementMetric(id uint32, delta int64) status {
-	f.record("increment_metric " + u(id) + " " + strconv.FormatInt(delta, 10))
+	f.record("increment_metric " + strconv.FormatUint(uint64(id), 10) + " " + strconv.FormatInt(delta, 10))
 	f.metrics[id] += uint64(delta)
 	return statusOK
 }
 
 func (f *fakeHost) recordMetric(id uint32, value uint64) status {
-	f.record("record_metric " + u(id) + " " + strconv.FormatUint(value, 10))
+	f.record("record_metric " + strconv.FormatUint(uint64(id), 10) + " " + strconv.FormatUint(value, 10))
 	f.metrics[id] = value
 	return statusOK
 }
@@ -264,7 +262,7 @@ func (f *fakeHost) setProperty(path, value []byte) status {
 }
 
 func (f *fakeHost) setEffectiveContext(id uint32) status {
-	f.record("set_effective_context " + u(id))
+	f.record("set_effective_context " + strconv.FormatUint(uint64(id), 10))
 	f.effective = id
 	return statusOK
 }

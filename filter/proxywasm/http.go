@@ -1,6 +1,10 @@
 package proxywasm
 
-import "github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
+import (
+	"strconv"
+
+	"github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
+)
 
 // DispatchHttpCall sends an HTTP request to the Envoy cluster named cluster
 // with proxy_http_call (spec v0.2.1 "HTTP calls"; docs/ENVOY.md, HTTP calls)
@@ -60,17 +64,17 @@ func onHttpCallResponse(rootID, token, numHeaders, bodySize, numTrailers uint32)
 	}
 	c, ok := root.callouts[token]
 	if !ok {
-		LogDebug("proxywasm: response for unknown http call " + itoa(token))
+		LogDebug("proxywasm: response for unknown http call " + strconv.FormatUint(uint64(token), 10))
 		return
 	}
 	delete(root.callouts, token)
 	if c.streamID != 0 {
 		if _, alive := rootIDOf(c.streamID); !alive {
-			LogDebug("proxywasm: http call " + itoa(token) + " answered after stream " + itoa(c.streamID) + " ended; callback skipped")
+			LogDebug("proxywasm: http call " + strconv.FormatUint(uint64(token), 10) + " answered after stream " + strconv.FormatUint(uint64(c.streamID), 10) + " ended; callback skipped")
 			return
 		}
 		if err := SetEffectiveContext(c.streamID); err != nil {
-			logAlways(LogLevelError, "proxywasm: proxy_set_effective_context("+itoa(c.streamID)+"): "+err.Error())
+			logAlways(LogLevelError, "proxywasm: proxy_set_effective_context("+strconv.FormatUint(uint64(c.streamID), 10)+"): "+err.Error())
 			return
 		}
 	}

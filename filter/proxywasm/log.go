@@ -2,7 +2,6 @@ package proxywasm
 
 import (
 	"runtime"
-	"strconv"
 )
 
 // The host's log level, cached: proxy_get_log_level is read at
@@ -83,5 +82,3 @@ func panicString(r any) (s string) {
 	}
 	return s
 }
-
-func itoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }

@@ -1,9 +1,5 @@
 package rules
 
-import "strconv"
-
-func itoa(n int) string { return strconv.Itoa(n) }
-
 const upperHex = "0123456789ABCDEF"
 
 // keySafe[c] is true for the bytes a counter key carries unescaped: printable ASCII

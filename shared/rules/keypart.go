@@ -1,6 +1,9 @@
 package rules
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // partKind is one source of a key value.
 type partKind uint8
@@ -31,7 +34,7 @@ func parseKeyPart(s string) (alts []keyAlt, msg string) {
 	}
 	n := strings.Count(s, "|") + 1
 	if n > MaxKeyAlternatives {
-		return nil, "at most " + itoa(MaxKeyAlternatives) + " alternatives"
+		return nil, "at most " + strconv.Itoa(MaxKeyAlternatives) + " alternatives"
 	}
 	alts = make([]keyAlt, 0, n)
 	for _, one := range strings.Split(s, "|") {

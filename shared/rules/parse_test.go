@@ -12,8 +12,6 @@ import (
 	"github.com/sluice-proxy/sluice/shared/limit"
 )
 
-func u(v uint64) string { return strconv.FormatUint(v, 10) }
-
 func readFile(t testing.TB, name string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(name)
@@ -157,7 +155,7 @@ func TestParseAccepts(t *testing.T) {
 func manyRules(n int) []string {
 	out := make([]string, n)
 	for i := range out {
-		out[i] = `{"id":"r` + itoa(i) + `","algorithm":"gcra","limit":1,"window":"1s"}`
+		out[i] = `{"id":"r` + strconv.Itoa(i) + `","algorithm":"gcra","limit":1,"window":"1s"}`
 	}
 	return out
 }
@@ -207,7 +205,7 @@ func TestParseRejects(t *testing.T) {
 		{"shadow string", policyWith(`{` + okRule + `,"shadow":"yes"}`), `rules[0].shadow: must be true or false`},
 		{"key string", policyWith(`{` + okRule + `,"key":"client_ip"}`), `rules[0].key: must be an array`},
 		{"key element number", policyWith(`{` + okRule + `,"key":[1]}`), `rules[0].key[0]: must be a string`},
-		{"slots too big for uint32", policyWith(`{"id":"r","algorithm":"time_wheel","limit":10,"window":"1m","slots":4294967296}`), `rules[0].slots: must be <= ` + u(uint64(limit.MaxSlots)) + `, got 4294967296`},
+		{"slots too big for uint32", policyWith(`{"id":"r","algorithm":"time_wheel","limit":10,"window":"1m","slots":4294967296}`), `rules[0].slots: must be <= ` + strconv.FormatUint(uint64(limit.MaxSlots), 10) + `, got 4294967296`},
 		// Policy.
 		{"no name", `{"rules":[]}`, `policy: required`},
 		{"bad name", `{"policy":"Default"}`, `policy: ` + identRule},
@@ -269,14 +267,14 @@ func TestParseRejects(t *testing.T) {
 		{"unknown algorithm", policyWith(`{"id":"r","algorithm":"leaky","limit":1,"window":"1s"}`), `rules[0].algorithm: unknown algorithm "leaky"; want token_bucket, time_wheel, fixed_window, gcra, sliding_log or concurrency`},
 		{"no limit", policyWith(`{"id":"r","algorithm":"gcra","window":"1s"}`), `rules[0].limit: must be > 0`},
 		{"zero limit", policyWith(`{"id":"r","algorithm":"gcra","limit":0,"window":"1s"}`), `rules[0].limit: must be > 0`},
-		{"absurd limit", policyWith(`{"id":"r","algorithm":"gcra","limit":18446744073709551615,"window":"1s"}`), `rules[0].limit: must be <= ` + u(limit.MaxLimit) + ` for gcra, got 18446744073709551615`},
-		{"sliding log limit", policyWith(`{"id":"r","algorithm":"sliding_log","limit":` + u(limit.MaxSlidingLogLimit+1) + `,"window":"1s"}`), `rules[0].limit: must be <= ` + u(limit.MaxSlidingLogLimit) + ` for sliding_log, got ` + u(limit.MaxSlidingLogLimit+1)},
+		{"absurd limit", policyWith(`{"id":"r","algorithm":"gcra","limit":18446744073709551615,"window":"1s"}`), `rules[0].limit: must be <= ` + strconv.FormatUint(limit.MaxLimit, 10) + ` for gcra, got 18446744073709551615`},
+		{"sliding log limit", policyWith(`{"id":"r","algorithm":"sliding_log","limit":` + strconv.FormatUint(limit.MaxSlidingLogLimit+1, 10) + `,"window":"1s"}`), `rules[0].limit: must be <= ` + strconv.FormatUint(limit.MaxSlidingLogLimit, 10) + ` for sliding_log, got ` + strconv.FormatUint(limit.MaxSlidingLogLimit+1, 10)},
 		{"no window", policyWith(`{"id":"r","algorithm":"gcra","limit":1}`), `rules[0].window: must be > 0`},
 		{"negative window", policyWith(`{"id":"r","algorithm":"gcra","limit":1,"window":"-1s"}`), `rules[0].window: must be > 0`},
 		{"tiny window", policyWith(`{"id":"r","algorithm":"gcra","limit":1,"window":"1us"}`), `rules[0].window: must be >= ` + limit.MinWindow.String() + `, got 1µs`},
 		{"huge window", policyWith(`{"id":"r","algorithm":"fixed_window","limit":1,"window":"` + (limit.MaxWindow + time.Hour).String() + `"}`), `rules[0].window: must be <= ` + limit.MaxWindow.String() + `, got ` + (limit.MaxWindow + time.Hour).String()},
 		{"window on concurrency", policyWith(`{"id":"r","algorithm":"concurrency","limit":1,"window":"1s"}`), `rules[0].window: not used by concurrency, must be omitted`},
-		{"too many slots", policyWith(`{"id":"r","algorithm":"time_wheel","limit":10,"window":"1m","slots":` + u(uint64(limit.MaxSlots)+1) + `}`), `rules[0].slots: must be <= ` + u(uint64(limit.MaxSlots)) + `, got ` + u(uint64(limit.MaxSlots)+1)},
+		{"too many slots", policyWith(`{"id":"r","algorithm":"time_wheel","limit":10,"window":"1m","slots":` + strconv.FormatUint(uint64(limit.MaxSlots)+1, 10) + `}`), `rules[0].slots: must be <= ` + strconv.FormatUint(uint64(limit.MaxSlots), 10) + `, got ` + strconv.FormatUint(uint64(limit.MaxSlots)+1, 10)},
 		{"slots on gcra", policyWith(`{"id":"r","algorithm":"gcra","limit":10,"window":"1m","slots":6}`), `rules[0].slots: not used by gcra, must be omitted`},
 		{"burst on fixed window", policyWith(`{"id":"r","algorithm":"fixed_window","limit":10,"window":"1m","burst":6}`), `rules[0].burst: not used by fixed_window, must be omitted`},
 		{"bad align", policyWith(`{"id":"r","algorithm":"fixed_window","limit":10,"window":"1m","align":"day"}`), `rules[0].align: must be "calendar_day"`},
@@ -289,11 +287,11 @@ func TestParseRejects(t *testing.T) {
 		{"lease on gcra", policyWith(`{"id":"r","algorithm":"gcra","limit":10,"window":"1s","lease":"1m"}`), `rules[0].lease: not used by gcra, must be omitted`},
 		// Cost, status.
 		{"zero cost", policyWith(`{` + okRule + `,"cost":0}`), `rules[0].cost: must be >= 1 (omit it for the default of 1)`},
-		{"huge cost", policyWith(`{` + okRule + `,"cost":1099511627777}`), `rules[0].cost: must be <= ` + u(MaxCost)},
+		{"huge cost", policyWith(`{` + okRule + `,"cost":1099511627777}`), `rules[0].cost: must be <= ` + strconv.FormatUint(MaxCost, 10)},
 		{"cost header without max", policyWith(`{` + okRule + `,"cost_header":"x-cost"}`), `rules[0].max_cost: required with cost_header`},
 		{"max cost without header", policyWith(`{` + okRule + `,"max_cost":5}`), `rules[0].max_cost: only with cost_header`},
 		{"bad cost header", policyWith(`{` + okRule + `,"cost_header":"x cost","max_cost":5}`), `rules[0].cost_header: ` + headerNameRule},
-		{"huge max cost", policyWith(`{` + okRule + `,"cost_header":"x-cost","max_cost":1099511627777}`), `rules[0].max_cost: must be <= ` + u(MaxCost)},
+		{"huge max cost", policyWith(`{` + okRule + `,"cost_header":"x-cost","max_cost":1099511627777}`), `rules[0].max_cost: must be <= ` + strconv.FormatUint(MaxCost, 10)},
 		{"response cost on concurrency", policyWith(`{"id":"r","algorithm":"concurrency","limit":1,"response_cost_header":"x-used"}`), `rules[0].response_cost_header: not supported by concurrency (its state cannot be corrected after the fact)`},
 		{"response cost on sliding log", policyWith(`{"id":"r","algorithm":"sliding_log","limit":1,"window":"1s","response_cost_header":"x-used"}`), `rules[0].response_cost_header: not supported by sliding_log (its state cannot be corrected after the fact)`},
 		{"bad response cost header", policyWith(`{` + okRule + `,"response_cost_header":"X-Used"}`), `rules[0].response_cost_header: ` + headerNameRule},

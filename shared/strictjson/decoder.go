@@ -1,6 +1,7 @@
 package strictjson
 
 import (
+	"strconv"
 	"time"
 	"unicode/utf8"
 )
@@ -76,7 +77,7 @@ func NewDecoder(data []byte, lim Limits) *Decoder {
 	}
 	d := &Decoder{data: data, lim: lim}
 	if len(data) > lim.MaxBytes {
-		d.syntaxAt(0, "document is "+itoa(len(data))+" bytes, more than the limit of "+itoa(lim.MaxBytes))
+		d.syntaxAt(0, "document is "+strconv.Itoa(len(data))+" bytes, more than the limit of "+strconv.Itoa(lim.MaxBytes))
 	}
 	return d
 }
@@ -805,7 +806,7 @@ func (d *Decoder) skipWS() {
 func (d *Decoder) enter() bool {
 	d.depth++
 	if d.depth > d.lim.MaxDepth {
-		d.syntax("nesting deeper than " + itoa(d.lim.MaxDepth) + " levels")
+		d.syntax("nesting deeper than " + strconv.Itoa(d.lim.MaxDepth) + " levels")
 		return false
 	}
 	return true

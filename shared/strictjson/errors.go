@@ -110,8 +110,6 @@ func isPlainKey(k string) bool {
 	return true
 }
 
-func itoa(n int) string { return strconv.Itoa(n) }
-
 func quoteByte(c byte) string {
 	if c >= 0x20 && c < 0x7f {
 		return strconv.QuoteRune(rune(c))

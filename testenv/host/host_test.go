@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,19 +179,17 @@ func TestTickFollowsVirtualClock(t *testing.T) {
 	if got := ticks(); got != "3" {
 		t.Fatalf("after 350ms ticks = %q, want 3", got)
 	}
-	want := "tick 3 at " + itoa(epoch.Add(300*time.Millisecond).UnixNano())
+	want := "tick 3 at " + strconv.FormatInt(epoch.Add(300*time.Millisecond).UnixNano(), 10)
 	if !hasLog(h.Logs(), want) {
 		t.Errorf("no log %q", want)
 	}
 }
 
-func itoa(n int64) string { return strconvFormat(n) }
-
 func TestTimeFollowsVirtualClock(t *testing.T) {
 	h, clock := newHost(t, host.Config{NoCanary: true})
 	clock.Advance(90 * time.Second)
 	resp := do(t, h.Worker(0), host.Request{Headers: op("time")})
-	if got, want := resp.Upstream.Headers.Get("x-host-ns"), itoa(epoch.Add(90*time.Second).UnixNano()); got != want {
+	if got, want := resp.Upstream.Headers.Get("x-host-ns"), strconv.FormatInt(epoch.Add(90*time.Second).UnixNano(), 10); got != want {
 		t.Errorf("proxy_get_current_time_nanoseconds = %s, want %s", got, want)
 	}
 }

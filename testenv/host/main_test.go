@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -114,5 +113,3 @@ func op(name string, more ...string) host.Headers {
 	}
 	return h
 }
-
-func strconvFormat(n int64) string { return strconv.FormatInt(n, 10) }

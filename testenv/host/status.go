@@ -1,5 +1,7 @@
 package host
 
+import "strconv"
+
 // status is proxy_status_t (spec "Types"; proxy-wasm-cpp-sdk
 // proxy_wasm_common.h WasmResult).
 type status uint32
@@ -40,7 +42,7 @@ func (s status) String() string {
 	case statusUnimplemented:
 		return "UNIMPLEMENTED"
 	}
-	return "STATUS_" + itoa(int64(s))
+	return "STATUS_" + strconv.FormatInt(int64(s), 10)
 }
 
 // Buffer types (spec "Types").

@@ -134,7 +134,7 @@ func (l LogLevel) String() string {
 	case LogCritical:
 		return "critical"
 	}
-	return "level(" + itoa(int64(l)) + ")"
+	return "level(" + strconv.FormatInt(int64(l), 10) + ")"
 }
 
 // LogEntry is one line logged by a guest through proxy_log, or written to
@@ -203,7 +203,7 @@ func (s Status) String() string {
 	case Reset:
 		return "Reset"
 	}
-	return "Status(" + itoa(int64(s)) + ")"
+	return "Status(" + strconv.FormatInt(int64(s), 10) + ")"
 }
 
 // Errors returned by the host. Check them with errors.Is.
@@ -244,12 +244,10 @@ type TrapError struct {
 func (e *TrapError) Error() string {
 	w := "canary"
 	if e.Worker >= 0 {
-		w = "worker " + itoa(int64(e.Worker))
+		w = "worker " + strconv.FormatInt(int64(e.Worker), 10)
 	}
 	return "host: " + w + ": " + e.Call + " trapped: " + e.Err.Error()
 }
 
 // Unwrap returns ErrVMFailed, so errors.Is(err, ErrVMFailed) holds.
 func (e *TrapError) Unwrap() []error { return []error{ErrVMFailed, e.Err} }
-
-func itoa(v int64) string { return strconv.FormatInt(v, 10) }
