@@ -55,6 +55,18 @@ func (s *sharedStore) get(vmID, key string) ([]byte, uint32, bool) {
 	return append([]byte(nil), e.value...), e.cas, true
 }
 
+// keys returns vmID's keys, sorted.
+func (s *sharedStore) keys(vmID string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.data[vmID]))
+	for k := range s.data[vmID] {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // set is SharedData::set: a new key is always created; an existing key
 // with a non-zero cas that differs from the stored one is CAS_MISMATCH;
 // cas 0 writes unconditionally. There is no deletion.

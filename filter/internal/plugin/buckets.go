@@ -8,11 +8,28 @@ import (
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
-// bucketKey is the shared-data key of bucket n of a rule:
-// "sluice/<policy>/<rule id>/<n>". It holds no version, so a rule that keeps
-// its id and definition keeps its counters across policy versions.
-func bucketKey(policy, rule string, n int) string {
-	return "sluice/" + policy + "/" + rule + "/" + strconv.Itoa(n)
+// bucketKey is the shared-data key of bucket n of a rule under a layout
+// (layoutName): "sluice/<policy>/<rule id>/<layout>/<n>". It holds no
+// version, so a rule that keeps its id and definition keeps its counters
+// across policy versions. It holds the layout, so two plugin configurations
+// that share a vm_id and a policy but not entries_per_bucket or
+// buckets_per_rule (e.g. an old one still draining after a configuration
+// change) keep separate counters: neither reads the other's buckets as
+// corrupt and wipes them, and a client key maps to one bucket per
+// configuration, never to a bucket shared by chance.
+func bucketKey(policy, rule, layout string, n int) string {
+	return "sluice/" + policy + "/" + rule + "/" + layout + "/" + strconv.Itoa(n)
+}
+
+// layoutName names a bucket layout in bucket keys:
+// "e<entries_per_bucket>b<buckets_per_rule>", e.g. "e16b64".
+func layoutName(entriesPerBucket, bucketsPerRule int) string {
+	return "e" + strconv.Itoa(entriesPerBucket) + "b" + strconv.Itoa(bucketsPerRule)
+}
+
+// layout returns the name of the configured bucket layout.
+func (p *pluginContext) layout() string {
+	return layoutName(p.cfg.EntriesPerBucket, p.cfg.BucketsPerRule)
 }
 
 // createBuckets makes every bucket key of c exist before any request uses
@@ -31,10 +48,11 @@ func bucketKey(policy, rule string, n int) string {
 //
 // It returns the first shared-data error other than NOT_FOUND.
 func (p *pluginContext) createBuckets(c *rules.Compiled) error {
+	layout := p.layout()
 	for i := 0; i < c.Len(); i++ {
 		id := c.Rule(i).ID
 		for n := 0; n < p.cfg.BucketsPerRule; n++ {
-			key := bucketKey(c.Name, id, n)
+			key := bucketKey(c.Name, id, layout, n)
 			_, _, err := proxywasm.GetSharedData(key)
 			switch {
 			case err == nil:

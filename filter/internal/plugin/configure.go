@@ -182,7 +182,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		rs.index, rs.cr, rs.layout = i, cr, layout
 		rs.keys = make([]string, p.cfg.BucketsPerRule)
 		for n := range rs.keys {
-			rs.keys[n] = bucketKey(c.Name, cr.ID, n)
+			rs.keys[n] = bucketKey(c.Name, cr.ID, p.layout(), n)
 		}
 		rs.m = p.ruleMetrics(cr.ID)
 		switch cr.Config.Algorithm {
