@@ -107,6 +107,7 @@ func (p *pluginContext) OnTick() {
 	if p.sync != nil {
 		p.sync.Tick()
 	}
+	p.retireTick()
 	p.flushMetrics()
 }
 
@@ -124,7 +125,8 @@ func (p *pluginContext) OnPluginDone() bool {
 // swapPolicy makes c the policy in use, from the next request on. Rules
 // keep their counters when their id and limiter are unchanged (the
 // shared-data keys do not contain the version; the bucket header carries
-// the limiter fingerprint). It fails, leaving the current policy in place,
+// the limiter fingerprint); rules c drops lose their metrics and, a few
+// ticks later, their counters (retire.go). It fails, leaving the current policy in place,
 // if a rule's bucket would exceed table.MaxBucketSize with the configured
 // entries_per_bucket. It makes hostcalls (metric definitions), so call it
 // from proxy_on_configure or proxy_on_tick / an HTTP-call callback.
@@ -133,6 +135,7 @@ func (p *pluginContext) swapPolicy(c *rules.Compiled) error {
 	if err != nil {
 		return err
 	}
+	p.dropRules(p.pol, c)
 	p.pol = ps
 	p.m.policyVersion.Record(c.Version)
 	proxywasm.LogInfo("sluice: policy " + c.Name + " version " + strconv.FormatUint(c.Version, 10) +

@@ -104,6 +104,9 @@ type pluginContext struct {
 
 	m         metrics
 	ruleStats map[string]*ruleMetrics
+	// retiring is the rules the last swaps dropped, whose buckets retireTick
+	// shrinks; nil if none.
+	retiring *retirement
 
 	// free is a list of finished HTTP contexts to reuse.
 	free []*httpContext
