@@ -71,6 +71,14 @@ type Config struct {
 	// (CPPHOST src/shared_data.cc keeps one store per process). Closing
 	// either Host leaves the store to the other.
 	ShareWith *Host
+	// SharedDataHook, if set, runs on a VM's event loop before each of its
+	// proxy_get_shared_data ("get") and proxy_set_shared_data ("set")
+	// hostcalls, with the VM's index (-1 for the canary), the callback the
+	// guest is in (e.g. "proxy_on_http_call_response") and the key. A test
+	// can block in it to hold that VM inside a callback while the other
+	// VMs run; with a VirtualClock it must not block across an Advance,
+	// which waits for every VM's tick.
+	SharedDataHook func(worker int, callback, op, key string)
 }
 
 // Host is a set of worker VMs of one module, as Envoy runs one Wasm HTTP

@@ -474,6 +474,9 @@ func hostSetSharedData(v *vm, s []uint64) status {
 	if !ok1 || !ok2 {
 		return statusInvalidMemoryAccess
 	}
+	if hook := v.h.cfg.SharedDataHook; hook != nil {
+		hook(v.index, v.callName, "set", key)
+	}
 	_, st := v.h.store.set(v.h.cfg.VMID, key, val, uint32(s[4]))
 	return st
 }
@@ -482,6 +485,9 @@ func hostGetSharedData(v *vm, s []uint64) status {
 	key, ok := v.readString(uint32(s[0]), uint32(s[1]))
 	if !ok {
 		return statusInvalidMemoryAccess
+	}
+	if hook := v.h.cfg.SharedDataHook; hook != nil {
+		hook(v.index, v.callName, "get", key)
 	}
 	val, cas, found := v.h.store.get(v.h.cfg.VMID, key)
 	if !found {
