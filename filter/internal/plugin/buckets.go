@@ -46,21 +46,34 @@ func (p *pluginContext) layout() string {
 // before it publishes a pulled policy (workers see the policy only after).
 // A worker that still finds a key absent falls back to casAbsent.
 //
-// It returns the first shared-data error other than NOT_FOUND.
+// The creating write carries the cas of another key read just before (a
+// witness; casAbsent if none was found): no write to the key being created
+// can have had that cas, since every write takes the next value of one
+// global counter, so if another VM created the key and a request wrote it
+// meanwhile, the write fails with CAS_MISMATCH instead of erasing that
+// charge, as a cas-0 write would.
+//
+// It returns the first shared-data error other than NOT_FOUND and
+// CAS_MISMATCH.
 func (p *pluginContext) createBuckets(c *rules.Compiled) error {
 	layout := p.layout()
+	witness := casAbsent
+	if _, cas, err := proxywasm.GetSharedData(hashKeyKey); err == nil {
+		witness = cas
+	}
 	for i := 0; i < c.Len(); i++ {
 		id := c.Rule(i).ID
 		for n := 0; n < p.cfg.BucketsPerRule; n++ {
 			key := bucketKey(c.Name, id, layout, n)
-			_, _, err := proxywasm.GetSharedData(key)
+			_, cas, err := proxywasm.GetSharedData(key)
 			switch {
 			case err == nil:
+				witness = cas
 				continue
 			case !errors.Is(err, proxywasm.ErrNotFound):
 				return errors.New("reading " + key + ": " + err.Error())
 			}
-			if err := proxywasm.SetSharedData(key, nil, 0); err != nil {
+			if err := proxywasm.SetSharedData(key, nil, witness); err != nil && !errors.Is(err, proxywasm.ErrCasMismatch) {
 				return errors.New("creating " + key + ": " + err.Error())
 			}
 		}

@@ -76,6 +76,8 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 	}
 	p.cfg = cfg
 	p.m.define()
+	// The hash key first: creating keys below uses its cas as a witness.
+	p.loadHashKey(true)
 	if cfg.Policy != nil {
 		if err := p.swapPolicy(cfg.Policy); err != nil {
 			proxywasm.LogError("sluice: invalid plugin configuration: " + err.Error())
@@ -91,7 +93,6 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 		proxywasm.LogError("sluice: invalid plugin configuration: control_plane: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
-	p.loadHashKey(true)
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.Tick.Milliseconds())); err != nil {
 		proxywasm.LogWarn("sluice: setting the tick period: " + err.Error())
 	}
