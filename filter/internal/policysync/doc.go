@@ -76,6 +76,9 @@
 // shrinks its own. A reader that read the old meta and then a shrunk chunk
 // sees a torn read (each chunk starts with its generation, and the meta
 // carries length and checksum) and reads the new meta on its next check.
+// A meta that does not decode (e.g. the "SPM1" format of an older module
+// sharing the vm_id) reads as nothing published; the next claim replaces
+// it, still by compare-and-swap.
 //
 // # Key growth
 //
@@ -115,7 +118,7 @@
 //     and a VM that lost the race to create a key fails instead of
 //     overwriting what the winner wrote since.
 //   - Workers check the meta on the request path too (at most every
-//     RequestCheckInterval, one shared-data read of about 50 bytes), so under
+//     RequestCheckInterval, one shared-data read of about 60 bytes), so under
 //     traffic a change is enforced within milliseconds of its publication;
 //     idle workers pick it up within one tick.
 //   - The callout timeout is told from a control-plane 504 by Envoy's body
