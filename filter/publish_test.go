@@ -26,12 +26,21 @@ func TestStalledPublisherNeitherRollsBackNorTears(t *testing.T) {
 	}
 	for _, vv := range [][2]int{{5, 6}, {6, 5}} {
 		t.Run("A v"+strconv.Itoa(vv[0])+", B v"+strconv.Itoa(vv[1]), func(t *testing.T) {
+			retries := 0
 			for step := 1; ; step++ {
-				if !stalledPublish(t, step, vv[0], vv[1]) {
+				switch stalledPublish(t, step, vv[0], vv[1]) {
+				case allSteps:
 					if step < 6 {
 						t.Fatalf("A made only %d shared-data operations while publishing", step-1)
 					}
 					return
+				case again:
+					// The lease moved on its own (a tick delayed past the
+					// lease on a loaded machine) before A got its policy.
+					if retries++; retries > 5 {
+						t.Fatalf("step %d: the lease keeps moving on its own", step)
+					}
+					step--
 				}
 			}
 		})
@@ -43,10 +52,17 @@ func churnDoc(version int) string {
 		`,"rules":[{"id":"r` + strconv.Itoa(version) + `","algorithm":"fixed_window","limit":` + strconv.Itoa(version) + `,"window":"1h"}]}`
 }
 
+// The outcomes of stalledPublish.
+const (
+	checked  = iota // the interleaving ran and its outcome is right
+	allSteps        // A published before its step-th operation
+	again           // the run did not go as planned; run the step again
+)
+
 // stalledPublish runs one interleaving: B publishes vb while A is held
 // before its step-th shared-data operation in the callback that received
-// va. It returns false if A made fewer operations.
-func stalledPublish(t *testing.T, step, va, vb int) bool {
+// va.
+func stalledPublish(t *testing.T, step, va, vb int) int {
 	t.Helper()
 	cp := newPolicyServer(t)
 	var (
@@ -78,7 +94,7 @@ func stalledPublish(t *testing.T, step, va, vb int) bool {
 		}
 	}
 	cfg := `{"tick":"20ms","buckets_per_rule":1,` +
-		`"control_plane":{"cluster":"cp","policy":"p","wait":"1s","timeout":"2s","lease":"100ms"}}`
+		`"control_plane":{"cluster":"cp","policy":"p","wait":"1s","timeout":"2s","lease":"200ms"}}`
 	h, err := host.New(t.Context(), host.Config{
 		Wasm: buildWasmTB(t), VMID: "sluice", PluginName: "sluice", PluginConfig: []byte(cfg),
 		Workers: 2, LogLevel: host.LogDebug, SharedDataHook: hook,
@@ -88,6 +104,8 @@ func stalledPublish(t *testing.T, step, va, vb int) bool {
 		t.Fatal(err)
 	}
 	defer h.Close()
+	unhold := sync.OnceFunc(func() { close(release) })
+	defer unhold() // before Close, which waits for A's event loop
 	e := &env{t: t, h: h}
 
 	// Wait for a lease holder, then hand it va.
@@ -99,8 +117,13 @@ func stalledPublish(t *testing.T, step, va, vb int) bool {
 		case <-fired:
 		default:
 			if hasLog(h, -1, 0, "published policy version "+strconv.Itoa(va)+" ") {
+				mu.Lock()
+				defer mu.Unlock()
+				if a < 0 || !hasLog(h, a, 0, "published policy version "+strconv.Itoa(va)+" ") {
+					return again
+				}
 				t.Logf("A published after %d shared-data operations", ops)
-				return false // all steps done
+				return allSteps
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("step %d: A neither published nor reached the step", step)
@@ -112,12 +135,15 @@ func stalledPublish(t *testing.T, step, va, vb int) bool {
 	mu.Lock()
 	b := 1 - a
 	mu.Unlock()
+	if b < 0 || b > 1 {
+		t.Fatalf("step %d: held worker %d", step, a)
+	}
 	// A is held; its lease lapses, B takes it and publishes vb.
 	mark := len(h.Logs())
 	cp.docs <- churnDoc(vb)
 	awaitLog(t, h, b, mark, "published policy version "+strconv.Itoa(vb)+" ")
 	mark = len(h.Logs())
-	close(release)
+	unhold()
 	awaitLog(t, h, a, mark, "published policy version", "dropped a poll result", "below the published", "could not publish")
 
 	// The published version is the highest published, and every worker
@@ -144,7 +170,7 @@ func stalledPublish(t *testing.T, step, va, vb int) bool {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	return true
+	return checked
 }
 
 // hasLog reports whether a log entry from worker (-1: any) at index ≥ from
