@@ -166,7 +166,7 @@ func TestBucketKeysExistBeforeRequests(t *testing.T) {
 	e := newEnv(t, `{"tick":"1m","buckets_per_rule":`+strconv.Itoa(buckets)+`,"policy":`+pol+`}`, 2)
 	for _, rule := range []string{"a", "b"} {
 		for n := 0; n < buckets; n++ {
-			key := "sluice/p/" + rule + "/" + strconv.Itoa(n)
+			key := bucketKeyOf("p", rule, 16, buckets, n) // entries_per_bucket defaults to 16
 			if _, _, ok := e.h.SharedData(key); !ok {
 				t.Errorf("shared data %s absent after configure", key)
 			}

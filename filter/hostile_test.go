@@ -243,12 +243,12 @@ func TestManyDistinctKeys(t *testing.T) {
 	comp, _ := rules.Compile(pp, rules.CompileOptions{})
 	layout, _ := table.New(comp.Rule(0).Limiter, 8)
 	for b := 0; b < 32; b++ {
-		v, _, ok := e.h.SharedData("sluice/p/k/" + strconv.Itoa(b))
+		v, _, ok := e.h.SharedData(bucketKeyOf("p", "k", 8, 32, b))
 		if !ok || len(v) != layout.Size() {
 			t.Errorf("bucket %d: present %v, %d bytes, want %d", b, ok, len(v), layout.Size())
 		}
 	}
-	if _, _, ok := e.h.SharedData("sluice/p/k/32"); ok {
+	if _, _, ok := e.h.SharedData(bucketKeyOf("p", "k", 8, 32, 32)); ok {
 		t.Error("a 33rd bucket exists")
 	}
 	// The Go heap settles in a few steps over the first tens of thousands

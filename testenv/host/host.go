@@ -65,6 +65,20 @@ type Config struct {
 	// HTTPClient performs proxy_http_call requests; nil means a client of
 	// its own (no timeout beyond the call's).
 	HTTPClient *http.Client
+	// ShareWith, if set, is another Host of the same process whose shared
+	// data and shared queues this Host uses (one cas counter, one map per
+	// vm_id), as two Wasm filter configurations in one Envoy share them
+	// (CPPHOST src/shared_data.cc keeps one store per process). Closing
+	// either Host leaves the store to the other.
+	ShareWith *Host
+	// SharedDataHook, if set, runs on a VM's event loop before each of its
+	// proxy_get_shared_data ("get") and proxy_set_shared_data ("set")
+	// hostcalls, with the VM's index (-1 for the canary), the callback the
+	// guest is in (e.g. "proxy_on_http_call_response") and the key. A test
+	// can block in it to hold that VM inside a callback while the other
+	// VMs run; with a VirtualClock it must not block across an Advance,
+	// which waits for every VM's tick.
+	SharedDataHook func(worker int, callback, op, key string)
 }
 
 // Host is a set of worker VMs of one module, as Envoy runs one Wasm HTTP
@@ -134,6 +148,9 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 		client:  cfg.HTTPClient,
 		store:   newSharedStore(),
 		metrics: newMetricStore(),
+	}
+	if cfg.ShareWith != nil {
+		h.store = cfg.ShareWith.store
 	}
 	if h.clock == nil {
 		h.clock = SystemClock
@@ -213,6 +230,10 @@ func (h *Host) Clock() Clock { return h.clock }
 func (h *Host) SharedData(key string) (value []byte, cas uint32, ok bool) {
 	return h.store.get(h.cfg.VMID, key)
 }
+
+// SharedDataKeys returns every key set in the Host's vm_id namespace,
+// sorted: Envoy cannot delete a key, so this is every key ever written.
+func (h *Host) SharedDataKeys() []string { return h.store.keys(h.cfg.VMID) }
 
 // SetSharedData stores value under key unconditionally (cas 0 semantics),
 // as if a guest had, and returns the new cas.

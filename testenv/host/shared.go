@@ -55,6 +55,18 @@ func (s *sharedStore) get(vmID, key string) ([]byte, uint32, bool) {
 	return append([]byte(nil), e.value...), e.cas, true
 }
 
+// keys returns vmID's keys, sorted.
+func (s *sharedStore) keys(vmID string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.data[vmID]))
+	for k := range s.data[vmID] {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // set is SharedData::set: a new key is always created; an existing key
 // with a non-zero cas that differs from the stored one is CAS_MISMATCH;
 // cas 0 writes unconditionally. There is no deletion.
@@ -257,6 +269,9 @@ func hostSetSharedData(v *vm, s []uint64) status {
 	if !ok1 || !ok2 {
 		return statusInvalidMemoryAccess
 	}
+	if hook := v.h.cfg.SharedDataHook; hook != nil {
+		hook(v.index, v.callName, "set", key)
+	}
 	_, st := v.h.store.set(v.h.cfg.VMID, key, val, uint32(s[4]))
 	return st
 }
@@ -265,6 +280,9 @@ func hostGetSharedData(v *vm, s []uint64) status {
 	key, ok := v.readString(uint32(s[0]), uint32(s[1]))
 	if !ok {
 		return statusInvalidMemoryAccess
+	}
+	if hook := v.h.cfg.SharedDataHook; hook != nil {
+		hook(v.index, v.callName, "get", key)
 	}
 	val, cas, found := v.h.store.get(v.h.cfg.VMID, key)
 	if !found {

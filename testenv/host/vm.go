@@ -65,6 +65,7 @@ type vm struct {
 	nextContextID uint32
 	rootID        uint32
 	current       uint32 // context of the running top-level call
+	callName      string // name of the running top-level call
 	effective     uint32 // after proxy_set_effective_context
 	streams       map[uint32]*stream
 	afterCall     []func()
@@ -335,7 +336,8 @@ func (v *vm) call(name string, onReturn func(uint64), args ...uint64) (uint64, e
 	if v.h.cfg.Trace {
 		v.traceCall(name, args)
 	}
-	prevCur, prevEff := v.current, v.effective
+	prevCur, prevEff, prevName := v.current, v.effective, v.callName
+	v.callName = name
 	if len(args) > 0 {
 		v.current, v.effective = uint32(args[0]), uint32(args[0])
 	}
@@ -348,7 +350,7 @@ func (v *vm) call(name string, onReturn func(uint64), args ...uint64) (uint64, e
 		stack = append(stack, make([]uint64, n-len(stack))...)
 	}
 	err := f.CallWithStack(v.ctx, stack)
-	v.current, v.effective = prevCur, prevEff
+	v.current, v.effective, v.callName = prevCur, prevEff, prevName
 	if err != nil {
 		v.afterCall = nil
 		v.failed = &TrapError{Worker: v.index, Call: name, Err: err}

@@ -8,11 +8,28 @@ import (
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
-// bucketKey is the shared-data key of bucket n of a rule:
-// "sluice/<policy>/<rule id>/<n>". It holds no version, so a rule that keeps
-// its id and definition keeps its counters across policy versions.
-func bucketKey(policy, rule string, n int) string {
-	return "sluice/" + policy + "/" + rule + "/" + strconv.Itoa(n)
+// bucketKey is the shared-data key of bucket n of a rule under a layout
+// (layoutName): "sluice/<policy>/<rule id>/<layout>/<n>". It holds no
+// version, so a rule that keeps its id and definition keeps its counters
+// across policy versions. It holds the layout, so two plugin configurations
+// that share a vm_id and a policy but not entries_per_bucket or
+// buckets_per_rule (e.g. an old one still draining after a configuration
+// change) keep separate counters: neither reads the other's buckets as
+// corrupt and wipes them, and a client key maps to one bucket per
+// configuration, never to a bucket shared by chance.
+func bucketKey(policy, rule, layout string, n int) string {
+	return "sluice/" + policy + "/" + rule + "/" + layout + "/" + strconv.Itoa(n)
+}
+
+// layoutName names a bucket layout in bucket keys:
+// "e<entries_per_bucket>b<buckets_per_rule>", e.g. "e16b64".
+func layoutName(entriesPerBucket, bucketsPerRule int) string {
+	return "e" + strconv.Itoa(entriesPerBucket) + "b" + strconv.Itoa(bucketsPerRule)
+}
+
+// layout returns the name of the configured bucket layout.
+func (p *pluginContext) layout() string {
+	return layoutName(p.cfg.EntriesPerBucket, p.cfg.BucketsPerRule)
 }
 
 // createBuckets makes every bucket key of c exist before any request uses
@@ -29,20 +46,34 @@ func bucketKey(policy, rule string, n int) string {
 // before it publishes a pulled policy (workers see the policy only after).
 // A worker that still finds a key absent falls back to casAbsent.
 //
-// It returns the first shared-data error other than NOT_FOUND.
+// The creating write carries the cas of another key read just before (a
+// witness; casAbsent if none was found): no write to the key being created
+// can have had that cas, since every write takes the next value of one
+// global counter, so if another VM created the key and a request wrote it
+// meanwhile, the write fails with CAS_MISMATCH instead of erasing that
+// charge, as a cas-0 write would.
+//
+// It returns the first shared-data error other than NOT_FOUND and
+// CAS_MISMATCH.
 func (p *pluginContext) createBuckets(c *rules.Compiled) error {
+	layout := p.layout()
+	witness := casAbsent
+	if _, cas, err := proxywasm.GetSharedData(hashKeyKey); err == nil {
+		witness = cas
+	}
 	for i := 0; i < c.Len(); i++ {
 		id := c.Rule(i).ID
 		for n := 0; n < p.cfg.BucketsPerRule; n++ {
-			key := bucketKey(c.Name, id, n)
-			_, _, err := proxywasm.GetSharedData(key)
+			key := bucketKey(c.Name, id, layout, n)
+			_, cas, err := proxywasm.GetSharedData(key)
 			switch {
 			case err == nil:
+				witness = cas
 				continue
 			case !errors.Is(err, proxywasm.ErrNotFound):
 				return errors.New("reading " + key + ": " + err.Error())
 			}
-			if err := proxywasm.SetSharedData(key, nil, 0); err != nil {
+			if err := proxywasm.SetSharedData(key, nil, witness); err != nil && !errors.Is(err, proxywasm.ErrCasMismatch) {
 				return errors.New("creating " + key + ": " + err.Error())
 			}
 		}

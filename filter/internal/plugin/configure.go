@@ -76,6 +76,8 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 	}
 	p.cfg = cfg
 	p.m.define()
+	// The hash key first: creating keys below uses its cas as a witness.
+	p.loadHashKey(true)
 	if cfg.Policy != nil {
 		if err := p.swapPolicy(cfg.Policy); err != nil {
 			proxywasm.LogError("sluice: invalid plugin configuration: " + err.Error())
@@ -91,7 +93,6 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 		proxywasm.LogError("sluice: invalid plugin configuration: control_plane: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
-	p.loadHashKey(true)
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.Tick.Milliseconds())); err != nil {
 		proxywasm.LogWarn("sluice: setting the tick period: " + err.Error())
 	}
@@ -107,6 +108,7 @@ func (p *pluginContext) OnTick() {
 	if p.sync != nil {
 		p.sync.Tick()
 	}
+	p.retireTick()
 	p.flushMetrics()
 }
 
@@ -124,7 +126,8 @@ func (p *pluginContext) OnPluginDone() bool {
 // swapPolicy makes c the policy in use, from the next request on. Rules
 // keep their counters when their id and limiter are unchanged (the
 // shared-data keys do not contain the version; the bucket header carries
-// the limiter fingerprint). It fails, leaving the current policy in place,
+// the limiter fingerprint); rules c drops lose their metrics and, a few
+// ticks later, their counters (retire.go). It fails, leaving the current policy in place,
 // if a rule's bucket would exceed table.MaxBucketSize with the configured
 // entries_per_bucket. It makes hostcalls (metric definitions), so call it
 // from proxy_on_configure or proxy_on_tick / an HTTP-call callback.
@@ -133,6 +136,7 @@ func (p *pluginContext) swapPolicy(c *rules.Compiled) error {
 	if err != nil {
 		return err
 	}
+	p.dropRules(p.pol, c)
 	p.pol = ps
 	p.m.policyVersion.Record(c.Version)
 	proxywasm.LogInfo("sluice: policy " + c.Name + " version " + strconv.FormatUint(c.Version, 10) +
@@ -182,7 +186,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		rs.index, rs.cr, rs.layout = i, cr, layout
 		rs.keys = make([]string, p.cfg.BucketsPerRule)
 		for n := range rs.keys {
-			rs.keys[n] = bucketKey(c.Name, cr.ID, n)
+			rs.keys[n] = bucketKey(c.Name, cr.ID, p.layout(), n)
 		}
 		rs.m = p.ruleMetrics(cr.ID)
 		switch cr.Config.Algorithm {

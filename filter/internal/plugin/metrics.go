@@ -85,11 +85,16 @@ type ruleMetrics struct {
 func (p *pluginContext) flushMetrics() {
 	p.m.flush()
 	for _, m := range p.ruleStats {
-		m.allowed.flush()
-		m.limited.flush()
-		m.shadowLimited.flush()
-		m.failedOpen.flush()
+		m.flush()
 	}
+}
+
+// flush hands the rule's pending increments to the host.
+func (m *ruleMetrics) flush() {
+	m.allowed.flush()
+	m.limited.flush()
+	m.shadowLimited.flush()
+	m.failedOpen.flush()
 }
 
 func (p *pluginContext) ruleMetrics(id string) *ruleMetrics {

@@ -12,8 +12,10 @@
 //
 // # Shared data
 //
-// Counters live under "sluice/<policy>/<rule-id>/<n>", n in
-// [0, buckets_per_rule): one table.Layout bucket each. A request's counter
+// Counters live under "sluice/<policy>/<rule-id>/<layout>/<n>", n in
+// [0, buckets_per_rule), layout "e<entries_per_bucket>b<buckets_per_rule>":
+// one table.Layout bucket each. Configurations of one vm_id with different
+// layouts count separately. A request's counter
 // key (rules.Compiled.AppendKey) is hashed with SipHash-2-4 under a 16-byte
 // per-Envoy secret stored at "sluice/hashkey", and table.BucketOf picks
 // the bucket. The bucket header carries the limiter's fingerprint, so a
@@ -102,6 +104,9 @@ type pluginContext struct {
 
 	m         metrics
 	ruleStats map[string]*ruleMetrics
+	// retiring is the rules the last swaps dropped, whose buckets retireTick
+	// shrinks; nil if none.
+	retiring *retirement
 
 	// free is a list of finished HTTP contexts to reuse.
 	free []*httpContext

@@ -87,9 +87,10 @@ func compile(t *testing.T, doc string) *rules.Compiled {
 	return c
 }
 
-// TestSwapPolicy: the seam rule sync uses. Shared-data keys name the policy
-// and rule (not the version), so an unchanged rule keeps its counters;
-// metrics are kept per rule id; the request data read follows the rules.
+// TestSwapPolicy: the seam rule sync uses. Shared-data keys name the policy,
+// rule and bucket layout (not the version), so an unchanged rule keeps its
+// counters; metrics are kept per rule id while the rule exists; the request
+// data read follows the rules.
 func TestSwapPolicy(t *testing.T) {
 	p := &pluginContext{cfg: config.Default()}
 	p.cfg.BucketsPerRule = 3
@@ -102,7 +103,7 @@ func TestSwapPolicy(t *testing.T) {
 		t.Fatalf("version %d %v", v, ok)
 	}
 	ps := p.pol
-	if want := []string{"sluice/edge/a/0", "sluice/edge/a/1", "sluice/edge/a/2"}; !reflect.DeepEqual(ps.rules[0].keys, want) {
+	if want := []string{"sluice/edge/a/e16b3/0", "sluice/edge/a/e16b3/1", "sluice/edge/a/e16b3/2"}; !reflect.DeepEqual(ps.rules[0].keys, want) {
 		t.Errorf("keys %q, want %q", ps.rules[0].keys, want)
 	}
 	if !ps.needIP || ps.needUser || ps.needTenant || ps.needMethod || ps.needPath || len(ps.headerNames) != 0 {
@@ -136,5 +137,28 @@ func TestSwapPolicy(t *testing.T) {
 	}
 	if v, _ := p.policyVersion(); v != 2 {
 		t.Errorf("version after a refused swap: %d", v)
+	}
+	if p.retiring != nil {
+		t.Errorf("retiring %+v after swaps that dropped no rule", p.retiring)
+	}
+	// Dropping rule b forgets its metrics (the tick no longer flushes them)
+	// and notes it for retirement; rule a keeps its metrics.
+	p.cfg.EntriesPerBucket = 16
+	v4 := compile(t, `{"policy":"edge","version":4,"rules":[{"id":"a","key":["client_ip"],"algorithm":"gcra","limit":1,"window":"1s"}]}`)
+	if err := p.swapPolicy(v4); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := p.ruleStats["b"]; ok || p.ruleStats["a"] != ma {
+		t.Errorf("rule metrics after dropping b: %v", p.ruleStats)
+	}
+	if r := p.retiring; r == nil || r.policy != "edge" || r.version != 4 || !reflect.DeepEqual(r.ids, []string{"b"}) || r.ticks != retireTicks {
+		t.Errorf("retiring %+v, want rule b of edge version 4", r)
+	}
+	// A rule that comes back before its retirement is kept.
+	if err := p.swapPolicy(v2); err != nil {
+		t.Fatal(err)
+	}
+	if p.retiring != nil {
+		t.Errorf("retiring %+v after rule b came back", p.retiring)
 	}
 }

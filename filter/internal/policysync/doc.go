@@ -1,8 +1,8 @@
 // Package policysync pulls the rate-limit policy from the control plane
-// into every worker VM of one Envoy (docs/ARCHITECTURE.md, Rule sync inside
-// Envoy): one worker holds a sync lease and keeps one long poll open;
-// what it receives is validated and published in shared data; every worker
-// applies the published policy on its tick, or sooner on the request path.
+// into every worker VM of one Envoy: one worker holds a sync
+// lease and keeps one long poll open; what it receives is validated and
+// published in shared data; every worker applies the published policy on
+// its tick, or sooner on the request path.
 //
 // # Roles
 //
@@ -33,34 +33,59 @@
 //
 // # Shared data
 //
-// All values are little-endian. Envoy cannot delete shared-data keys, so the
-// key space per policy is fixed: one lease, one meta, at most 2 × MaxChunks
-// chunks.
+// All values are little-endian. Envoy cannot delete shared-data keys (a
+// value can only be overwritten, e.g. shrunk to empty); see "Key growth".
 //
 //	sluice/sync/<policy>/lease         Lease: holder VM token u64, expiry Unix ns i64
-//	sluice/policy/<policy>/meta        Meta: "SPM1", version u64, generation u64,
-//	                                   length u32, chunks u32, FNV-1a-64 checksum u64,
-//	                                   ETag length u16, ETag
-//	sluice/policy/<policy>/chunk/<s>/<i>  generation u64, then bytes
+//	sluice/policy/<policy>/meta        Meta: "SPM2", version u64, generation u64,
+//	                                   claimed u64, length u32, chunks u32,
+//	                                   FNV-1a-64 checksum u64, ETag length u16, ETag
+//	                                   (empty: created, nothing published yet)
+//	sluice/policy/<policy>/chunk/<g>/<i>  generation g u64, then bytes
 //	                                   [i×ChunkBytes, (i+1)×ChunkBytes) of the document
 //
 // The lease: each instance draws a random 64-bit token at start. On its tick
 // an instance writes {its token, now + Lease} by compare-and-swap if the
 // lease is free, expired or already its own; so the holder renews it every
 // tick, and when the holder dies its lease passes to another worker within
-// Lease plus one tick. The lease key is created free at plugin start (Envoy
-// configures a canary VM on the main thread before any worker), so workers
-// only ever take it by compare-and-swap. A holder whose poll was in flight
-// when it lost the lease drops the result. Lease defaults to max(1 s, 10
-// ticks); a holder stopped gracefully (proxy_on_done) releases it.
+// Lease plus one tick. The lease and meta keys are created at plugin start
+// (Envoy configures a canary VM on the main thread before any worker), so
+// workers only ever write them by compare-and-swap. A holder whose poll was
+// in flight when it lost the lease drops the result, and a holder takes the
+// lease again by compare-and-swap after compiling and preparing a policy,
+// just before publishing it. Lease defaults to max(1 s, 10 ticks); a
+// holder stopped gracefully (proxy_on_done) releases it.
 //
-// Publishing: the holder writes the document's chunks into slot s =
-// generation & 1 — the slot the current meta does not point to, so readers
-// of the current generation are never disturbed and a holder dying half-way
-// leaves the current publication intact — then the meta by compare-and-swap
-// on the meta's cas. A generation's chunks carry the generation, so a reader
-// that read the meta of generation g and then chunks already overwritten by
-// g+2 notices and retries.
+// Publishing is safe against a concurrent publisher whatever the timing
+// (the lease keeps publishers to one in the normal case, but a holder can
+// stall past its lease): the meta is the only key publishers contend on,
+// and every write to it is a compare-and-swap.
+//
+//  1. Claim: the publisher reads the meta and writes it back with Claimed
+//     incremented; the winner owns generation g = Claimed alone.
+//  2. It writes the document's chunks under generation g's own keys, which
+//     no other publisher ever writes and no reader follows yet.
+//  3. Commit: it reads the meta again and, unless the meta already holds a
+//     version ≥ its own, writes {version, generation g, ...} by
+//     compare-and-swap on that read. This write is the commit point.
+//
+// So the published version never goes down (the check and the write see
+// the same meta), and a published generation's chunks were complete before
+// its meta and are never rewritten. After a commit the publisher shrinks
+// the replaced generation's chunks to empty; a publication that lost
+// shrinks its own. A reader that read the old meta and then a shrunk chunk
+// sees a torn read (each chunk starts with its generation, and the meta
+// carries length and checksum) and reads the new meta on its next check.
+// A meta that does not decode (e.g. the "SPM1" format of an older module
+// sharing the vm_id) reads as nothing published; the next claim replaces
+// it, still by compare-and-swap.
+//
+// # Key growth
+//
+// Each publication uses new chunk keys (at most MaxChunks); once replaced
+// they hold empty values, so what stays per publication is the keys
+// themselves (Envoy's per-entry overhead plus a key of about 40 bytes),
+// until Envoy restarts. Publications happen once per policy change.
 //
 // # Policy precedence
 //
@@ -78,19 +103,22 @@
 //
 // # Design choices
 //
-//   - Two chunk slots, not one: with a single slot a holder that died
-//     between its first chunk and its meta would leave the current meta
-//     pointing at mixed chunks, and every worker started afterwards would
-//     have no policy until the next change. Two slots cost at most
-//     MaxChunks more keys.
-//   - The lease key is created free in Start (proxy_on_configure), which
-//     Envoy runs in its canary on the main thread before any worker exists:
-//     Envoy creates an absent key whatever the cas, so two workers creating
-//     it at once could both believe they won. Tick creates it only if no
-//     canary did (a host without one), and the loser of that rare race
-//     finds out at its next renewal.
+//   - Chunk keys per generation, not two alternating slots: with shared
+//     slots a publisher that stalled (its lease lapsed while it compiled)
+//     could overwrite chunks another publisher had just committed, leaving
+//     a torn publication until the next change, and a first meta written
+//     without compare-and-swap could replace a newer one. Claimed
+//     generations give each publisher keys nobody else writes; the cost is
+//     one set of chunk keys per publication (see "Key growth").
+//   - The lease and meta keys are created in Start (proxy_on_configure),
+//     which Envoy runs in its canary on the main thread before any worker
+//     exists. Envoy creates an absent key whatever the cas, so a creating
+//     write carries the cas of another key read just before (no write to
+//     this key can have had it: cas values come from one global counter),
+//     and a VM that lost the race to create a key fails instead of
+//     overwriting what the winner wrote since.
 //   - Workers check the meta on the request path too (at most every
-//     RequestCheckInterval, one shared-data read of about 50 bytes), so under
+//     RequestCheckInterval, one shared-data read of about 60 bytes), so under
 //     traffic a change is enforced within milliseconds of its publication;
 //     idle workers pick it up within one tick.
 //   - The callout timeout is told from a control-plane 504 by Envoy's body

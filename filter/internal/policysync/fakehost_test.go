@@ -10,14 +10,15 @@ import (
 )
 
 // store is shared data with Envoy's semantics (proxy-wasm-cpp-host
-// src/shared_data.cc; docs/ENVOY.md, Shared data): one global cas counter
-// that skips 0; cas 0 writes unconditionally; a new key is created whatever
-// the cas.
+// src/shared_data.cc): one global cas counter that skips 0; cas 0 writes
+// unconditionally; a new key is created whatever the cas.
 type store struct {
 	mu      sync.Mutex
 	cas     uint32
 	entries map[string]entry
 	writes  map[string]int
+	// watch, if set, sees every successful write (under the lock).
+	watch func(key string, val []byte)
 }
 
 type entry struct {
@@ -49,6 +50,9 @@ func (s *store) set(key string, val []byte, cas uint32) error {
 	}
 	s.entries[key] = entry{append([]byte(nil), val...), s.cas}
 	s.writes[key]++
+	if s.watch != nil {
+		s.watch(key, val)
+	}
 	return nil
 }
 
@@ -82,6 +86,9 @@ type fakeHost struct {
 	// setErr, if set, is consulted before every SetSharedData; a non-nil
 	// result is returned instead of writing.
 	setErr func(key string) error
+	// onOp, if set, runs before every shared-data get or set of this
+	// host, outside the store's lock: a test can run another VM there.
+	onOp func(op, key string)
 }
 
 type response struct {
@@ -93,8 +100,17 @@ func newFakeHost(t testing.TB, st *store) *fakeHost {
 	return &fakeHost{t: t, st: st, metrics: map[string]uint64{}}
 }
 
-func (h *fakeHost) GetSharedData(key string) ([]byte, uint32, error) { return h.st.get(key) }
+func (h *fakeHost) GetSharedData(key string) ([]byte, uint32, error) {
+	if h.onOp != nil {
+		h.onOp("get", key)
+	}
+	return h.st.get(key)
+}
+
 func (h *fakeHost) SetSharedData(key string, v []byte, cas uint32) error {
+	if h.onOp != nil {
+		h.onOp("set", key)
+	}
 	if h.setErr != nil {
 		if err := h.setErr(key); err != nil {
 			return err

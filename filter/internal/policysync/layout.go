@@ -13,9 +13,8 @@ import (
 // so a reader pays for what it reads and no more.
 const ChunkBytes = 64 << 10
 
-// MaxChunks is the number of chunk keys per slot a policy can need:
-// rules.MaxPolicyBytes / ChunkBytes (16). Envoy cannot delete shared-data
-// keys, so the chunk keys of one policy are bounded by 2 × MaxChunks.
+// MaxChunks is the number of chunk keys a policy document can need:
+// rules.MaxPolicyBytes / ChunkBytes (16).
 const MaxChunks = (rules.MaxPolicyBytes + ChunkBytes - 1) / ChunkBytes
 
 // MaxETagBytes is the longest ETag kept in the published meta, in bytes;
@@ -32,9 +31,11 @@ func LeaseKey(policy string) string { return "sluice/sync/" + policy + "/lease" 
 func MetaKey(policy string) string { return "sluice/policy/" + policy + "/meta" }
 
 // ChunkKey returns the shared-data key of chunk i (0 ≤ i < MaxChunks) of
-// slot (0 or 1): "sluice/policy/<policy>/chunk/<slot>/<i>".
-func ChunkKey(policy string, slot uint64, i int) string {
-	return "sluice/policy/" + policy + "/chunk/" + strconv.FormatUint(slot&1, 10) + "/" + strconv.Itoa(i)
+// publication generation gen: "sluice/policy/<policy>/chunk/<gen>/<i>".
+// Each generation is claimed by exactly one publisher (Meta.Claimed), so no
+// two publishers ever write the same chunk key.
+func ChunkKey(policy string, gen uint64, i int) string {
+	return "sluice/policy/" + policy + "/chunk/" + strconv.FormatUint(gen, 10) + "/" + strconv.Itoa(i)
 }
 
 // Lease is the value of the lease key: which VM holds the sync lease and
@@ -71,20 +72,21 @@ func DecodeLease(b []byte) (l Lease, ok bool) {
 	}, true
 }
 
-// Meta describes the published policy; it is the value of the meta key and
-// is written after the chunks it points to, so a reader that sees a Meta
-// finds its chunks complete (unless a later publication is overwriting the
-// same slot; see Generation).
+// Meta describes the published policy; it is the value of the meta key.
+// The meta key is the only key two publishers contend on, and every write
+// to it is a compare-and-swap: one claims a generation, one commits a
+// publication (see the package documentation).
 type Meta struct {
 	// Version is the policy document's version (rules.Policy.Version), which
-	// the control plane bumps on every change.
+	// the control plane bumps on every change; 0 with Generation 0.
 	Version uint64
-	// Generation counts publications, from 1. The chunks of generation g
-	// live in slot g&1, so a publication never overwrites the chunks the
-	// current meta points to; each chunk also starts with the generation
-	// that wrote it, so a reader detects a torn read (meta of g, chunks of
-	// g+2) and retries on its next tick.
+	// Generation names the published document's chunk keys (ChunkKey); 0
+	// means nothing is published yet. Generations only grow.
 	Generation uint64
+	// Claimed is the highest generation handed out to a publisher (≥
+	// Generation). A publisher claims Claimed+1 by compare-and-swap before
+	// writing any chunk, so it owns that generation's chunk keys alone.
+	Claimed uint64
 	// Length is the document's length in bytes (≤ rules.MaxPolicyBytes).
 	Length uint32
 	// Chunks is the number of chunks: ceil(Length / ChunkBytes).
@@ -97,20 +99,20 @@ type Meta struct {
 	ETag string
 }
 
-// Slot returns the chunk slot (0 or 1) of m's generation.
-func (m Meta) Slot() uint64 { return m.Generation & 1 }
+// Published reports whether m names a published document (Generation ≥ 1).
+func (m Meta) Published() bool { return m.Generation != 0 }
 
 // metaMagic starts every encoded Meta: the format's name and revision.
-const metaMagic = "SPM1"
+const metaMagic = "SPM2"
 
 // metaFixedBytes is the encoded size of a Meta without its ETag: magic,
-// version, generation, length, chunks, checksum, ETag length (u16).
-const metaFixedBytes = 4 + 8 + 8 + 4 + 4 + 8 + 2
+// version, generation, claimed, length, chunks, checksum, ETag length (u16).
+const metaFixedBytes = 4 + 8 + 8 + 8 + 4 + 4 + 8 + 2
 
-// AppendMeta appends the encoding of m to dst: "SPM1", then little-endian
-// version u64, generation u64, length u32, chunks u32, checksum u64, ETag
-// length u16 and the ETag bytes. An ETag longer than MaxETagBytes is
-// encoded as empty.
+// AppendMeta appends the encoding of m to dst: "SPM2", then little-endian
+// version u64, generation u64, claimed u64, length u32, chunks u32,
+// checksum u64, ETag length u16 and the ETag bytes. An ETag longer than
+// MaxETagBytes is encoded as empty.
 func AppendMeta(dst []byte, m Meta) []byte {
 	etag := m.ETag
 	if len(etag) > MaxETagBytes {
@@ -119,6 +121,7 @@ func AppendMeta(dst []byte, m Meta) []byte {
 	dst = append(dst, metaMagic...)
 	dst = binary.LittleEndian.AppendUint64(dst, m.Version)
 	dst = binary.LittleEndian.AppendUint64(dst, m.Generation)
+	dst = binary.LittleEndian.AppendUint64(dst, m.Claimed)
 	dst = binary.LittleEndian.AppendUint32(dst, m.Length)
 	dst = binary.LittleEndian.AppendUint32(dst, m.Chunks)
 	dst = binary.LittleEndian.AppendUint64(dst, m.Checksum)
@@ -128,23 +131,31 @@ func AppendMeta(dst []byte, m Meta) []byte {
 
 // DecodeMeta decodes a meta value strictly: the magic, the exact length,
 // Length ≤ rules.MaxPolicyBytes, Chunks = ceil(Length / ChunkBytes) and
-// Generation ≥ 1 must all hold, else ok is false. It never panics.
+// Claimed ≥ Generation must all hold, and a Meta with Generation 0 must
+// have Version, Length and Chunks 0; else ok is false. The empty value
+// (the meta key as created, before any claim) decodes as the zero Meta
+// with ok true. It never panics.
 func DecodeMeta(b []byte) (m Meta, ok bool) {
+	if len(b) == 0 {
+		return Meta{}, true
+	}
 	if len(b) < metaFixedBytes || string(b[:4]) != metaMagic {
 		return Meta{}, false
 	}
 	le := binary.LittleEndian
 	m.Version = le.Uint64(b[4:])
 	m.Generation = le.Uint64(b[12:])
-	m.Length = le.Uint32(b[20:])
-	m.Chunks = le.Uint32(b[24:])
-	m.Checksum = le.Uint64(b[28:])
-	n := int(le.Uint16(b[36:]))
+	m.Claimed = le.Uint64(b[20:])
+	m.Length = le.Uint32(b[28:])
+	m.Chunks = le.Uint32(b[32:])
+	m.Checksum = le.Uint64(b[36:])
+	n := int(le.Uint16(b[44:]))
 	if len(b) != metaFixedBytes+n || n > MaxETagBytes {
 		return Meta{}, false
 	}
 	m.ETag = string(b[metaFixedBytes:])
-	if m.Generation == 0 || m.Length > rules.MaxPolicyBytes || m.Chunks != chunkCount(int(m.Length)) {
+	if m.Claimed < m.Generation || m.Length > rules.MaxPolicyBytes || m.Chunks != chunkCount(int(m.Length)) ||
+		(m.Generation == 0 && (m.Version != 0 || m.Length != 0)) {
 		return Meta{}, false
 	}
 	return m, true

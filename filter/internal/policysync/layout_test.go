@@ -12,9 +12,10 @@ func TestKeys(t *testing.T) {
 	for _, tc := range []struct{ name, got, want string }{
 		{"lease", LeaseKey("default"), "sluice/sync/default/lease"},
 		{"meta", MetaKey("default"), "sluice/policy/default/meta"},
-		{"chunk 0/0", ChunkKey("default", 0, 0), "sluice/policy/default/chunk/0/0"},
+		{"chunk 1/0", ChunkKey("default", 1, 0), "sluice/policy/default/chunk/1/0"},
 		{"chunk 1/15", ChunkKey("default", 1, 15), "sluice/policy/default/chunk/1/15"},
-		{"slot of generation 3", ChunkKey("p", 3, 2), "sluice/policy/p/chunk/1/2"},
+		{"generation 3, chunk 2", ChunkKey("p", 3, 2), "sluice/policy/p/chunk/3/2"},
+		{"generation 2^64-1", ChunkKey("p", 1<<64-1, 0), "sluice/policy/p/chunk/18446744073709551615/0"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: got %q, want %q", tc.name, tc.got, tc.want)
@@ -48,39 +49,45 @@ func TestDecodeLeaseMalformed(t *testing.T) {
 
 func TestMetaRoundTrip(t *testing.T) {
 	for _, m := range []Meta{
-		{Version: 7, Generation: 1, Length: 0, Chunks: 0, Checksum: Checksum(nil), ETag: ""},
-		{Version: 1<<64 - 1, Generation: 2, Length: 1, Chunks: 1, Checksum: 42, ETag: `"v7"`},
-		{Version: 3, Generation: 9, Length: rules.MaxPolicyBytes, Chunks: MaxChunks, ETag: strings.Repeat("e", MaxETagBytes)},
+		{Version: 7, Generation: 1, Claimed: 1, Length: 0, Chunks: 0, Checksum: Checksum(nil), ETag: ""},
+		{Version: 1<<64 - 1, Generation: 2, Claimed: 5, Length: 1, Chunks: 1, Checksum: 42, ETag: `"v7"`},
+		{Version: 3, Generation: 9, Claimed: 9, Length: rules.MaxPolicyBytes, Chunks: MaxChunks, ETag: strings.Repeat("e", MaxETagBytes)},
+		{Claimed: 3}, // generations claimed, nothing published yet
 	} {
 		got, ok := DecodeMeta(AppendMeta(nil, m))
 		if !ok || got != m {
 			t.Errorf("DecodeMeta(AppendMeta(%+v)) = %+v, %v", m, got, ok)
 		}
 	}
+	// The meta key as created: nothing claimed, nothing published.
+	if got, ok := DecodeMeta(nil); !ok || got != (Meta{}) || got.Published() {
+		t.Errorf("DecodeMeta(empty) = %+v, %v; want the zero Meta", got, ok)
+	}
 	// An ETag over the bound is dropped, not truncated.
-	m := Meta{Version: 1, Generation: 1, ETag: strings.Repeat("e", MaxETagBytes+1)}
+	m := Meta{Version: 1, Generation: 1, Claimed: 1, ETag: strings.Repeat("e", MaxETagBytes+1)}
 	if got, ok := DecodeMeta(AppendMeta(nil, m)); !ok || got.ETag != "" {
 		t.Errorf("long ETag: got %+v, %v; want it encoded as empty", got, ok)
 	}
 }
 
 func TestDecodeMetaMalformed(t *testing.T) {
-	good := AppendMeta(nil, Meta{Version: 1, Generation: 1, Length: ChunkBytes + 1, Chunks: 2, ETag: `"v1"`})
+	good := AppendMeta(nil, Meta{Version: 1, Generation: 1, Claimed: 1, Length: ChunkBytes + 1, Chunks: 2, ETag: `"v1"`})
 	mutate := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
 	for _, tc := range []struct {
 		name string
 		b    []byte
 	}{
-		{"empty", nil},
 		{"short", good[:metaFixedBytes-1]},
 		{"bad magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b })},
 		{"trailing byte", append(append([]byte(nil), good...), 0)},
 		{"etag cut", good[:len(good)-1]},
-		{"generation 0", AppendMeta(nil, Meta{Version: 1, Generation: 0})},
-		{"chunk count wrong", AppendMeta(nil, Meta{Version: 1, Generation: 1, Length: ChunkBytes + 1, Chunks: 1})},
-		{"too long", AppendMeta(nil, Meta{Version: 1, Generation: 1, Length: rules.MaxPolicyBytes + 1, Chunks: MaxChunks + 1})},
+		{"generation 0 with a version", AppendMeta(nil, Meta{Version: 1, Generation: 0, Claimed: 1})},
+		{"generation 0 with a length", AppendMeta(nil, Meta{Length: 1, Chunks: 1})},
+		{"claimed below generation", AppendMeta(nil, Meta{Version: 1, Generation: 2, Claimed: 1})},
+		{"chunk count wrong", AppendMeta(nil, Meta{Version: 1, Generation: 1, Claimed: 1, Length: ChunkBytes + 1, Chunks: 1})},
+		{"too long", AppendMeta(nil, Meta{Version: 1, Generation: 1, Claimed: 1, Length: rules.MaxPolicyBytes + 1, Chunks: MaxChunks + 1})},
 		{"etag length over bound", mutate(func(b []byte) []byte {
-			b[36], b[37] = 0xff, 0xff
+			b[44], b[45] = 0xff, 0xff
 			return b
 		})},
 	} {
@@ -157,11 +164,11 @@ func TestAssemblerRejects(t *testing.T) {
 // FuzzDecode feeds arbitrary bytes to every decoder of shared-data values;
 // none may panic, and whatever decodes re-encodes to the same bytes.
 func FuzzDecode(f *testing.F) {
-	f.Add(AppendMeta(nil, Meta{Version: 1, Generation: 1, Length: 3, Chunks: 1, ETag: `"v1"`}))
+	f.Add(AppendMeta(nil, Meta{Version: 1, Generation: 1, Claimed: 2, Length: 3, Chunks: 1, ETag: `"v1"`}))
 	f.Add(AppendLease(nil, Lease{Holder: 9, ExpiryNanos: 10}))
 	f.Add(append(make([]byte, 8), "abc"...))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if m, ok := DecodeMeta(b); ok && !bytes.Equal(AppendMeta(nil, m), b) {
+		if m, ok := DecodeMeta(b); ok && len(b) > 0 && !bytes.Equal(AppendMeta(nil, m), b) {
 			t.Errorf("meta %+v does not re-encode to its input", m)
 		}
 		if l, ok := DecodeLease(b); ok && !bytes.Equal(AppendLease(nil, l), b) {

@@ -56,8 +56,8 @@ var FailureKinds = []FailureKind{FailHTTPStatus, FailReset, FailInvalidPolicy, F
 const maxLogReason = 512
 
 // envoyTimeoutBody is the body of the 504 Envoy's router answers when a
-// callout's timeout fires, as issue reports show it (unconfirmed in Envoy's
-// source; docs/ENVOY.md, HTTP calls).
+// callout's timeout fires (Envoy source/common/router/router.cc,
+// the upstream-timeout local reply).
 const envoyTimeoutBody = "upstream request timeout"
 
 // Syncer keeps one plugin instance's policy in step with the control plane
@@ -118,17 +118,46 @@ func New(o Options) (*Syncer, error) {
 }
 
 // Start runs at plugin start (proxy_on_configure, also in Envoy's canary):
-// it creates the lease key if absent, so that workers started afterwards
-// only ever take the lease by compare-and-swap, and applies the policy
-// already published, if any, so a restarted worker enforces it at once.
+// it creates the lease and meta keys if absent, so that afterwards they are
+// only ever written by compare-and-swap, and applies the policy already
+// published, if any, so a restarted worker enforces it at once.
 func (s *Syncer) Start() {
 	if s.o.Cluster != "" {
-		if _, _, err := s.h.GetSharedData(s.leaseKey); errors.Is(err, proxywasm.ErrNotFound) {
-			_ = s.h.SetSharedData(s.leaseKey, AppendLease(nil, Lease{}), 0)
-		}
+		s.createKeys()
 	}
 	s.refresh(s.nowNanos())
 }
+
+// createKeys creates the lease key (free) and the meta key (empty) if they
+// are absent. Envoy creates an absent key whatever the cas of the write,
+// so a creating write carries the cas of another existing key (a witness):
+// no write to this key can ever have had that cas, since every write takes
+// the next value of one global counter, so if another VM created the key
+// in between, this write fails with CAS_MISMATCH instead of overwriting
+// it. Only the very first key, with no witness yet, is written with
+// casAbsent (residual: it overwrites a key created in between whose cas is
+// exactly 0xFFFFFFFF).
+func (s *Syncer) createKeys() {
+	_, leaseCas, leaseErr := s.h.GetSharedData(s.leaseKey)
+	_, metaCas, metaErr := s.h.GetSharedData(s.metaKey)
+	absent := func(err error) bool { return errors.Is(err, proxywasm.ErrNotFound) }
+	if absent(leaseErr) {
+		witness := casAbsent
+		if metaErr == nil {
+			witness = metaCas
+		}
+		_ = s.h.SetSharedData(s.leaseKey, AppendLease(nil, Lease{}), witness)
+		_, leaseCas, leaseErr = s.h.GetSharedData(s.leaseKey)
+	}
+	if absent(metaErr) && leaseErr == nil {
+		_ = s.h.SetSharedData(s.metaKey, nil, leaseCas)
+	}
+}
+
+// casAbsent is the cas of a creating write that has no witness (see
+// createKeys): a non-zero cas, so that the write fails rather than
+// overwrites if the key was created meanwhile, except in the residual case.
+const casAbsent = ^uint32(0)
 
 // Tick runs on every tick: it applies a newly published policy, takes or
 // renews the lease, and, as lease holder, starts a poll when none is in
@@ -198,12 +227,12 @@ func (s *Syncer) refresh(now int64) {
 		return
 	}
 	m, ok := DecodeMeta(val)
-	if !ok || m.Generation == s.appliedGen || m.Generation == s.badGen {
+	if !ok || !m.Published() || m.Generation == s.appliedGen || m.Generation == s.badGen {
 		return
 	}
 	doc, ok := s.readChunks(m)
 	if !ok {
-		return // torn: a publication overwrote the slot meanwhile
+		return // torn: a newer publication retired these chunks meanwhile
 	}
 	c, err := s.compile(doc)
 	if err == nil {
@@ -219,7 +248,7 @@ func (s *Syncer) refresh(now int64) {
 func (s *Syncer) readChunks(m Meta) ([]byte, bool) {
 	a := NewAssembler(m)
 	for i := range int(m.Chunks) {
-		v, _, err := s.h.GetSharedData(ChunkKey(s.o.Policy, m.Slot(), i))
+		v, _, err := s.h.GetSharedData(ChunkKey(s.o.Policy, m.Generation, i))
 		if err != nil || !a.Add(i, v) {
 			return nil, false
 		}
@@ -268,7 +297,7 @@ func (s *Syncer) renewLease(now int64) {
 	val, cas, err := s.h.GetSharedData(s.leaseKey)
 	if errors.Is(err, proxywasm.ErrNotFound) {
 		// No canary created it (Start): create it free, then CAS as usual.
-		_ = s.h.SetSharedData(s.leaseKey, AppendLease(nil, Lease{}), 0)
+		s.createKeys()
 		val, cas, err = s.h.GetSharedData(s.leaseKey)
 	}
 	if err != nil {
@@ -418,6 +447,15 @@ func (s *Syncer) on200(now int64, bodySize int) {
 			return
 		}
 	}
+	// Compiling and preparing take time; the lease may have lapsed
+	// meanwhile and passed to another worker. Take it again (by
+	// compare-and-swap) before publishing, or leave the publishing to the
+	// new holder. Publication is safe without this (see publish); it saves
+	// the work and keeps one publisher the rule.
+	if s.renewLease(s.nowNanos()); !s.holding {
+		s.log.debug("dropped a poll result: lease lost while preparing version " + u64(c.Version))
+		return
+	}
 	prevETag := s.etag
 	s.etag = etag
 	published, gen, ok := s.publish(body, c.Version, etag)
@@ -444,43 +482,120 @@ func (s *Syncer) on200(now int64, bodySize int) {
 	s.succeed(now)
 }
 
-// publish writes doc's chunks into the slot the current meta does not use,
-// then the meta by compare-and-swap, unless a version ≥ version is already
-// published (published returns it). It retries a lost race twice.
+// publish publishes doc (of version, with etag) unless a version ≥ version
+// is already published (published returns it). It is safe against any
+// number of concurrent publishers, whatever the interleaving:
+//
+//  1. Claim: read the meta and, unless it already holds a version ≥
+//     version, write it back with Claimed+1 by compare-and-swap. The
+//     winner owns generation gen = Claimed+1 alone: no other publisher can
+//     claim it, so no other publisher ever writes its chunk keys.
+//  2. Write the chunks under generation gen's own keys (ChunkKey). Nothing
+//     any reader follows points at them yet.
+//  3. Commit: read the meta again and, unless it now holds a version ≥
+//     version, write {version, gen, ...} by compare-and-swap on the cas
+//     just read. This single write is the commit point: the check and
+//     the write see the same meta, so the published version never goes
+//     down, and the chunks it points to were complete before it and are
+//     never written again by anyone but the publisher that retires them.
+//
+// After a commit, the chunks of the generation it replaced are shrunk to
+// empty (their keys stay; Envoy cannot delete); a publication that lost
+// shrinks its own. A lost compare-and-swap is retried up to
+// publishAttempts times per step.
 func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, gen uint64, ok bool) {
-	for range 3 {
-		val, cas, err := s.h.GetSharedData(s.metaKey)
-		var cur Meta
-		switch {
-		case errors.Is(err, proxywasm.ErrNotFound):
-			cas = 0
-		case err != nil:
-			return 0, 0, false
-		default:
-			cur, _ = DecodeMeta(val) // a corrupted meta is overwritten
-		}
-		if cur.Generation != 0 && cur.Version >= version {
+	// 1. Claim a generation.
+	for attempt := 0; ; attempt++ {
+		cur, cas, ok := s.readMeta()
+		if !ok || attempt == publishAttempts {
 			return cur.Version, 0, false
 		}
-		m := Meta{
-			Version: version, Generation: cur.Generation + 1,
-			Length: uint32(len(doc)), Chunks: chunkCount(len(doc)),
-			Checksum: Checksum(doc), ETag: etag,
+		if cur.Published() && cur.Version >= version {
+			return cur.Version, 0, false
 		}
-		for i, c := range Chunks(doc, m.Generation) {
-			if err := s.h.SetSharedData(ChunkKey(s.o.Policy, m.Slot(), i), c, 0); err != nil {
-				return cur.Version, 0, false
-			}
-		}
-		err = s.h.SetSharedData(s.metaKey, AppendMeta(nil, m), cas)
+		claim := cur
+		claim.Claimed = cur.Claimed + 1
+		err := s.h.SetSharedData(s.metaKey, AppendMeta(nil, claim), cas)
 		if err == nil {
-			return version, m.Generation, true
+			gen = claim.Claimed
+			break
 		}
 		if !errors.Is(err, proxywasm.ErrCasMismatch) {
 			return cur.Version, 0, false
 		}
 	}
+	// 2. Write its chunks: keys nobody else writes.
+	chunks := Chunks(doc, gen)
+	for i, c := range chunks {
+		if err := s.h.SetSharedData(ChunkKey(s.o.Policy, gen, i), c, 0); err != nil {
+			s.retireChunks(gen, i)
+			return 0, 0, false
+		}
+	}
+	// 3. Commit by one compare-and-swap on the meta.
+	m := Meta{
+		Version: version, Generation: gen,
+		Length: uint32(len(doc)), Chunks: uint32(len(chunks)),
+		Checksum: Checksum(doc), ETag: etag,
+	}
+	for attempt := 0; attempt < publishAttempts; attempt++ {
+		cur, cas, ok := s.readMeta()
+		if !ok {
+			break
+		}
+		if cur.Published() && cur.Version >= version {
+			s.retireChunks(gen, len(chunks))
+			return cur.Version, 0, false
+		}
+		m.Claimed = max(cur.Claimed, gen)
+		err := s.h.SetSharedData(s.metaKey, AppendMeta(nil, m), cas)
+		if err == nil {
+			if cur.Published() {
+				s.retireChunks(cur.Generation, int(cur.Chunks))
+			}
+			return version, gen, true
+		}
+		if !errors.Is(err, proxywasm.ErrCasMismatch) {
+			break
+		}
+	}
+	s.retireChunks(gen, len(chunks))
 	return 0, 0, false
+}
+
+// publishAttempts bounds the compare-and-swap attempts of each step of
+// publish: publishers contend only while a lease passes, so two suffice
+// in practice.
+const publishAttempts = 4
+
+// readMeta reads the meta and its cas, creating the key if it is absent.
+// A value that does not decode reads as the zero Meta (so it is
+// overwritten by the next claim, still by compare-and-swap); ok is false
+// only if shared data failed.
+func (s *Syncer) readMeta() (m Meta, cas uint32, ok bool) {
+	val, cas, err := s.h.GetSharedData(s.metaKey)
+	if errors.Is(err, proxywasm.ErrNotFound) {
+		s.createKeys()
+		val, cas, err = s.h.GetSharedData(s.metaKey)
+	}
+	if err != nil {
+		return Meta{}, 0, false
+	}
+	m, _ = DecodeMeta(val)
+	return m, cas, true
+}
+
+// retireChunks shrinks the first n chunk keys of generation gen to empty
+// values, which readers take for a torn read: a reader that was reading
+// them reads the newer meta on its next check. Errors are ignored: a chunk
+// left as it was only costs its bytes.
+func (s *Syncer) retireChunks(gen uint64, n int) {
+	for i := range min(n, MaxChunks) {
+		key := ChunkKey(s.o.Policy, gen, i)
+		if val, _, err := s.h.GetSharedData(key); err == nil && len(val) > 0 {
+			_ = s.h.SetSharedData(key, nil, 0)
+		}
+	}
 }
 
 func (s *Syncer) succeed(now int64) {

@@ -474,12 +474,17 @@ func TestLargePolicyChunked(t *testing.T) {
 			t.Errorf("worker version %d", w.version())
 		}
 	}
-	// A smaller next version goes to the other slot; the first slot's
-	// chunks stay as they were.
-	before := e.st.writes[ChunkKey("default", 1, 0)]
+	// A smaller next version goes to generation 2's own keys; once it is
+	// committed, generation 1's chunks are shrunk to nothing (the keys
+	// stay: shared data cannot delete).
 	hw.h.respond(hw.h.lastCall(), "200", etag(6), policyDoc(6, 1))
-	if e.st.writes[ChunkKey("default", 1, 0)] != before || e.st.writes[ChunkKey("default", 0, 0)] != 1 {
-		t.Errorf("generation 2 was not written to slot 0: writes %v", e.st.writes)
+	if v, _, err := e.st.get(ChunkKey("default", 2, 0)); err != nil || len(v) == 0 {
+		t.Errorf("generation 2 was not written to its own keys: writes %v", e.st.writes)
+	}
+	for i := range int(m.Chunks) {
+		if v, _, err := e.st.get(ChunkKey("default", 1, i)); err != nil || len(v) != 0 {
+			t.Errorf("generation 1's chunk %d: %d bytes after generation 2 was committed, want 0 (%v)", i, len(v), err)
+		}
 	}
 	e.tick()
 	for _, w := range e.ws {
@@ -532,7 +537,7 @@ func TestUncompilablePublishedPolicySkippedOnce(t *testing.T) {
 	e := newEnv(t, 1, func(o *Options) { o.Cluster = "" })
 	w := e.ws[0]
 	doc := []byte(`{"policy":"default","version":2,"rules":[],"bogus":1}`)
-	m := Meta{Version: 2, Generation: 1, Length: uint32(len(doc)), Chunks: 1, Checksum: Checksum(doc)}
+	m := Meta{Version: 2, Generation: 1, Claimed: 1, Length: uint32(len(doc)), Chunks: 1, Checksum: Checksum(doc)}
 	_ = e.st.set(ChunkKey("default", 1, 0), Chunks(doc, 1)[0], 0)
 	_ = e.st.set(MetaKey("default"), AppendMeta(nil, m), 0)
 	for range 5 {
@@ -625,8 +630,10 @@ func TestLeaseKeyCreatedAtStart(t *testing.T) {
 	if e.ws[0].s.Holding() {
 		t.Error("Start took the lease (the canary must not)")
 	}
-	if !errors.Is(func() error { _, _, err := e.st.get(MetaKey("default")); return err }(), proxywasm.ErrNotFound) {
-		t.Error("Start wrote a meta")
+	// The meta key is created too, empty (nothing published), so that
+	// every later write to it is a compare-and-swap.
+	if v, _, err := e.st.get(MetaKey("default")); err != nil || len(v) != 0 {
+		t.Errorf("meta after Start: %v, %d bytes; want it created empty", err, len(v))
 	}
 }
 
@@ -645,7 +652,7 @@ func TestCheckHookRejects(t *testing.T) {
 	if hw.version() != 0 || hw.h.metrics[MetricSyncFailuresPrefix+"invalid_policy"] != 1 {
 		t.Errorf("version %d, metrics %v", hw.version(), hw.h.metrics)
 	}
-	if _, _, err := e.st.get(MetaKey("default")); err == nil {
+	if v, _, _ := e.st.get(MetaKey("default")); len(v) != 0 {
 		t.Error("a policy refused by Check was published")
 	}
 	if len(hw.h.logsWith("does not fit")) != 1 {
