@@ -73,10 +73,23 @@ type Server struct {
 	cmd *exec.Cmd
 }
 
+// Options configure Start.
+type Options struct {
+	// AppendOnly turns on the append-only file with an fsync on every write
+	// (--appendonly yes --appendfsync always), so that Restart keeps every
+	// acknowledged write. Off by default: nothing is persisted.
+	AppendOnly bool
+}
+
 // Start starts a standalone redis-server for t and registers its cleanup.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, opts ...Options) *Server {
 	t.Helper()
 	s := &Server{t: t, bin: need(t, "redis-server"), dir: t.TempDir(), port: freePort(t)}
+	for _, o := range opts {
+		if o.AppendOnly {
+			s.extra = append(s.extra, "--appendonly", "yes", "--appendfsync", "always")
+		}
+	}
 	t.Cleanup(s.Kill)
 	s.start()
 	return s
@@ -96,6 +109,7 @@ func (s *Server) start() {
 	args := append([]string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
+		"--appendfilename", "appendonly-" + strconv.Itoa(s.port) + ".aof",
 		"--loglevel", "warning", "--logfile", filepath.Join(s.dir, "redis-"+strconv.Itoa(s.port)+".log"),
 	}, s.extra...)
 	cmd := exec.Command(s.bin, args...)
@@ -132,7 +146,8 @@ func (s *Server) Kill() {
 	_ = cmd.Wait()
 }
 
-// Restart starts the server again on the same port (empty: nothing is persisted).
+// Restart starts the server again on the same port: empty, unless it was started
+// with Options.AppendOnly.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Kill()

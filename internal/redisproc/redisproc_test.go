@@ -51,3 +51,14 @@ func TestClusterOwnsSlots(t *testing.T) {
 		t.Fatalf("10 keys landed on %d node(s)", len(seen))
 	}
 }
+
+func TestServerAppendOnlyKeepsWrites(t *testing.T) {
+	s := Start(t, Options{AppendOnly: true})
+	if _, err := Command(s.Addr(), "SET", "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	if v, err := Command(s.Addr(), "GET", "k"); err != nil || v != "v" {
+		t.Fatalf("after restart GET k = %q, %v; want v", v, err)
+	}
+}

@@ -24,6 +24,10 @@ const (
 	// retainReports is how many report intervals an Envoy counts as active for a key
 	// after its last report (it shares the remainder while active).
 	retainReports = 3
+	// ttlSlack is added to every stored value's expiry: a value outlives by this
+	// much the moment it becomes equivalent to an absent one, so clock differences
+	// between replicas and the store never drop a live state.
+	ttlSlack = 10 * time.Second
 )
 
 // fleetLimiter is a fleet rule's global algorithm: the rule's Limiter for the window
@@ -33,6 +37,8 @@ type fleetLimiter struct {
 	lim      limit.Limiter
 	alg      limit.Algorithm
 	validity time.Duration // token_bucket, gcra: V
+	limit    uint64        // token_bucket, gcra: Limit (ticks per ns)
+	tick     uint64        // token_bucket, gcra: Window (ticks per unit)
 	window   uint64        // time_wheel: Window ns
 	slots    uint64        // time_wheel: Slots
 }
@@ -73,6 +79,7 @@ func newFleetLimiter(cfg limit.Config, maxV time.Duration) (*fleetLimiter, error
 		hi, lo = bits.Mul64(k, uint64(cfg.Window))
 		v, _ := bits.Div64(hi, lo, cfg.Limit) // k·Window/Limit <= MaxRefill fits
 		f.validity = time.Duration(v)
+		f.limit, f.tick = cfg.Limit, uint64(cfg.Window)
 		if cfg.Algorithm == limit.TokenBucket {
 			cfg.Burst = capacity - k
 		} else {
@@ -189,9 +196,23 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 	var returned uint64
 	if k.Return > 0 && me.held > 0 {
 		returned = min(k.Return, me.held)
+		if f.validity > 0 {
+			// A bucket refills to its capacity and no further. Units granted to this
+			// lease may already have been "refilled over" while the bucket was full,
+			// and crediting them would count them twice. The debt that grants made
+			// since the lease began can account for is at most (total-seq) units: the
+			// credit never takes the debt below that.
+			since := v.total - me.seq
+			debt := f.debtUnits(cur, now)
+			if debt > since {
+				returned = min(returned, debt-since)
+			} else {
+				returned = 0
+			}
+		}
+		me.held -= min(k.Return, me.held)
 		f.lim.Adjust(cur, tmp, now, -int64(returned))
 		copy(cur, tmp)
-		me.held -= returned
 		if me.held == 0 {
 			me.exp = 0
 		}
@@ -245,6 +266,10 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 		res.Status = quota.StatusGranted
 	}
 	if granted > 0 {
+		if me.held == 0 {
+			me.seq = v.total
+		}
+		v.total += granted
 		me.exp = f.leaseEnd(tag, now, me.exp)
 		me.tag = tag
 		me.held += granted
@@ -261,5 +286,25 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 		until = max(until, e.exp, e.last+retain)
 	}
 	next := v.encode(make([]byte, 0, 3+size+2+len(v.entries)*48))
-	return outcome{res: res, next: next, ttl: time.Duration(max(until-now, int64(time.Millisecond))), changed: true, returned: returned}
+	return outcome{res: res, next: next, ttl: time.Duration(max(until-now, 0)) + ttlSlack, changed: true, returned: returned}
+}
+
+// debtUnits returns ⌊D/Window⌋, the whole units a token_bucket or gcra state lacks
+// from full at now: D = (tat−now)·Limit + frac ticks (the layout in
+// shared/limit/tat.go). The state is normalised (written by Decide at now).
+func (f *fleetLimiter) debtUnits(state []byte, now int64) uint64 {
+	at := int64(binary.LittleEndian.Uint64(state))
+	frac := binary.LittleEndian.Uint64(state[8:])
+	if at < now {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(at-now), f.limit)
+	var c uint64
+	lo, c = bits.Add64(lo, frac, 0)
+	hi += c
+	if hi >= f.tick {
+		return 1 << 62
+	}
+	q, _ := bits.Div64(hi, lo, f.tick)
+	return q
 }

@@ -13,18 +13,21 @@ import (
 //	[0]        1 (format)
 //	[1:3]      n, uint16: state length
 //	[3:3+n]    limiter state (limit.Limiter bytes)
+//	u64        total: units ever granted under this value (wrapping counter)
 //	u16        m: ledger entries, then m times:
 //	  u8 len, id bytes   Envoy id
 //	  u64 held           units granted and not returned
 //	  i64 exp            Unix ns the lease ends (service clock); 0 = none
 //	  u64 tag            window end (fixed_window) or slot (time_wheel) of the lease
 //	  i64 last           Unix ns of the Envoy's last report for this key
+//	  u64 seq            total when the lease began (token_bucket, gcra)
 //
 // A value that does not decode reads as a fresh key with no leases: that can only
 // under-grant for windows already counted elsewhere, never over-grant, because the
 // bytes come from this code alone.
 type value struct {
 	state   []byte
+	total   uint64
 	entries []entry
 }
 
@@ -34,6 +37,7 @@ type entry struct {
 	exp   int64
 	tag   uint64
 	last  int64
+	seq   uint64
 }
 
 const formatV1 = 1
@@ -49,11 +53,13 @@ func decodeValue(b []byte, stateSize int) (value, error) {
 		return value{}, errFormat
 	}
 	n := int(binary.LittleEndian.Uint16(b[1:3]))
-	if len(b) < 3+n+2 || n != stateSize {
+	if len(b) < 3+n+10 || n != stateSize {
 		return value{}, errFormat
 	}
 	v.state = b[3 : 3+n]
 	p := 3 + n
+	v.total = binary.LittleEndian.Uint64(b[p:])
+	p += 8
 	m := int(binary.LittleEndian.Uint16(b[p:]))
 	p += 2
 	v.entries = make([]entry, 0, m+1)
@@ -63,7 +69,7 @@ func decodeValue(b []byte, stateSize int) (value, error) {
 		}
 		l := int(b[p])
 		p++
-		if p+l+32 > len(b) {
+		if p+l+40 > len(b) {
 			return value{}, errFormat
 		}
 		e := entry{envoy: string(b[p : p+l])}
@@ -72,7 +78,8 @@ func decodeValue(b []byte, stateSize int) (value, error) {
 		e.exp = int64(binary.LittleEndian.Uint64(b[p+8:]))
 		e.tag = binary.LittleEndian.Uint64(b[p+16:])
 		e.last = int64(binary.LittleEndian.Uint64(b[p+24:]))
-		p += 32
+		e.seq = binary.LittleEndian.Uint64(b[p+32:])
+		p += 40
 		v.entries = append(v.entries, e)
 	}
 	if p != len(b) {
@@ -85,6 +92,7 @@ func (v *value) encode(dst []byte) []byte {
 	dst = append(dst, formatV1)
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(v.state)))
 	dst = append(dst, v.state...)
+	dst = binary.LittleEndian.AppendUint64(dst, v.total)
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(v.entries)))
 	for _, e := range v.entries {
 		dst = append(dst, byte(len(e.envoy)))
@@ -93,6 +101,7 @@ func (v *value) encode(dst []byte) []byte {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(e.exp))
 		dst = binary.LittleEndian.AppendUint64(dst, e.tag)
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(e.last))
+		dst = binary.LittleEndian.AppendUint64(dst, e.seq)
 	}
 	return dst
 }
