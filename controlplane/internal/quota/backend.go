@@ -216,3 +216,17 @@ func (r *Redis) swap(ctx context.Context, ops []Op, out []bool, only []int, sha 
 	}
 	return missing, nil
 }
+
+// TuneClient sets the options of a go-redis client used for quota so that an
+// unreachable Redis fails a call at once instead of holding it: no command retries,
+// one dial attempt, short dial and socket timeouts, and the request's context
+// deadline applied to socket operations. Addresses, credentials and TLS are left
+// as they are.
+func TuneClient(o *redis.UniversalOptions) {
+	o.MaxRetries = -1
+	o.DialerRetries = 1
+	o.DialTimeout = 200 * time.Millisecond
+	o.ReadTimeout = 500 * time.Millisecond
+	o.WriteTimeout = 500 * time.Millisecond
+	o.ContextTimeoutEnabled = true
+}

@@ -84,11 +84,9 @@ type backendKind struct {
 }
 
 func redisClient(addrs ...string) redis.UniversalClient {
-	return redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs: addrs, MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
-		ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
-		ContextTimeoutEnabled: true, IsClusterMode: len(addrs) > 1,
-	})
+	o := &redis.UniversalOptions{Addrs: addrs, IsClusterMode: len(addrs) > 1}
+	TuneClient(o)
+	return redis.NewUniversalClient(o)
 }
 
 var backends = []backendKind{
