@@ -91,7 +91,7 @@ func TestMalformedQuotaBodiesAre400NamingTheField(t *testing.T) {
 		{`[]`, ""},
 	} {
 		code, eb, _ := rawPost(t, srv.URL, "", c.body)
-		if code != http.StatusBadRequest || eb.Error.Code != "invalid_request" || len(eb.Error.Details) == 0 || eb.Error.Details[0].Field != c.field {
+		if code != http.StatusBadRequest || eb.Error.Code != "invalid_document" || len(eb.Error.Details) == 0 || eb.Error.Details[0].Field != c.field {
 			t.Errorf("%s: %d %+v, want 400 naming %q", c.body, code, eb, c.field)
 		}
 	}
@@ -152,7 +152,7 @@ func TestRedisDownAnswers503AndNothingIsOverGranted(t *testing.T) {
 		_, code, body := post(t, srv.URL, "", req)
 		var eb errBody
 		_ = json.Unmarshal(body, &eb)
-		if code != http.StatusServiceUnavailable || eb.Error.Code != "quota_unavailable" {
+		if code != http.StatusServiceUnavailable || eb.Error.Code != "store_unavailable" {
 			t.Fatalf("Redis down: %d %s", code, body)
 		}
 	}

@@ -204,15 +204,15 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 			for i, e := range fe {
 				d[i] = detail{Field: e.Field, Message: e.Message}
 			}
-			return writeError(w, http.StatusBadRequest, "invalid_request", "the request is malformed: "+fe.Error(), d)
+			return writeError(w, http.StatusBadRequest, "invalid_document", "the request is malformed: "+fe.Error(), d)
 		}
-		return writeError(w, http.StatusBadRequest, "invalid_request", err.Error(), nil)
+		return writeError(w, http.StatusBadRequest, "invalid_document", err.Error(), nil)
 	}
 	resp, err := s.Handle(r.Context(), req)
 	if err != nil {
 		s.log.Warn("quota: backend unavailable", "err", err)
 		w.Header().Set("Retry-After", "1")
-		return writeError(w, http.StatusServiceUnavailable, "quota_unavailable", "the quota store did not answer; nothing was granted", nil)
+		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the quota store did not answer; nothing was granted", nil)
 	}
 	out := quota.AppendResponse(make([]byte, 0, 64+len(resp.Keys)*160), resp)
 	h := w.Header()
