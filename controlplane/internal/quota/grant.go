@@ -197,18 +197,21 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 	if k.Return > 0 && me.held > 0 {
 		returned = min(k.Return, me.held)
 		if f.validity > 0 {
-			// A bucket refills to its capacity and no further. Units granted to this
-			// lease may already have been "refilled over" while the bucket was full,
-			// and crediting them would count them twice. The debt that grants made
-			// since the lease began can account for is at most (total-seq) units: the
-			// credit never takes the debt below that.
+			// A bucket refills to its capacity and no further, so units of this lease
+			// may already have been "refilled over" while the bucket was full, and
+			// crediting them would count them twice. A return is credited as a
+			// reduction of the lease's first grant (at most what is left of it), and
+			// never takes the debt below what the grants made after that one
+			// (total-seq units) can account for: then the bucket is never emptier
+			// than if the first grant had been smaller by the credit.
 			since := v.total - me.seq
 			debt := f.debtUnits(cur, now)
 			if debt > since {
-				returned = min(returned, debt-since)
+				returned = min(returned, debt-since, me.first)
 			} else {
 				returned = 0
 			}
+			me.first -= returned
 		}
 		me.held -= min(k.Return, me.held)
 		f.lim.Adjust(cur, tmp, now, -int64(returned))
@@ -266,10 +269,10 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 		res.Status = quota.StatusGranted
 	}
 	if granted > 0 {
-		if me.held == 0 {
-			me.seq = v.total
-		}
 		v.total += granted
+		if me.held == 0 {
+			me.seq, me.first = v.total, granted
+		}
 		me.exp = f.leaseEnd(tag, now, me.exp)
 		me.tag = tag
 		me.held += granted

@@ -118,6 +118,7 @@ type grant struct {
 	envoy    int
 	granted  uint64
 	returned uint64
+	held     uint64
 	exp      int64
 }
 
@@ -140,7 +141,7 @@ func ask(t testing.TB, s *Service, e *envoy, rule, key string, used, ret, want u
 		t.Fatalf("Handle: %v", err)
 	}
 	r := resp.Keys[0]
-	e.log = append(e.log, grant{at: resp.Now, envoy: e.id, granted: r.Granted, returned: r.Returned, exp: resp.Now + int64(r.ExpiresIn)})
+	e.log = append(e.log, grant{at: resp.Now, envoy: e.id, granted: r.Granted, returned: r.Returned, held: r.Held, exp: resp.Now + int64(r.ExpiresIn)})
 	e.held, e.exp = r.Held, resp.Now+int64(r.ExpiresIn)
 	return r
 }

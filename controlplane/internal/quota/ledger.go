@@ -20,7 +20,8 @@ import (
 //	  i64 exp            Unix ns the lease ends (service clock); 0 = none
 //	  u64 tag            window end (fixed_window) or slot (time_wheel) of the lease
 //	  i64 last           Unix ns of the Envoy's last report for this key
-//	  u64 seq            total when the lease began (token_bucket, gcra)
+//	  u64 seq            total just after the lease's first grant (token_bucket, gcra)
+//	  u64 first          units of that first grant not yet credited back
 //
 // A value that does not decode reads as a fresh key with no leases: that can only
 // under-grant for windows already counted elsewhere, never over-grant, because the
@@ -38,6 +39,7 @@ type entry struct {
 	tag   uint64
 	last  int64
 	seq   uint64
+	first uint64
 }
 
 const formatV1 = 1
@@ -69,7 +71,7 @@ func decodeValue(b []byte, stateSize int) (value, error) {
 		}
 		l := int(b[p])
 		p++
-		if p+l+40 > len(b) {
+		if p+l+48 > len(b) {
 			return value{}, errFormat
 		}
 		e := entry{envoy: string(b[p : p+l])}
@@ -79,7 +81,8 @@ func decodeValue(b []byte, stateSize int) (value, error) {
 		e.tag = binary.LittleEndian.Uint64(b[p+16:])
 		e.last = int64(binary.LittleEndian.Uint64(b[p+24:]))
 		e.seq = binary.LittleEndian.Uint64(b[p+32:])
-		p += 40
+		e.first = binary.LittleEndian.Uint64(b[p+40:])
+		p += 48
 		v.entries = append(v.entries, e)
 	}
 	if p != len(b) {
@@ -102,6 +105,7 @@ func (v *value) encode(dst []byte) []byte {
 		dst = binary.LittleEndian.AppendUint64(dst, e.tag)
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(e.last))
 		dst = binary.LittleEndian.AppendUint64(dst, e.seq)
+		dst = binary.LittleEndian.AppendUint64(dst, e.first)
 	}
 	return dst
 }

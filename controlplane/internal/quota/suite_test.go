@@ -23,6 +23,7 @@ func TestConformance(t *testing.T) {
 			t.Run("FourEnvoysGCRANeverExceedLimit", func(t *testing.T) { fourEnvoysBuckets(t, b1, "gc") })
 			t.Run("FixedWindowFillsExactlyToTheLimit", func(t *testing.T) { fillsExactly(t, b1) })
 			t.Run("ReturnedUnitsAreGrantableAgain", func(t *testing.T) { returnsRegrant(t, b1) })
+			t.Run("ReturnedBucketUnitsAreGrantableAgain", func(t *testing.T) { bucketReturns(t, b1) })
 			t.Run("ExpiredGrantsAreNotCountedTwice", func(t *testing.T) { expiredNotTwice(t, b1) })
 			t.Run("TwoReplicasShareOneBudget", func(t *testing.T) { twoReplicas(t, b1, b2) })
 			t.Run("AnswersPerKeyStatus", func(t *testing.T) { perKeyStatus(t, b1) })
@@ -104,25 +105,29 @@ func fourEnvoysBuckets(t *testing.T, b Backend, rule string) {
 		t.Fatal(err)
 	}
 	v := int64(f.validity)
-	// Net grants per Envoy: a return takes units back from its latest grants.
+	// Net grants per Envoy. The service credits a return as a reduction of the first
+	// grant of the Envoy's current lease (a lease begins with a grant made while the
+	// Envoy held nothing), so the check does the same.
 	type chunk struct {
 		at int64
 		n  uint64
 	}
 	per := map[int][]chunk{}
+	first := map[int]int{}
 	var granted uint64
 	for _, g := range gs {
 		cs := per[g.envoy]
-		for r := g.returned; r > 0; {
-			last := &cs[len(cs)-1]
-			take := min(r, last.n)
-			last.n -= take
-			r -= take
-			if last.n == 0 {
-				cs = cs[:len(cs)-1]
+		if g.returned > 0 {
+			c := &cs[first[g.envoy]]
+			if c.n < g.returned {
+				t.Fatalf("%s: %d units credited back, more than the %d left of the lease's first grant", rule, g.returned, c.n)
 			}
+			c.n -= g.returned
 		}
 		if g.granted > 0 {
+			if g.held == g.granted {
+				first[g.envoy] = len(cs)
+			}
 			cs = append(cs, chunk{g.at, g.granted})
 			granted += g.granted
 			if g.exp-g.at > v {
@@ -131,6 +136,11 @@ func fourEnvoysBuckets(t *testing.T, b Backend, rule string) {
 		}
 		per[g.envoy] = cs
 	}
+	var credited uint64
+	for _, g := range gs {
+		credited += g.returned
+	}
+	t.Logf("%s: %d units granted, %d credited back", rule, granted, credited)
 	var all []chunk
 	for _, cs := range per {
 		all = append(all, cs...)
@@ -316,5 +326,31 @@ func perKeyStatus(t *testing.T, b Backend) {
 	}
 	if resp.Version != 1 {
 		t.Fatalf("response version %d, want the current 1", resp.Version)
+	}
+}
+
+// bucketReturns: on a token_bucket key nobody else touched since, units returned at
+// once are credited in full and granted again: the fleet gets the whole (fleet)
+// capacity, C-k = 834 units, at one instant.
+func bucketReturns(t *testing.T, b Backend) {
+	clk := &clock{}
+	clk.set(base() + 12*int64(time.Hour))
+	s := newService(t, b, newPolicies(t), clk)
+	key := globalKey("tb")
+	es := newEnvoys(3)
+	r := ask(t, s, es[0], "tb", key, 0, 0, 300)
+	if r.Granted != 300 {
+		t.Fatalf("first grant: %+v", r)
+	}
+	r = ask(t, s, es[0], "tb", key, 0, 200, 0)
+	if r.Returned != 200 || r.Held != 100 {
+		t.Fatalf("return of 200 of 300: %+v", r)
+	}
+	total := uint64(100)
+	for i := 0; i < 300; i++ {
+		total += ask(t, s, es[1+i%2], "tb", key, 0, 0, 1000).Granted
+	}
+	if total != 834 {
+		t.Fatalf("granted %d in total at one instant, want the fleet capacity 834", total)
 	}
 }
