@@ -248,10 +248,10 @@ func DecodeRequest(data []byte, lim Limits) (*Request, error) {
 	}
 	d := strictjson.NewDecoder(data, strictjson.Limits{MaxBytes: lim.MaxBytes, MaxDepth: maxDepth})
 	r := &Request{}
-	var seen [6]bool // envoy, policy, version, keys
+	var seen [4]bool // envoy, policy, version, keys
 	var tooMany bool
-	var present [][3]bool // per key: rule, key, seen
-	err := d.Object(func(key string) error {
+	var present [][2]bool // per key: rule, key
+	_ = d.Object(func(key string) error {
 		switch key {
 		case "envoy":
 			seen[0] = true
@@ -299,10 +299,9 @@ func DecodeRequest(data []byte, lim Limits) (*Request, error) {
 					return errStop
 				}
 				r.Keys = append(r.Keys, KeyRequest{})
-				present = append(present, [3]bool{})
+				present = append(present, [2]bool{})
 				k := &r.Keys[i]
 				p := &present[i]
-				p[2] = true
 				return d.Object(func(name string) error {
 					switch name {
 					case "rule":
@@ -341,7 +340,6 @@ func DecodeRequest(data []byte, lim Limits) (*Request, error) {
 	if tooMany {
 		return nil, &TooLargeError{Field: "keys", Message: "keys: more than the limit of " + strconv.Itoa(lim.MaxKeys) + " keys in one request"}
 	}
-	_ = err
 	_ = d.End()
 	var errs Errors
 	syntax := false

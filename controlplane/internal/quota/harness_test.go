@@ -124,13 +124,12 @@ type grant struct {
 
 // envoy is a simulated Envoy's lease of one key, as the filter would keep it.
 type envoy struct {
-	id    int
-	name  string
-	held  uint64
-	exp   int64
-	rng   *rand.Rand
-	log   []grant
-	fails int
+	id   int
+	name string
+	held uint64
+	exp  int64
+	rng  *rand.Rand
+	log  []grant
 }
 
 func ask(t testing.TB, s *Service, e *envoy, rule, key string, used, ret, want uint64) quota.KeyResult {

@@ -252,7 +252,6 @@ type work struct {
 	idx  int // in the request
 	f    *fleetLimiter
 	skey string
-	done bool
 }
 
 // ErrUnavailable wraps backend errors returned by Handle.
