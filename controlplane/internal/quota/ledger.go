@@ -23,9 +23,9 @@ import (
 //	  u64 seq            total just after the lease's first grant (token_bucket, gcra)
 //	  u64 first          units of that first grant not yet credited back
 //
-// A value that does not decode reads as a fresh key with no leases: that can only
-// under-grant for windows already counted elsewhere, never over-grant, because the
-// bytes come from this code alone.
+// Only this code writes these values, under a key that names the rule's
+// fingerprint (so the state size always matches); a value that does not decode
+// anyway reads as a fresh key with no leases.
 type value struct {
 	state   []byte
 	total   uint64
