@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,4 +206,77 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, lv string) float
 		}
 	}
 	return 0
+}
+
+// TestRedisKilledUnderLoadNeverOverGrants kills Redis while four Envoys are asking:
+// every answer is 200 or a 503 JSON error, and across the outage the 200 answers
+// never grant more than the limit (a grant the store recorded but whose answer was
+// lost is under-admission, never over).
+func TestRedisKilledUnderLoadNeverOverGrants(t *testing.T) {
+	rs := redisproc.Start(t, redisproc.Options{AppendOnly: true})
+	client := redisClient(rs.Addr())
+	defer client.Close()
+	clk := &clock{}
+	clk.set(base() + 13*int64(time.Hour) + int64(time.Second))
+	srv := serve(t, New(Options{Backend: NewRedis(client), Policies: newPolicies(t), Open: true, Now: clk.Now, Timeout: 300 * time.Millisecond}))
+	var mu sync.Mutex
+	var total uint64
+	var ok, unavailable int
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			req := &quota.Request{Envoy: "e" + strconv.Itoa(i), Policy: "p", Version: 1, Env: testEnv,
+				Keys: []quota.KeyRequest{{Rule: "fw", Key: globalKey("fw"), Want: 7}}}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, code, body := post(t, srv.URL, "", req)
+				mu.Lock()
+				switch code {
+				case http.StatusOK:
+					ok++
+					total += resp.Keys[0].Granted
+				case http.StatusServiceUnavailable:
+					unavailable++
+					time.Sleep(time.Millisecond)
+				default:
+					t.Errorf("status %d: %s", code, body)
+				}
+				mu.Unlock()
+			}
+		}(i)
+	}
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard, not a speed check
+	waitFor := func(cond func() bool) {
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatal("the run did not progress")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor(func() bool { mu.Lock(); defer mu.Unlock(); return ok >= 20 })
+	rs.Kill()
+	waitFor(func() bool { mu.Lock(); defer mu.Unlock(); return unavailable >= 8 })
+	rs.Restart()
+	okAfter := 0
+	mu.Lock()
+	okAfter = ok
+	mu.Unlock()
+	waitFor(func() bool { mu.Lock(); defer mu.Unlock(); return ok >= okAfter+200 })
+	close(stop)
+	wg.Wait()
+	if total > 1000 {
+		t.Fatalf("granted %d across the outage, limit 1000", total)
+	}
+	if total < 140 {
+		t.Fatalf("granted only %d", total)
+	}
+	t.Logf("granted %d (limit 1000) in %d answers, %d answered 503", total, ok, unavailable)
 }

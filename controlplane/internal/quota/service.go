@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,8 +80,9 @@ type Service struct {
 	log      *slog.Logger
 	m        *metrics
 
-	mu    sync.Mutex
-	cache map[cacheKey]*compiled
+	mu       sync.Mutex
+	cache    map[cacheKey]*compiled
+	lastWarn atomic.Int64
 }
 
 type cacheKey struct {
@@ -210,7 +212,10 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 	}
 	resp, err := s.Handle(r.Context(), req)
 	if err != nil {
-		s.log.Warn("quota: backend unavailable", "err", err)
+		if now := time.Now().UnixNano(); now-s.lastWarn.Load() >= int64(time.Second) {
+			s.lastWarn.Store(now) // at most about one warning a second during an outage
+			s.log.Warn("quota: backend unavailable", "err", err)
+		}
 		w.Header().Set("Retry-After", "1")
 		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the quota store did not answer; nothing was granted", nil)
 	}
