@@ -22,9 +22,12 @@ func TestConformance(t *testing.T) {
 			t.Run("FourEnvoysTokenBucketNeverExceedLimit", func(t *testing.T) { fourEnvoysBuckets(t, b1, "tb") })
 			t.Run("FourEnvoysGCRANeverExceedLimit", func(t *testing.T) { fourEnvoysBuckets(t, b1, "gc") })
 			t.Run("FixedWindowFillsExactlyToTheLimit", func(t *testing.T) { fillsExactly(t, b1) })
-			t.Run("ReturnedUnitsAreGrantableAgain", func(t *testing.T) { returnsRegrant(t, b1) })
-			t.Run("ReturnedBucketUnitsAreGrantableAgain", func(t *testing.T) { bucketReturns(t, b1) })
-			t.Run("ExpiredGrantsAreNotCountedTwice", func(t *testing.T) { expiredNotTwice(t, b1) })
+			t.Run("FixedWindowReturnedUnitsAreGrantableAgain", func(t *testing.T) { returnsRegrant(t, b1, "fw", base()+6*int64(time.Hour)) })
+			t.Run("TimeWheelReturnedUnitsAreGrantableAgain", func(t *testing.T) { returnsRegrant(t, b1, "tw", base()+14*int64(time.Hour)) })
+			t.Run("TokenBucketReturnedUnitsAreGrantableAgain", func(t *testing.T) { bucketReturns(t, b1, "tb", 834, 300, base()+12*int64(time.Hour)) })
+			t.Run("GCRAReturnedUnitsAreGrantableAgain", func(t *testing.T) { bucketReturns(t, b1, "gc", 51, 25, base()+15*int64(time.Hour)) })
+			t.Run("FixedWindowExpiredGrantsAreNotCountedTwice", func(t *testing.T) { expiredNotTwice(t, b1, "fw", base()+7*int64(time.Hour)) })
+			t.Run("TimeWheelExpiredGrantsAreNotCountedTwice", func(t *testing.T) { expiredNotTwice(t, b1, "tw", base()+16*int64(time.Hour)) })
 			t.Run("TwoReplicasShareOneBudget", func(t *testing.T) { twoReplicas(t, b1, b2) })
 			t.Run("AnswersPerKeyStatus", func(t *testing.T) { perKeyStatus(t, b1) })
 			if cluster != nil {
@@ -210,74 +213,82 @@ func fillsExactly(t *testing.T, b Backend) {
 	}
 }
 
-func returnsRegrant(t *testing.T, b Backend) {
+func returnsRegrant(t *testing.T, b Backend, rule string, at int64) {
 	clk := &clock{}
-	clk.set(base() + 6*int64(time.Hour) + int64(time.Second))
+	clk.set(at + int64(time.Second))
 	s := newService(t, b, newPolicies(t), clk)
-	key := globalKey("fw")
+	key := globalKey(rule)
 	es := newEnvoys(2)
 	var total uint64
 	for i := 0; i < 200 && total < 1000; i++ {
-		total += ask(t, s, es[i%2], "fw", key, 0, 0, 1000).Granted
+		total += ask(t, s, es[i%2], rule, key, 0, 0, 1000).Granted
 	}
 	if total != 1000 {
 		t.Fatalf("granted %d, want 1000", total)
 	}
-	if r := ask(t, s, es[1], "fw", key, 0, 0, 10); r.Granted != 0 {
+	if r := ask(t, s, es[1], rule, key, 0, 0, 10); r.Granted != 0 {
 		t.Fatalf("granted %d over the limit", r.Granted)
 	}
 	held := es[0].held
-	r := ask(t, s, es[0], "fw", key, 0, 100, 0)
+	r := ask(t, s, es[0], rule, key, 0, 100, 0)
 	if r.Returned != 100 || r.Held != held-100 {
 		t.Fatalf("return of 100: %+v (held %d)", r, held)
 	}
 	// A duplicate or oversized return credits at most what is still held.
-	r = ask(t, s, es[0], "fw", key, 0, held, 0)
+	r = ask(t, s, es[0], rule, key, 0, held, 0)
 	if r.Returned != held-100 || r.Held != 0 {
 		t.Fatalf("return of everything: %+v", r)
 	}
-	if r = ask(t, s, es[0], "fw", key, 0, 50, 0); r.Returned != 0 {
+	if r = ask(t, s, es[0], rule, key, 0, 50, 0); r.Returned != 0 {
 		t.Fatalf("return with nothing held credited %d", r.Returned)
 	}
 	var again uint64
 	for i := 0; i < 100; i++ {
-		again += ask(t, s, es[1], "fw", key, 0, 0, 1000).Granted
+		again += ask(t, s, es[1], rule, key, 0, 0, 1000).Granted
 	}
 	if again != held {
 		t.Fatalf("after returning %d, %d were granted again", held, again)
 	}
 }
 
-func expiredNotTwice(t *testing.T, b Backend) {
+func expiredNotTwice(t *testing.T, b Backend, rule string, start int64) {
 	clk := &clock{}
-	start := base() + 7*int64(time.Hour)
 	clk.set(start + int64(time.Second))
 	s := newService(t, b, newPolicies(t), clk)
-	key := globalKey("fw")
+	key := globalKey(rule)
+	leaseEnd := start + int64(time.Minute) // fixed_window: the window's end
+	if rule == "tw" {
+		leaseEnd = start + int64(6*time.Second) // time_wheel: the slot's end
+	}
 	es := newEnvoys(2)
 	var total uint64
 	for i := 0; i < 200 && total < 1000; i++ {
-		total += ask(t, s, es[i%2], "fw", key, 0, 0, 1000).Granted
+		total += ask(t, s, es[i%2], rule, key, 0, 0, 1000).Granted
 	}
 	if total != 1000 {
 		t.Fatalf("granted %d, want 1000", total)
 	}
 	held := es[0].held
-	if held == 0 || es[0].exp != start+int64(time.Minute) {
-		t.Fatalf("lease %d units until %d, want some until the window end %d", held, es[0].exp, start+int64(time.Minute))
+	if held == 0 || es[0].exp != leaseEnd {
+		t.Fatalf("lease %d units until %d, want some until %d", held, es[0].exp, leaseEnd)
 	}
-	// The window ends: the lease is over, its units came back with the new window.
-	clk.set(start + int64(time.Minute) + int64(time.Second))
-	r := ask(t, s, es[0], "fw", key, 0, held, 0)
+	// The lease ends with its window or slot; a return after that is not credited.
+	clk.set(leaseEnd)
+	r := ask(t, s, es[0], rule, key, 0, held, 0)
 	if r.Returned != 0 || r.Held != 0 {
 		t.Fatalf("return of an expired lease was credited: %+v", r)
 	}
+	// Once the window has passed, its units are back once: exactly the limit again.
+	clk.set(start + int64(time.Minute) + int64(time.Second))
 	total = 0
 	for i := 0; i < 200; i++ {
-		total += ask(t, s, es[i%2], "fw", key, 0, 0, 1000).Granted
+		total += ask(t, s, es[i%2], rule, key, 0, 0, 1000).Granted
 	}
 	if total != 1000 {
 		t.Fatalf("new window granted %d, want exactly 1000", total)
+	}
+	if rule != "fw" {
+		return
 	}
 	// token_bucket: a lease that expired is not credited back either (its units
 	// were charged when granted, and refill brings them back once).
@@ -332,25 +343,25 @@ func perKeyStatus(t *testing.T, b Backend) {
 // bucketReturns: on a token_bucket key nobody else touched since, units returned at
 // once are credited in full and granted again: the fleet gets the whole (fleet)
 // capacity, C-k = 834 units, at one instant.
-func bucketReturns(t *testing.T, b Backend) {
+func bucketReturns(t *testing.T, b Backend, rule string, capacity, first uint64, at int64) {
 	clk := &clock{}
-	clk.set(base() + 12*int64(time.Hour))
+	clk.set(at)
 	s := newService(t, b, newPolicies(t), clk)
-	key := globalKey("tb")
+	key := globalKey(rule)
 	es := newEnvoys(3)
-	r := ask(t, s, es[0], "tb", key, 0, 0, 300)
-	if r.Granted != 300 {
+	r := ask(t, s, es[0], rule, key, 0, 0, first)
+	if r.Granted != first {
 		t.Fatalf("first grant: %+v", r)
 	}
-	r = ask(t, s, es[0], "tb", key, 0, 200, 0)
-	if r.Returned != 200 || r.Held != 100 {
-		t.Fatalf("return of 200 of 300: %+v", r)
+	r = ask(t, s, es[0], rule, key, 0, first-10, 0)
+	if r.Returned != first-10 || r.Held != 10 {
+		t.Fatalf("return of %d of %d: %+v", first-10, first, r)
 	}
-	total := uint64(100)
+	total := uint64(10)
 	for i := 0; i < 300; i++ {
-		total += ask(t, s, es[1+i%2], "tb", key, 0, 0, 1000).Granted
+		total += ask(t, s, es[1+i%2], rule, key, 0, 0, 1000).Granted
 	}
-	if total != 834 {
-		t.Fatalf("granted %d in total at one instant, want the fleet capacity 834", total)
+	if total != capacity {
+		t.Fatalf("granted %d in total at one instant, want the fleet capacity %d", total, capacity)
 	}
 }
