@@ -305,7 +305,7 @@ func expiredNotTwice(t *testing.T, b Backend, rule string, start int64) {
 
 func perKeyStatus(t *testing.T, b Backend) {
 	clk := &clock{}
-	clk.set(base() + 8*int64(time.Hour))
+	clk.set(base() + 17*int64(time.Hour))
 	s := newService(t, b, newPolicies(t), clk)
 	req := &quota.Request{Envoy: "e", Policy: "p", Version: 1, Env: testEnv, Interval: time.Second, Keys: []quota.KeyRequest{
 		{Rule: "fw", Key: globalKey("fw"), Want: 5},
