@@ -42,7 +42,7 @@ type CompiledRule struct {
 	Rule *Rule
 	// Fingerprint identifies the rule's definition: a 64-bit FNV-1a hash of its
 	// canonical encoding (EncodeRule) with the fields that do not change what a counter
-	// means left out (description, shadow, status, exempt). A rule with the same id and
+	// means left out (description, shadow, status, exempt, scope). A rule with the same id and
 	// fingerprint in the next policy version keeps its counters; any other change
 	// starts them afresh.
 	Fingerprint uint64
@@ -181,6 +181,9 @@ func (c *Compiled) compileRule(i int, r *Rule) error {
 func Fingerprint(r *Rule) uint64 {
 	s := *r
 	s.Description, s.Shadow, s.Status, s.Exempt = "", false, 0, Exempt{}
+	// Scope is left out: it does not change what a counter counts, and the filter
+	// enforces per Envoy either way.
+	s.Scope = ""
 	h := fnv.New64a()
 	h.Write(EncodeRule(&s))
 	return h.Sum64()

@@ -206,6 +206,8 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 		}
 	case "exempt":
 		return decodeExempt(d, &r.Exempt)
+	case "scope":
+		r.Scope = str(d)
 	}
 	return nil
 }

@@ -36,7 +36,7 @@ func EncodePolicy(p *Policy) []byte {
 // EncodeRule returns r as canonical JSON, members in the order of the struct fields
 // ("id", "description", "match", "key", "algorithm", "limit", "window", "burst",
 // "slots", "align", "timezone", "lease", "cost", "cost_header", "max_cost",
-// "response_cost_header", "shadow", "status", "exempt"), zero values and empty lists
+// "response_cost_header", "shadow", "status", "exempt", "scope"), zero values and empty lists
 // omitted except "id", "algorithm" and "limit". It is the form a rule takes inside
 // EncodePolicy, and what the rule fingerprint hashes. It does not validate r.
 func EncodeRule(r *Rule) []byte {
@@ -100,6 +100,7 @@ func writeRule(w *strictjson.Writer, r *Rule) {
 		w.AppendInt(int64(r.Status))
 	}
 	writeExempt(w, &r.Exempt)
+	optString(w, "scope", r.Scope)
 	w.EndObject()
 }
 

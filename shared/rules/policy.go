@@ -126,7 +126,25 @@ type Rule struct {
 	// Exempt ["exempt"] lists clients this rule does not apply to, in addition to the
 	// policy's.
 	Exempt Exempt
+	// Scope ["scope"] is where the limit holds: [ScopeEnvoy] ("envoy", the default
+	// when empty) counts per Envoy; [ScopeFleet] ("fleet") holds the limit across
+	// every Envoy through leases from the control plane's quota service. fleet is
+	// refused for algorithms whose fleet bound is not exact (sliding_log,
+	// concurrency) and for a token_bucket or gcra of capacity 1 (see
+	// [FleetCapable]).
+	Scope string
 }
+
+// The values of Rule.Scope.
+const (
+	// ScopeEnvoy counts per Envoy (the default; an empty Scope means it).
+	ScopeEnvoy = "envoy"
+	// ScopeFleet holds the limit across the fleet through the quota service.
+	ScopeFleet = "fleet"
+)
+
+// IsFleet reports whether r is fleet-scoped.
+func (r *Rule) IsFleet() bool { return r.Scope == ScopeFleet }
 
 // Match selects requests. All present conditions must hold; the zero Match selects
 // every request.

@@ -398,6 +398,7 @@ func (v *validator) rule(r *Rule, field string, id *Identity) {
 	if len(r.Exempt.CIDRs)+len(r.Exempt.Users)+len(r.Exempt.Tenants) > 0 {
 		v.exempt(&r.Exempt, f("exempt"))
 	}
+	v.scope(r, field, cfg, ok && cfg.Validate() == nil)
 }
 
 // limitConfig maps a rule's algorithm fields onto a limit.Config, adding errors for

@@ -26,9 +26,13 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/api"
 	"github.com/sluice-proxy/sluice/controlplane/internal/boltstore"
 	"github.com/sluice-proxy/sluice/controlplane/internal/config"
+	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 // Main runs the binary: it parses args and the environment, serves until
@@ -96,17 +100,26 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	go func() { defer close(snapDone); snap.Run(snapCtx) }()
 	defer func() { stopSnap(); <-snapDone }()
 
+	reg := prometheus.NewRegistry()
 	srv := api.New(api.Options{
 		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken,
 		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
-		HistoryDepth: s.HistoryDepth, Logger: log,
+		HistoryDepth: s.HistoryDepth, Logger: log, Registry: reg,
 	})
+	qsvc, closeQuota, err := NewQuota(s, snap, reg, log)
+	if err != nil {
+		return err
+	}
+	defer closeQuota()
+	mux := http.NewServeMux()
+	mux.Handle("/v1/quota", qsvc)
+	mux.Handle("/", srv)
 	l, err := net.Listen("tcp", s.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
 	}
 	hs := &http.Server{
-		Handler:           srv,
+		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      s.MaxWait + 30*time.Second,
@@ -139,4 +152,28 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	}
 	log.Info("shut down cleanly")
 	return nil
+}
+
+// NewQuota builds the quota service (POST /v1/quota) the settings select: its state
+// in Redis (a client of its own, tuned to fail fast, on the --redis-url addresses)
+// or, with the embedded store, in this process's memory. close releases the client.
+func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger) (h http.Handler, close func(), err error) {
+	var b quota.Backend
+	close = func() {}
+	if s.RedisURL != "" {
+		uo, err := redisstore.Options{URL: s.RedisURL, MasterName: s.RedisMasterName}.UniversalOptions()
+		if err != nil {
+			return nil, nil, err
+		}
+		quota.TuneClient(uo)
+		c := redis.NewUniversalClient(uo)
+		b, close = quota.NewRedis(c), func() { _ = c.Close() }
+	} else {
+		b = quota.NewMemory()
+	}
+	return quota.New(quota.Options{
+		Backend: b, Policies: snap, Token: s.QuotaToken,
+		Open:     s.QuotaToken == "" && s.AdminToken == "" && s.ReadToken == "",
+		Registry: reg, Logger: log,
+	}), close, nil
 }

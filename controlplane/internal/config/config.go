@@ -39,6 +39,10 @@ type Settings struct {
 	AdminToken string
 	// ReadToken is the bearer token for reads and long polls.
 	ReadToken string
+	// QuotaToken is the bearer token of quota calls (POST /v1/quota), distinct
+	// from the admin and read tokens. Empty: quota calls are refused, unless no
+	// token at all is configured (loopback only).
+	QuotaToken string
 	// HistoryDepth is how many versions of each policy are kept (default 50).
 	HistoryDepth int
 	// MaxBodyBytes bounds request bodies in bytes (default 1 MiB + 64 KiB).
@@ -76,6 +80,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.DataDir, "data-dir", "sluice-data", "embedded store directory (used without --redis-url)")
 	fs.StringVar(&s.AdminToken, "admin-token", "", "admin bearer token (prefer SLUICE_ADMIN_TOKEN or --admin-token-file: flags are visible in ps)")
 	fs.StringVar(&s.ReadToken, "read-token", "", "read bearer token (prefer SLUICE_READ_TOKEN or --read-token-file)")
+	fs.StringVar(&s.QuotaToken, "quota-token", "", "quota bearer token for POST /v1/quota (prefer SLUICE_QUOTA_TOKEN: flags are visible in ps)")
 	fs.StringVar(&adminFile, "admin-token-file", "", "file holding the admin bearer token")
 	fs.StringVar(&readFileName, "read-token-file", "", "file holding the read bearer token")
 	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")
@@ -152,6 +157,9 @@ func (s Settings) Check() error {
 	}
 	if s.AdminToken == "" && s.ReadToken == "" && !Loopback(host) {
 		return ErrNoTokens
+	}
+	if s.QuotaToken != "" && (s.QuotaToken == s.AdminToken || s.QuotaToken == s.ReadToken) {
+		return errors.New("config: the quota token must differ from the admin and read tokens")
 	}
 	if s.AdminToken != "" && s.AdminToken == s.ReadToken {
 		return errors.New("config: the admin and read tokens must differ")

@@ -1,0 +1,313 @@
+package quota
+
+import (
+	"encoding/binary"
+	"errors"
+	"math/bits"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// Sizing and ledger constants (see the README, "Fleet-wide limits").
+const (
+	// DefaultValidity is the longest lease of a token_bucket or gcra key.
+	DefaultValidity = 10 * time.Second
+	// Headroom is the sizing factor: a grant covers the Envoy's recent rate for
+	// Headroom × its report interval (5/4: a little more than one report period).
+	headroomNum, headroomDen = 5, 4
+	// MaxEnvoysPerKey bounds a key's ledger; a further Envoy is refused until an
+	// entry is free.
+	MaxEnvoysPerKey = 256
+	// retainReports is how many report intervals an Envoy counts as active for a key
+	// after its last report (it shares the remainder while active).
+	retainReports = 3
+	// ttlSlack is added to every stored value's expiry: a value outlives by this
+	// much the moment it becomes equivalent to an absent one, so clock differences
+	// between replicas and the store never drop a live state.
+	ttlSlack = 10 * time.Second
+)
+
+// fleetLimiter is a fleet rule's global algorithm: the rule's Limiter for the window
+// algorithms, and for token_bucket and gcra a Limiter whose capacity is smaller by the
+// k units that refill during one lease validity V (see newFleetLimiter).
+type fleetLimiter struct {
+	lim      limit.Limiter
+	alg      limit.Algorithm
+	validity time.Duration // token_bucket, gcra: V
+	limit    uint64        // token_bucket, gcra: Limit (ticks per ns)
+	tick     uint64        // token_bucket, gcra: Window (ticks per unit)
+	window   uint64        // time_wheel: Window ns
+	slots    uint64        // time_wheel: Slots
+}
+
+var errNotFleet = errors.New("quota: rule not fleet-capable")
+
+// newFleetLimiter builds the global limiter of a fleet rule with configuration cfg
+// (validated, defaults not needed) and longest validity maxV.
+//
+// token_bucket and gcra: a lease spent up to V after it was granted makes the fleet
+// admit, over any interval of length t, at most what the global bucket granted over
+// t+V: C' + Limit·(t+V)/Window. With C' = C − k and k >= Limit·V/Window this is at most
+// C + Limit·t/Window, the rule's own bound. k = min(⌊C/2⌋, ⌊Limit·maxV/Window⌋), at
+// least 1, and V = ⌊k·Window/Limit⌋.
+func newFleetLimiter(cfg limit.Config, maxV time.Duration) (*fleetLimiter, error) {
+	if ok, _ := rules.FleetCapable(cfg); !ok {
+		return nil, errNotFleet
+	}
+	f := &fleetLimiter{alg: cfg.Algorithm}
+	switch cfg.Algorithm {
+	case limit.TokenBucket, limit.GCRA:
+		capacity := cfg.Burst
+		if cfg.Algorithm == limit.TokenBucket && capacity == 0 {
+			capacity = cfg.Limit
+		}
+		if cfg.Algorithm == limit.GCRA {
+			capacity = cfg.Burst + 1
+		}
+		// ⌊Limit·maxV/Window⌋ in 128 bits.
+		hi, lo := bits.Mul64(cfg.Limit, uint64(maxV))
+		var k uint64
+		if hi >= uint64(cfg.Window) {
+			k = 1 << 62
+		} else {
+			k, _ = bits.Div64(hi, lo, uint64(cfg.Window))
+		}
+		k = max(1, min(k, capacity/2))
+		hi, lo = bits.Mul64(k, uint64(cfg.Window))
+		v, _ := bits.Div64(hi, lo, cfg.Limit) // k·Window/Limit <= MaxRefill fits
+		f.validity = time.Duration(v)
+		f.limit, f.tick = cfg.Limit, uint64(cfg.Window)
+		if cfg.Algorithm == limit.TokenBucket {
+			cfg.Burst = capacity - k
+		} else {
+			cfg.Burst -= k
+		}
+	case limit.TimeWheel:
+		if cfg.Slots == 0 {
+			cfg.Slots = limit.DefaultSlots
+		}
+		f.window, f.slots = uint64(cfg.Window), uint64(cfg.Slots)
+	}
+	lim, err := limit.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	f.lim = lim
+	return f, nil
+}
+
+// tag identifies the window (fixed_window: its end) or slot (time_wheel: its index)
+// a normalised state counts in; 0 for the buckets.
+func (f *fleetLimiter) tag(state []byte) uint64 {
+	switch f.alg {
+	case limit.FixedWindow, limit.TimeWheel:
+		return binary.LittleEndian.Uint64(state)
+	}
+	return 0
+}
+
+// leaseEnd returns when a lease of tag ends: the window end, the end of the slot, or
+// for the buckets now+V (start is the lease's existing end, 0 if none).
+func (f *fleetLimiter) leaseEnd(tag uint64, now, start int64) int64 {
+	switch f.alg {
+	case limit.FixedWindow:
+		return int64(tag)
+	case limit.TimeWheel:
+		// start of slot tag+1: ⌈(tag+1)·Window/Slots⌉.
+		hi, lo := bits.Mul64(tag+1, f.window)
+		if hi >= f.slots {
+			return 1<<63 - 1
+		}
+		q, r := bits.Div64(hi, lo, f.slots)
+		if r != 0 {
+			q++
+		}
+		return int64(min(q, 1<<63-1))
+	}
+	if start > now {
+		return start
+	}
+	return now + int64(f.validity)
+}
+
+// outcome is one key's decision.
+type outcome struct {
+	res      quota.KeyResult
+	next     []byte        // the value to store; nil to delete
+	ttl      time.Duration // its expiry
+	changed  bool          // next differs from what was loaded
+	returned uint64
+}
+
+// decide applies one Envoy's report and ask for one key to the stored value old at
+// now (service clock, Unix ns), sizing the grant for a report interval of interval.
+func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyRequest, interval time.Duration) outcome {
+	size := f.lim.StateSize()
+	v, err := decodeValue(old, size)
+	if err != nil || v.state == nil {
+		v.state = make([]byte, size)
+		v.entries = v.entries[:0]
+	}
+	cur := make([]byte, size)
+	tmp := make([]byte, size)
+	// Normalise the state at now (a probe decides nothing).
+	probe := f.lim.Decide(v.state, cur, now, 0)
+	tag := f.tag(cur)
+
+	// The ledger: leases that ended or belong to another window/slot are over; their
+	// units are never credited back (they were counted where they were granted).
+	retain := int64(retainReports) * int64(interval)
+	var me *entry
+	others := 0
+	kept := v.entries[:0]
+	for _, e := range v.entries {
+		if e.held > 0 && (e.exp <= now || e.tag != tag) {
+			e.held, e.exp = 0, 0
+		}
+		if e.held == 0 && e.last+retain <= now && e.envoy != envoy {
+			continue // idle: forget it
+		}
+		kept = append(kept, e)
+	}
+	v.entries = kept
+	for i := range v.entries {
+		if v.entries[i].envoy == envoy {
+			me = &v.entries[i]
+		} else if v.entries[i].held > 0 || v.entries[i].last+retain > now {
+			others++
+		}
+	}
+	var res quota.KeyResult
+	res.Key = k.Key
+	if me == nil {
+		if len(v.entries) >= MaxEnvoysPerKey {
+			res.Status = quota.StatusRefused
+			res.RetryAfter = interval
+			return outcome{res: res, next: old, changed: false}
+		}
+		v.entries = append(v.entries, entry{envoy: envoy})
+		me = &v.entries[len(v.entries)-1]
+	}
+
+	// Returns: only of a live lease, at most what it holds.
+	var returned uint64
+	if k.Return > 0 && me.held > 0 {
+		returned = min(k.Return, me.held)
+		if f.validity > 0 {
+			// A bucket refills to its capacity and no further, so units of this lease
+			// may already have been "refilled over" while the bucket was full, and
+			// crediting them would count them twice. A return is credited as a
+			// reduction of the lease's first grant (at most what is left of it), and
+			// never takes the debt below what the grants made after that one
+			// (total-seq units) can account for: then the bucket is never emptier
+			// than if the first grant had been smaller by the credit.
+			since := v.total - me.seq
+			debt := f.debtUnits(cur, now)
+			if debt > since {
+				returned = min(returned, debt-since, me.first)
+			} else {
+				returned = 0
+			}
+			me.first -= returned
+		}
+		me.held -= min(k.Return, me.held)
+		f.lim.Adjust(cur, tmp, now, -int64(returned))
+		copy(cur, tmp)
+		if me.held == 0 {
+			me.exp = 0
+		}
+		probe = f.lim.Decide(cur, tmp, now, 0)
+	}
+	res.Returned = returned
+
+	// Sizing.
+	var granted uint64
+	if k.Want > 0 {
+		want := k.Want
+		if me.last > 0 && me.last < now && k.Used > 0 {
+			elapsed := uint64(now - me.last)
+			hi, lo := bits.Mul64(k.Used, uint64(interval)*headroomNum)
+			var demand uint64
+			d := elapsed * headroomDen
+			if hi >= d {
+				demand = want
+			} else {
+				demand, _ = bits.Div64(hi, lo, d)
+				demand++
+			}
+			if demand > me.held {
+				want = min(want, demand-me.held)
+			} else {
+				want = 1
+			}
+		}
+		capped := max(1, probe.Remaining/uint64(others+2))
+		want = min(want, capped)
+		d := f.lim.Decide(cur, tmp, now, want)
+		if !d.Allowed && d.Remaining > 0 {
+			want = min(want, d.Remaining)
+			d = f.lim.Decide(cur, tmp, now, want)
+		}
+		if d.Allowed {
+			granted = want
+			copy(cur, tmp)
+		}
+		if granted < k.Want {
+			more := f.lim.Decide(cur, tmp, now, 1)
+			res.RetryAfter = more.RetryAfter
+		}
+	}
+	switch {
+	case granted == 0 && k.Want > 0:
+		res.Status = quota.StatusRefused
+	case granted < k.Want:
+		res.Status = quota.StatusPartial
+	default:
+		res.Status = quota.StatusGranted
+	}
+	if granted > 0 {
+		v.total += granted
+		if me.held == 0 {
+			me.seq, me.first = v.total, granted
+		}
+		me.exp = f.leaseEnd(tag, now, me.exp)
+		me.tag = tag
+		me.held += granted
+	}
+	me.last = now
+	res.Granted, res.Held = granted, me.held
+	if me.held > 0 {
+		res.ExpiresIn = time.Duration(me.exp - now)
+	}
+	v.state = cur
+	// TTL: until the state is idle, every lease has ended and every Envoy is forgotten.
+	until := f.lim.IdleAt(cur, now)
+	for _, e := range v.entries {
+		until = max(until, e.exp, e.last+retain)
+	}
+	next := v.encode(make([]byte, 0, 3+size+2+len(v.entries)*48))
+	return outcome{res: res, next: next, ttl: time.Duration(max(until-now, 0)) + ttlSlack, changed: true, returned: returned}
+}
+
+// debtUnits returns ⌊D/Window⌋, the whole units a token_bucket or gcra state lacks
+// from full at now: D = (tat−now)·Limit + frac ticks (the layout in
+// shared/limit/tat.go). The state is normalised (written by Decide at now).
+func (f *fleetLimiter) debtUnits(state []byte, now int64) uint64 {
+	at := int64(binary.LittleEndian.Uint64(state))
+	frac := binary.LittleEndian.Uint64(state[8:])
+	if at < now {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(at-now), f.limit)
+	var c uint64
+	lo, c = bits.Add64(lo, frac, 0)
+	hi += c
+	if hi >= f.tick {
+		return 1 << 62
+	}
+	q, _ := bits.Div64(hi, lo, f.tick)
+	return q
+}

@@ -1,0 +1,282 @@
+package quota
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/shared/quota"
+)
+
+type errBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Details []struct {
+			Field   string `json:"field"`
+			Message string `json:"message"`
+		} `json:"details"`
+	} `json:"error"`
+}
+
+func rawPost(t *testing.T, url, token, body string) (int, errBody, http.Header) {
+	t.Helper()
+	hr, _ := http.NewRequest(http.MethodPost, url+"/v1/quota", strings.NewReader(body))
+	if token != "" {
+		hr.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	var eb errBody
+	if res.StatusCode != http.StatusOK {
+		if err := json.Unmarshal(b, &eb); err != nil {
+			t.Fatalf("status %d: body is not JSON: %s", res.StatusCode, b)
+		}
+	}
+	return res.StatusCode, eb, res.Header
+}
+
+const okBody = `{"envoy":"e","policy":"p","version":1,"env":"t","keys":[{"rule":"fw","key":"rl:t:p/fw:*:60s","want":1}]}`
+
+func TestQuotaTokenIsRequired(t *testing.T) {
+	clk := &clock{}
+	clk.set(base())
+	s := New(Options{Backend: NewMemory(), Policies: newPolicies(t), Token: "quota-secret", Now: clk.Now})
+	srv := serve(t, s)
+	if code, eb, h := rawPost(t, srv.URL, "", okBody); code != http.StatusUnauthorized || eb.Error.Code != "unauthorized" || h.Get("WWW-Authenticate") == "" {
+		t.Fatalf("no token: %d %+v", code, eb)
+	}
+	if code, eb, _ := rawPost(t, srv.URL, "admin-secret", okBody); code != http.StatusForbidden || eb.Error.Code != "forbidden" {
+		t.Fatalf("wrong token: %d %+v", code, eb)
+	}
+	if code, _, _ := rawPost(t, srv.URL, "quota-secret", okBody); code != http.StatusOK {
+		t.Fatalf("quota token: %d", code)
+	}
+	// No quota token configured, authentication on: quota calls are refused.
+	closed := serve(t, New(Options{Backend: NewMemory(), Policies: newPolicies(t), Now: clk.Now}))
+	if code, _, _ := rawPost(t, closed.URL, "anything", okBody); code != http.StatusForbidden {
+		t.Fatalf("no quota token configured: %d", code)
+	}
+	res, err := http.Get(srv.URL + "/v1/quota")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusMethodNotAllowed || res.Header.Get("Allow") != "POST" {
+		t.Fatalf("GET: %d", res.StatusCode)
+	}
+}
+
+func TestMalformedQuotaBodiesAre400NamingTheField(t *testing.T) {
+	clk := &clock{}
+	clk.set(base())
+	srv := serve(t, New(Options{Backend: NewMemory(), Policies: newPolicies(t), Open: true, Now: clk.Now}))
+	for _, c := range []struct{ body, field string }{
+		{`{"envoy":"e","policy":"p","version":1,"keys":[{"rule":"fw","key":"k","want":"many"}]}`, "keys[0].want"},
+		{`{"envoy":"e","policy":"p","version":1,"keys":[{"rule":"fw","key":"k","extra":1}]}`, "keys[0].extra"},
+		{`{"envoy":"e","policy":"p","keys":[{"rule":"fw","key":"k"}]}`, "version"},
+		{`{"envoy":"e","policy":"p","version":1,"keys":[{"rule":"fw","key":"k"}`, "keys[0]"},
+		{`[]`, ""},
+	} {
+		code, eb, _ := rawPost(t, srv.URL, "", c.body)
+		if code != http.StatusBadRequest || eb.Error.Code != "invalid_document" || len(eb.Error.Details) == 0 || eb.Error.Details[0].Field != c.field {
+			t.Errorf("%s: %d %+v, want 400 naming %q", c.body, code, eb, c.field)
+		}
+	}
+}
+
+func TestOversizedQuotaBatchIs413(t *testing.T) {
+	clk := &clock{}
+	clk.set(base())
+	srv := serve(t, New(Options{Backend: NewMemory(), Policies: newPolicies(t), Open: true, Now: clk.Now,
+		Limits: quota.Limits{MaxKeys: 10, MaxBytes: 4096}}))
+	keys := func(n int) string {
+		var b strings.Builder
+		for i := 0; i < n; i++ {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(`{"rule":"keyed","key":"rl:t:p/keyed:ip=10.0.0.` + strconv.Itoa(i) + `:60s","want":1}`)
+		}
+		return `{"envoy":"e","policy":"p","version":1,"env":"t","keys":[` + b.String() + `]}`
+	}
+	if code, _, _ := rawPost(t, srv.URL, "", keys(10)); code != http.StatusOK {
+		t.Fatalf("10 keys: %d", code)
+	}
+	if code, eb, _ := rawPost(t, srv.URL, "", keys(11)); code != http.StatusRequestEntityTooLarge || eb.Error.Details[0].Field != "keys" {
+		t.Fatalf("11 keys: %d %+v", code, eb)
+	}
+	big := `{"envoy":"e","policy":"p","version":1,"keys":[{"rule":"fw","key":"` + strings.Repeat("x", 5000) + `"}]}`
+	if code, eb, _ := rawPost(t, srv.URL, "", big); code != http.StatusRequestEntityTooLarge || eb.Error.Code != "too_large" {
+		t.Fatalf("5000 bytes: %d %+v", code, eb)
+	}
+}
+
+// TestRedisDownAnswers503AndNothingIsOverGranted kills Redis mid-run: quota calls
+// answer 503 with a JSON error (and grant nothing); after a restart (Redis with an
+// fsync'd append-only file, so it kept every acknowledged write) the window still
+// grants exactly its limit in total.
+func TestRedisDownAnswers503AndNothingIsOverGranted(t *testing.T) {
+	rs := redisproc.Start(t, redisproc.Options{AppendOnly: true})
+	client := redisClient(rs.Addr())
+	defer client.Close()
+	clk := &clock{}
+	start := base() + 11*int64(time.Hour)
+	clk.set(start + int64(time.Second))
+	reg := prometheus.NewRegistry()
+	s := New(Options{Backend: NewRedis(client), Policies: newPolicies(t), Open: true, Now: clk.Now,
+		Timeout: 300 * time.Millisecond, Registry: reg})
+	srv := serve(t, s)
+	req := &quota.Request{Envoy: "e1", Policy: "p", Version: 1, Env: testEnv, Keys: []quota.KeyRequest{{Rule: "fw", Key: globalKey("fw"), Want: 300}}}
+	var total uint64
+	resp, code, body := post(t, srv.URL, "", req)
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, body)
+	}
+	total += resp.Keys[0].Granted
+
+	rs.Kill()
+	for i := 0; i < 3; i++ {
+		_, code, body := post(t, srv.URL, "", req)
+		var eb errBody
+		_ = json.Unmarshal(body, &eb)
+		if code != http.StatusServiceUnavailable || eb.Error.Code != "store_unavailable" {
+			t.Fatalf("Redis down: %d %s", code, body)
+		}
+	}
+	if n := counterValue(t, reg, "sluice_controlplane_quota_keys_total", quota.StatusGranted); n != 1 {
+		t.Fatalf("keys granted counter %v, want 1 (nothing counted while down)", n)
+	}
+	rs.Restart()
+	for i := 0; i < 50; i++ {
+		req.Envoy = "e" + strconv.Itoa(i%3)
+		resp, code, body := post(t, srv.URL, "", req)
+		if code != http.StatusOK {
+			// The client may need a round to reconnect.
+			if code == http.StatusServiceUnavailable {
+				continue
+			}
+			t.Fatalf("%d %s", code, body)
+		}
+		total += resp.Keys[0].Granted
+	}
+	if total != 1000 {
+		t.Fatalf("granted %d across the outage, want exactly 1000", total)
+	}
+	var buf bytes.Buffer
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		buf.WriteString(mf.GetName() + "\n")
+	}
+	for _, name := range []string{"sluice_controlplane_quota_units_granted_total", "sluice_controlplane_quota_request_duration_seconds", "sluice_controlplane_quota_keys_active"} {
+		if !strings.Contains(buf.String(), name) {
+			t.Errorf("metric %s not registered:\n%s", name, buf.String())
+		}
+	}
+}
+
+// counterValue reads a counter of reg, the one with label value lv if given.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, lv string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if lv == "" || (len(m.GetLabel()) > 0 && m.GetLabel()[0].GetValue() == lv) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// TestRedisKilledUnderLoadNeverOverGrants kills Redis while four Envoys are asking:
+// every answer is 200 or a 503 JSON error, and across the outage the 200 answers
+// never grant more than the limit (a grant the store recorded but whose answer was
+// lost is under-admission, never over).
+func TestRedisKilledUnderLoadNeverOverGrants(t *testing.T) {
+	rs := redisproc.Start(t, redisproc.Options{AppendOnly: true})
+	client := redisClient(rs.Addr())
+	defer client.Close()
+	clk := &clock{}
+	clk.set(base() + 13*int64(time.Hour) + int64(time.Second))
+	srv := serve(t, New(Options{Backend: NewRedis(client), Policies: newPolicies(t), Open: true, Now: clk.Now, Timeout: 300 * time.Millisecond}))
+	var mu sync.Mutex
+	var total uint64
+	var ok, unavailable int
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			req := &quota.Request{Envoy: "e" + strconv.Itoa(i), Policy: "p", Version: 1, Env: testEnv,
+				Keys: []quota.KeyRequest{{Rule: "fw", Key: globalKey("fw"), Want: 7}}}
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, code, body := post(t, srv.URL, "", req)
+				mu.Lock()
+				switch code {
+				case http.StatusOK:
+					ok++
+					total += resp.Keys[0].Granted
+				case http.StatusServiceUnavailable:
+					unavailable++
+					time.Sleep(time.Millisecond)
+				default:
+					t.Errorf("status %d: %s", code, body)
+				}
+				mu.Unlock()
+			}
+		}(i)
+	}
+	deadline := time.Now().Add(2 * time.Minute) // a hang guard, not a speed check
+	waitFor := func(cond func() bool) {
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatal("the run did not progress")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor(func() bool { mu.Lock(); defer mu.Unlock(); return ok >= 20 })
+	rs.Kill()
+	waitFor(func() bool { mu.Lock(); defer mu.Unlock(); return unavailable >= 8 })
+	rs.Restart()
+	okAfter := 0
+	mu.Lock()
+	okAfter = ok
+	mu.Unlock()
+	waitFor(func() bool { mu.Lock(); defer mu.Unlock(); return ok >= okAfter+200 })
+	close(stop)
+	wg.Wait()
+	if total > 1000 {
+		t.Fatalf("granted %d across the outage, limit 1000", total)
+	}
+	if total < 140 {
+		t.Fatalf("granted only %d", total)
+	}
+	t.Logf("granted %d (limit 1000) in %d answers, %d answered 503", total, ok, unavailable)
+}

@@ -1,0 +1,128 @@
+package quota
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-proxy/sluice/shared/quota"
+)
+
+// metrics are the quota service's Prometheus metrics:
+//
+//	sluice_controlplane_quota_units_asked_total       units asked (sum of want)
+//	sluice_controlplane_quota_units_granted_total     units granted
+//	sluice_controlplane_quota_units_returned_total    units returned and credited back
+//	sluice_controlplane_quota_keys_total{status}      keys answered, by status (granted, partial, refused, stale_policy, ...)
+//	sluice_controlplane_quota_cas_retries_total       compare-and-swap conflicts retried (per key)
+//	sluice_controlplane_quota_request_duration_seconds{code}  request latency (histogram)
+//	sluice_controlplane_quota_keys_active{policy,rule}         keys asked for in the last minute, per rule
+//
+// keys_active has at most maxRuleSeries label pairs (further rules are counted
+// under rule "_other") and counts at most maxKeysPerRule keys per rule.
+type metrics struct {
+	asked, granted, returned, casRetries prometheus.Counter
+	keys                                 *prometheus.CounterVec
+	duration                             *prometheus.HistogramVec
+	active                               *activeKeys
+}
+
+const (
+	maxRuleSeries  = 1000
+	maxKeysPerRule = 100000
+	activeWindow   = time.Minute
+)
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		asked: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_units_asked_total",
+			Help: "Quota units asked for by Envoys (sum of want)."}),
+		granted: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_units_granted_total",
+			Help: "Quota units granted."}),
+		returned: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_units_returned_total",
+			Help: "Unused quota units returned by Envoys and credited back."}),
+		casRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_cas_retries_total",
+			Help: "Keys decided again after a compare-and-swap conflict."}),
+		keys: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_keys_total",
+			Help: "Keys answered, by status."}, []string{"status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_controlplane_quota_request_duration_seconds",
+			Help:    "Quota request latency in seconds, by HTTP status code.",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}, []string{"code"}),
+		active: &activeKeys{rules: make(map[[2]string]map[string]time.Time)},
+	}
+	if reg != nil {
+		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.keys, m.duration, m.active)
+	}
+	return m
+}
+
+func (m *metrics) observe(code int, d time.Duration) {
+	m.duration.WithLabelValues(strconv.Itoa(code)).Observe(d.Seconds())
+}
+
+func (m *metrics) count(req *quota.Request, resp *quota.Response) {
+	for i := range req.Keys {
+		m.asked.Add(float64(req.Keys[i].Want))
+		r := &resp.Keys[i]
+		m.granted.Add(float64(r.Granted))
+		m.returned.Add(float64(r.Returned))
+		m.keys.WithLabelValues(r.Status).Inc()
+	}
+}
+
+func (m *metrics) touch(policy, rule, key string) { m.active.touch(policy, rule, key, time.Now()) }
+
+// activeKeys tracks, per rule, the keys asked for recently.
+type activeKeys struct {
+	mu    sync.Mutex
+	rules map[[2]string]map[string]time.Time
+}
+
+var activeDesc = prometheus.NewDesc("sluice_controlplane_quota_keys_active",
+	"Counter keys of each fleet rule asked for in the last minute (at most 100000 per rule).", []string{"policy", "rule"}, nil)
+
+func (a *activeKeys) touch(policy, rule, key string, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id := [2]string{policy, rule}
+	ks, ok := a.rules[id]
+	if !ok {
+		if len(a.rules) >= maxRuleSeries {
+			id = [2]string{"_other", "_other"}
+			if ks, ok = a.rules[id]; !ok {
+				ks = make(map[string]time.Time)
+				a.rules[id] = ks
+			}
+		} else {
+			ks = make(map[string]time.Time)
+			a.rules[id] = ks
+		}
+	}
+	if _, seen := ks[key]; seen || len(ks) < maxKeysPerRule {
+		ks[key] = now
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (a *activeKeys) Describe(ch chan<- *prometheus.Desc) { ch <- activeDesc }
+
+// Collect implements prometheus.Collector; it forgets keys idle for a minute.
+func (a *activeKeys) Collect(ch chan<- prometheus.Metric) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cut := time.Now().Add(-activeWindow)
+	for id, ks := range a.rules {
+		for k, t := range ks {
+			if t.Before(cut) {
+				delete(ks, k)
+			}
+		}
+		if len(ks) == 0 {
+			delete(a.rules, id)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(len(ks)), id[0], id[1])
+	}
+}

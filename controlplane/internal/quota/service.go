@@ -1,0 +1,389 @@
+// Package quota is the control plane's quota service: it leases shares of the
+// fleet-wide limits of "scope": "fleet" rules to Envoys (POST /v1/quota, messages of
+// package shared/quota).
+//
+// The global state of each counter key of a fleet rule lives in a Backend (Redis, or
+// memory with the embedded store) and is decided with the rule's own shared/limit
+// algorithm by compare-and-swap: load the key's value, decide in Go, store it back iff
+// it is unchanged (a Lua script on Redis), retry on conflict. A grant of n units is a
+// Decide of cost n; returned units are an Adjust of -n, credited only while the
+// Envoy's lease is live, at most what it holds. See the README ("Fleet-wide limits")
+// for the bound of each algorithm and the sizing rule.
+//
+// Failure policy: when the backend does not answer within Options.Timeout the call is
+// answered 503 at once and nothing is granted; a grant is only ever answered after
+// the backend recorded it.
+package quota
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// Policies is where the service reads the current policies (snapshot.Snapshot).
+type Policies interface {
+	// Get returns the current record of a policy, false if never seen.
+	Get(name string) (store.Record, bool)
+}
+
+// Options configure New.
+type Options struct {
+	// Backend holds the global state. Required.
+	Backend Backend
+	// Policies gives the current policies. Required.
+	Policies Policies
+	// Token is the quota bearer token. Empty: quota calls are refused (403) unless
+	// Open is set.
+	Token string
+	// Open allows quota calls without a token when Token is empty (the control
+	// plane runs without authentication, on loopback only).
+	Open bool
+	// Timeout bounds the backend calls of one request (default 250ms); past it the
+	// request is answered 503.
+	Timeout time.Duration
+	// Limits bound a request (defaults shared/quota's).
+	Limits quota.Limits
+	// Validity is the longest lease of a token_bucket or gcra key (default
+	// DefaultValidity).
+	Validity time.Duration
+	// MaxAttempts bounds the compare-and-swap rounds per request (default 8).
+	MaxAttempts int
+	// Now is the clock in Unix nanoseconds (default time.Now().UnixNano).
+	Now func() int64
+	// Registry receives the metrics; nil registers none.
+	Registry *prometheus.Registry
+	// Logger receives backend errors; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Service is the quota endpoint's http.Handler.
+type Service struct {
+	o        Options
+	tokenSum [32]byte
+	log      *slog.Logger
+	m        *metrics
+
+	mu       sync.Mutex
+	cache    map[cacheKey]*compiled
+	lastWarn atomic.Int64
+}
+
+type cacheKey struct {
+	policy string
+	ver    uint64
+	env    string
+}
+
+type compiled struct {
+	c     *rules.Compiled
+	byID  map[string]int
+	fleet []*fleetLimiter // per rule; nil when not fleet
+	pfx   []string        // per rule: storage key prefix
+}
+
+// New returns the service.
+func New(o Options) *Service {
+	if o.Timeout <= 0 {
+		o.Timeout = 250 * time.Millisecond
+	}
+	if o.Validity <= 0 {
+		o.Validity = DefaultValidity
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 8
+	}
+	if o.Limits.MaxBytes <= 0 {
+		o.Limits.MaxBytes = quota.DefaultMaxBytes
+	}
+	if o.Limits.MaxKeys <= 0 {
+		o.Limits.MaxKeys = quota.DefaultMaxKeys
+	}
+	if o.Now == nil {
+		o.Now = func() int64 { return time.Now().UnixNano() }
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Service{o: o, log: o.Logger, cache: make(map[cacheKey]*compiled), tokenSum: sha256.Sum256([]byte(o.Token))}
+	s.m = newMetrics(o.Registry)
+	return s
+}
+
+// StorageKey returns the backend key of counter key under a rule of fingerprint fp:
+// "{}sq:<fp hex>:<counter key>". The leading "{}" is an empty hash tag, so Redis
+// Cluster hashes the whole key (https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags)
+// whatever braces a key value holds; the fingerprint makes a changed rule start
+// afresh.
+func StorageKey(fp uint64, key string) string {
+	return "{}sq:" + strconv.FormatUint(fp, 16) + ":" + key
+}
+
+func (s *Service) compile(rec store.Record, env string) (*compiled, error) {
+	k := cacheKey{rec.Name, rec.Version, env}
+	s.mu.Lock()
+	c, ok := s.cache[k]
+	s.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	p, err := rules.ParsePolicy(rec.Doc)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := rules.Compile(p, rules.CompileOptions{Env: env})
+	if err != nil {
+		return nil, err
+	}
+	c = &compiled{c: rc, byID: make(map[string]int, rc.Len()), fleet: make([]*fleetLimiter, rc.Len()), pfx: make([]string, rc.Len())}
+	for i := 0; i < rc.Len(); i++ {
+		r := rc.Rule(i)
+		c.byID[r.ID] = i
+		if r.Fleet() {
+			if f, err := newFleetLimiter(r.Config, s.o.Validity); err == nil {
+				c.fleet[i] = f
+			}
+		}
+		c.pfx[i] = StorageKey(r.Fingerprint, "")
+	}
+	s.mu.Lock()
+	if len(s.cache) >= 64 {
+		clear(s.cache)
+	}
+	s.cache[k] = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+// ServeHTTP answers POST /v1/quota.
+func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	code := s.serve(w, r)
+	s.m.observe(code, time.Since(start))
+}
+
+func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		return writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST", nil)
+	}
+	if code, ok := s.authorize(w, r); !ok {
+		return code
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.o.Limits.MaxBytes)))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return writeError(w, http.StatusRequestEntityTooLarge, "too_large", "request body over "+strconv.Itoa(s.o.Limits.MaxBytes)+" bytes", nil)
+		}
+		return writeError(w, http.StatusBadRequest, "bad_request", "reading the body: "+err.Error(), nil)
+	}
+	req, err := quota.DecodeRequest(body, s.o.Limits)
+	if err != nil {
+		var tl *quota.TooLargeError
+		var fe quota.Errors
+		switch {
+		case errors.As(err, &tl):
+			return writeError(w, http.StatusRequestEntityTooLarge, "too_large", tl.Message, []detail{{Field: tl.Field, Message: tl.Message}})
+		case errors.As(err, &fe):
+			d := make([]detail, len(fe))
+			for i, e := range fe {
+				d[i] = detail{Field: e.Field, Message: e.Message}
+			}
+			return writeError(w, http.StatusBadRequest, "invalid_document", "the request is malformed: "+fe.Error(), d)
+		}
+		return writeError(w, http.StatusBadRequest, "invalid_document", err.Error(), nil)
+	}
+	resp, err := s.Handle(r.Context(), req)
+	if err != nil {
+		if now := time.Now().UnixNano(); now-s.lastWarn.Load() >= int64(time.Second) {
+			s.lastWarn.Store(now) // at most about one warning a second during an outage
+			s.log.Warn("quota: backend unavailable", "err", err)
+		}
+		w.Header().Set("Retry-After", "1")
+		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the quota store did not answer; nothing was granted", nil)
+	}
+	out := quota.AppendResponse(make([]byte, 0, 64+len(resp.Keys)*160), resp)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+	return http.StatusOK
+}
+
+// authorize checks the quota bearer token (RFC 6750 §2.1), in constant time over its
+// SHA-256 as the API does: none 401, wrong 403.
+func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (int, bool) {
+	if s.o.Token == "" {
+		if s.o.Open {
+			return 0, true
+		}
+		return writeError(w, http.StatusForbidden, "forbidden", "quota calls are disabled: no quota token is configured (--quota-token)", nil), false
+	}
+	h := r.Header.Get("Authorization")
+	scheme, token, found := strings.Cut(h, " ")
+	token = strings.TrimSpace(token)
+	if h == "" || !found || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+		return writeError(w, http.StatusUnauthorized, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", nil), false
+	}
+	sum := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="invalid_token"`)
+		return writeError(w, http.StatusForbidden, "forbidden", "the bearer token is not the quota token", nil), false
+	}
+	return 0, true
+}
+
+// work is one key being decided.
+type work struct {
+	idx  int // in the request
+	f    *fleetLimiter
+	skey string
+}
+
+// ErrUnavailable wraps backend errors returned by Handle.
+var ErrUnavailable = errors.New("quota: backend unavailable")
+
+// Handle decides a decoded request: it answers each key (see quota.KeyResult) and
+// records every grant and return in the backend before returning. It returns an
+// error wrapping ErrUnavailable, and grants nothing, when the backend does not
+// answer within Options.Timeout.
+func (s *Service) Handle(ctx context.Context, req *quota.Request) (*quota.Response, error) {
+	resp := &quota.Response{Policy: req.Policy, Keys: make([]quota.KeyResult, len(req.Keys))}
+	rec, _ := s.o.Policies.Get(req.Policy)
+	if rec.Exists() {
+		resp.Version = rec.Version
+	}
+	var c *compiled
+	if rec.Exists() && rec.Version == req.Version {
+		var err error
+		if c, err = s.compile(rec, req.Env); err != nil {
+			c = nil // a stored policy that does not compile for this env: stale for the Envoy
+		}
+	}
+	var ws []work
+	for i := range req.Keys {
+		k := &req.Keys[i]
+		res := &resp.Keys[i]
+		res.Key = k.Key
+		if c == nil {
+			res.Status = quota.StatusStalePolicy
+			continue
+		}
+		ri, ok := c.byID[k.Rule]
+		switch {
+		case !ok:
+			res.Status = quota.StatusUnknownRule
+		case c.fleet[ri] == nil:
+			res.Status = quota.StatusNotFleet
+		case !c.c.Rule(ri).OwnsKey(k.Key):
+			res.Status = quota.StatusBadKey
+		default:
+			ws = append(ws, work{idx: i, f: c.fleet[ri], skey: c.pfx[ri] + k.Key})
+			s.m.touch(req.Policy, k.Rule, k.Key)
+		}
+	}
+	resp.Now = s.o.Now()
+	if len(ws) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
+		defer cancel()
+		if err := s.decideAll(ctx, req, resp, ws); err != nil {
+			return nil, errors.Join(ErrUnavailable, err)
+		}
+	}
+	s.m.count(req, resp)
+	return resp, nil
+}
+
+func (s *Service) decideAll(ctx context.Context, req *quota.Request, resp *quota.Response, ws []work) error {
+	pending := ws
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == s.o.MaxAttempts {
+			// Still contended: answer refused, retry soon; nothing was granted.
+			for _, w := range pending {
+				k := &req.Keys[w.idx]
+				resp.Keys[w.idx] = quota.KeyResult{Key: k.Key, Status: quota.StatusRefused, RetryAfter: time.Millisecond}
+			}
+			return nil
+		}
+		if attempt > 0 {
+			s.m.casRetries.Add(float64(len(pending)))
+		}
+		keys := make([]string, len(pending))
+		for j, w := range pending {
+			keys[j] = w.skey
+		}
+		vals, err := s.o.Backend.Load(ctx, keys)
+		if err != nil {
+			return err
+		}
+		now := s.o.Now()
+		resp.Now = now
+		ops := make([]Op, 0, len(pending))
+		outs := make([]outcome, len(pending))
+		for j, w := range pending {
+			outs[j] = w.f.decide(vals[j], now, req.Envoy, &req.Keys[w.idx], req.Interval)
+			ops = append(ops, Op{Key: w.skey, Old: vals[j], New: outs[j].next, TTL: outs[j].ttl})
+		}
+		var applied []bool
+		if len(ops) > 0 {
+			if applied, err = s.o.Backend.Swap(ctx, ops); err != nil {
+				return err
+			}
+		}
+		next := pending[:0:0]
+		for j, w := range pending {
+			if !outs[j].changed || applied[j] {
+				resp.Keys[w.idx] = outs[j].res
+				continue
+			}
+			next = append(next, w)
+		}
+		pending = next
+	}
+	return nil
+}
+
+type detail struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// writeError writes the control plane's error body
+// {"error": {"code", "message", "details": [{"field", "message"}]}} and returns status.
+func writeError(w http.ResponseWriter, status int, code, message string, details []detail) int {
+	var b struct {
+		Error struct {
+			Code    string   `json:"code"`
+			Message string   `json:"message"`
+			Details []detail `json:"details,omitempty"`
+		} `json:"error"`
+	}
+	b.Error.Code, b.Error.Message, b.Error.Details = code, message, details
+	body, _ := json.Marshal(b)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	return status
+}

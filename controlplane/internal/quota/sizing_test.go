@@ -1,0 +1,59 @@
+package quota
+
+import (
+	"testing"
+	"time"
+)
+
+// TestGrantSizing follows the sizing rule of the README: with no history an Envoy
+// gets what it wants, capped at half of what is left when alone; with history, its
+// recent rate for 5/4 of its report interval, minus what it holds; with others
+// active, at most remaining/(others+2); near the limit, single units.
+func TestGrantSizing(t *testing.T) {
+	clk := &clock{}
+	start := base() + int64(time.Second)
+	clk.set(start)
+	s := newService(t, NewMemory(), newPolicies(t), clk)
+	key := globalKey("fw")
+	es := newEnvoys(3)
+	a, b, c := es[0], es[1], es[2]
+	if r := ask(t, s, a, "fw", key, 0, 0, 1000); r.Granted != 500 || r.Status != "partial" {
+		t.Fatalf("lone Envoy, no history: %+v, want 500 (half of 1000)", r)
+	}
+	clk.add(time.Second)
+	// 100 used in the last second: demand ⌊100·5/4⌋+1 = 126, it holds 500: one unit.
+	if r := ask(t, s, a, "fw", key, 100, 0, 1000); r.Granted != 1 {
+		t.Fatalf("Envoy holding more than its demand: %+v, want 1", r)
+	}
+	clk.add(time.Second)
+	// It gives back 451 of 501 and used 100: demand 126 - 50 held = 76.
+	if r := ask(t, s, a, "fw", key, 100, 451, 1000); r.Returned != 451 || r.Granted != 76 || r.Held != 126 {
+		t.Fatalf("after a return: %+v, want 451 returned, 76 granted, 126 held", r)
+	}
+	// A second Envoy while the first is active: at most remaining/(1+2).
+	remaining := uint64(1000 - 126)
+	if r := ask(t, s, b, "fw", key, 0, 0, 1000); r.Granted != remaining/3 {
+		t.Fatalf("second Envoy: %+v, want %d", r, remaining/3)
+	}
+	// Fill up to a few units left; then grants are single units.
+	for i := 0; i < 100; i++ {
+		ask(t, s, c, "fw", key, 0, 0, 1000)
+	}
+	var total uint64
+	for _, e := range es {
+		total += e.held
+	}
+	if total != 1000 {
+		t.Fatalf("held %d in total, want 1000", total)
+	}
+	// Near the limit: return 3 units, then asks of 10 get one unit each.
+	ask(t, s, c, "fw", key, 0, 3, 0)
+	for i := 0; i < 3; i++ {
+		if r := ask(t, s, es[i], "fw", key, 0, 0, 10); r.Granted != 1 {
+			t.Fatalf("near the limit: %+v, want a single unit", r)
+		}
+	}
+	if r := ask(t, s, a, "fw", key, 0, 0, 10); r.Granted != 0 || r.Status != "refused" || r.RetryAfter != time.Duration(start/int64(time.Minute)*int64(time.Minute)+int64(time.Minute)-clk.Now()) {
+		t.Fatalf("at the limit: %+v, want refused until the window ends", r)
+	}
+}

@@ -1,0 +1,532 @@
+// Package quota holds the messages of sluice's quota protocol and their JSON codec:
+// what an Envoy sends the control plane's quota service (POST /v1/quota) for the
+// counter keys of fleet-scoped rules, and what the service answers. Both sides
+// encode and decode with this one package.
+//
+// It uses the standard library and package strictjson only (no os, fmt or
+// encoding/json), so the proxy-wasm filter can import it.
+//
+// # The exchange
+//
+// An Envoy (identified by Request.Envoy) holds, for each key it was granted, a lease:
+// a number of units it may admit locally until the lease expires. Periodically, and
+// when a key runs dry, it sends one batched Request: for each key, the units it
+// admitted since its last report (Used, which sizes the next grant), the unused units
+// of its lease it gives back (Return; it stops using them when it sends the request)
+// and the units it would like (Want). The service answers each key with a KeyResult:
+// the units granted now, added to the lease, and the lease's expiry, relative to the
+// service's clock when it decided (ExpiresIn). The Envoy must measure ExpiresIn from
+// the moment it sent the request, never from when the answer arrived, so that its
+// lease always ends before the service's. Units not spent by then are lost to the
+// Envoy; the service never credits them back (see the control plane's README for
+// the bound per algorithm).
+//
+// # Documents
+//
+// A request:
+//
+//	{"envoy": "ingress-0", "policy": "default", "version": 7, "env": "prod",
+//	 "interval": "1s",
+//	 "keys": [{"rule": "per-user", "key": "rl:prod:default/per-user:user=alice:60s",
+//	           "used": 12, "return": 0, "want": 100}]}
+//
+// An answer (HTTP 200), one result per requested key, in request order:
+//
+//	{"policy": "default", "version": 7, "now": 1763890000000000000,
+//	 "keys": [{"key": "rl:prod:default/per-user:user=alice:60s", "status": "granted",
+//	           "granted": 40, "held": 40, "returned": 0,
+//	           "expires_in_ns": 41000000000, "retry_after_ns": 0}]}
+//
+// Durations on the wire are integer nanoseconds (exact, no float), except the request's
+// "interval", a duration string as in policies ("1s", "250ms").
+package quota
+
+import (
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
+)
+
+// Protocol bounds.
+const (
+	// MaxEnvoyBytes is the longest Envoy id.
+	MaxEnvoyBytes = 128
+	// MaxKeyBytes is the longest counter key.
+	MaxKeyBytes = 2048
+	// DefaultMaxKeys is the default largest number of keys in one request.
+	DefaultMaxKeys = 1000
+	// DefaultMaxBytes is the default largest request document: 1 MiB.
+	DefaultMaxBytes = 1 << 20
+	// DefaultInterval is the report interval assumed when a request gives none.
+	DefaultInterval = time.Second
+	// MinInterval and MaxInterval bound Request.Interval.
+	MinInterval = 10 * time.Millisecond
+	MaxInterval = time.Minute
+	// MaxUnits bounds Used, Return and Want: limit.MaxLimit.
+	MaxUnits = limit.MaxLimit
+)
+
+// Request is one Envoy's batched report and ask. JSON names in brackets.
+type Request struct {
+	// Envoy ["envoy"] identifies the Envoy (pod name, host:port): 1 to MaxEnvoyBytes
+	// printable ASCII bytes, no space. Required. Leases are per Envoy.
+	Envoy string
+	// Policy ["policy"] is the name of the policy the Envoy enforces. Required.
+	Policy string
+	// Version ["version"] is the version of that policy the Envoy enforces (>= 1).
+	// Required: a key is answered StatusStalePolicy unless it is the current one.
+	Version uint64
+	// Env ["env"] is the environment name in the Envoy's counter keys (default
+	// "default").
+	Env string
+	// Interval ["interval"] is how often the Envoy reports (default DefaultInterval,
+	// MinInterval..MaxInterval); grants are sized for a little more than one.
+	Interval time.Duration
+	// Keys ["keys"]: one entry per counter key, each key at most once. Required,
+	// non-empty.
+	Keys []KeyRequest
+}
+
+// KeyRequest is the report and ask for one counter key.
+type KeyRequest struct {
+	// Rule ["rule"] is the id of the rule the key belongs to. Required.
+	Rule string
+	// Key ["key"] is the counter key as the filter builds it (rules.Compiled.AppendKey),
+	// 1 to MaxKeyBytes bytes. Required.
+	Key string
+	// Used ["used"]: units admitted under this key since the Envoy's last report.
+	Used uint64
+	// Return ["return"]: unused units of the current lease the Envoy gives back.
+	Return uint64
+	// Want ["want"]: units asked for; 0 only reports and returns.
+	Want uint64
+}
+
+// The values of KeyResult.Status.
+const (
+	// StatusGranted: all of Want was granted (or Want was 0).
+	StatusGranted = "granted"
+	// StatusPartial: less than Want but at least one unit was granted.
+	StatusPartial = "partial"
+	// StatusRefused: nothing could be granted now; RetryAfter says when more may be.
+	StatusRefused = "refused"
+	// StatusStalePolicy: the request's policy version is not the current one; the
+	// Envoy must resync its policy. Nothing was granted or returned.
+	StatusStalePolicy = "stale_policy"
+	// StatusUnknownRule: the current policy has no rule of that id.
+	StatusUnknownRule = "unknown_rule"
+	// StatusNotFleet: the rule is not fleet-scoped; the Envoy counts it locally.
+	StatusNotFleet = "not_fleet"
+	// StatusBadKey: the key is not one the rule can build.
+	StatusBadKey = "bad_key"
+)
+
+// Response is the service's answer to a Request (HTTP 200).
+type Response struct {
+	// Policy ["policy"] and Version ["version"] are the current policy and version
+	// (Version 0 when the policy does not exist).
+	Policy  string
+	Version uint64
+	// Now ["now"] is the service's clock when it decided, Unix nanoseconds
+	// (diagnostic: the Envoy must not compare it with its own clock).
+	Now int64
+	// Keys ["keys"]: one result per requested key, in request order.
+	Keys []KeyResult
+}
+
+// KeyResult is the answer for one key.
+type KeyResult struct {
+	// Key ["key"] is the requested key.
+	Key string
+	// Status ["status"] is one of the Status constants.
+	Status string
+	// Granted ["granted"]: units added to the Envoy's lease now.
+	Granted uint64
+	// Held ["held"]: units of the lease the service counts as the Envoy's after this
+	// call (granted and not returned), valid until ExpiresIn.
+	Held uint64
+	// Returned ["returned"]: units of Return credited back to the global state
+	// (less than Return when the lease had expired or held less).
+	Returned uint64
+	// ExpiresIn ["expires_in_ns"]: the lease ends this long after the service decided
+	// (0 when nothing is held). Never past the end of the window or slot the units were
+	// counted in.
+	ExpiresIn time.Duration
+	// RetryAfter ["retry_after_ns"]: for StatusRefused and StatusPartial, the time
+	// until more units may be available (limit.Never, 2^63-1, if never).
+	RetryAfter time.Duration
+}
+
+// Limits bound a request document.
+type Limits struct {
+	// MaxBytes is the largest document (default DefaultMaxBytes).
+	MaxBytes int
+	// MaxKeys is the largest number of keys (default DefaultMaxKeys).
+	MaxKeys int
+}
+
+// FieldError is one problem in a document: Field is its JSON path
+// ("keys[3].want"), "" for the document as a whole.
+type FieldError struct {
+	Field   string
+	Message string
+}
+
+// Error returns "field: message".
+func (e FieldError) Error() string {
+	if e.Field == "" {
+		return e.Message
+	}
+	return e.Field + ": " + e.Message
+}
+
+// Errors lists the problems of a malformed document (an HTTP 400), in document order.
+type Errors []FieldError
+
+// Error joins the problems with "; ".
+func (es Errors) Error() string {
+	s := ""
+	for i, e := range es {
+		if i > 0 {
+			s += "; "
+		}
+		s += e.Error()
+	}
+	return s
+}
+
+// ErrTooLarge is matched (errors.Is) by the *TooLargeError DecodeRequest returns for a
+// document over Limits (an HTTP 413).
+var ErrTooLarge = errors.New("quota: request too large")
+
+// TooLargeError says which limit a document exceeds.
+type TooLargeError struct {
+	// Field is "keys" for too many keys, "" for too many bytes.
+	Field   string
+	Message string
+}
+
+// Error returns the message.
+func (e *TooLargeError) Error() string { return e.Message }
+
+// Is reports whether target is ErrTooLarge.
+func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
+
+const maxDepth = 4
+
+func validEnvoy(s string) bool {
+	if len(s) == 0 || len(s) > MaxEnvoyBytes {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+var errStop = errors.New("stop")
+
+// DecodeRequest decodes and validates a request document strictly (strictjson: no
+// unknown fields, no duplicate members, exact integers). It returns a
+// *TooLargeError when data is over lim.MaxBytes or holds more than lim.MaxKeys keys,
+// Errors naming every bad field otherwise, or the request.
+func DecodeRequest(data []byte, lim Limits) (*Request, error) {
+	if lim.MaxBytes <= 0 {
+		lim.MaxBytes = DefaultMaxBytes
+	}
+	if lim.MaxKeys <= 0 {
+		lim.MaxKeys = DefaultMaxKeys
+	}
+	if len(data) > lim.MaxBytes {
+		return nil, &TooLargeError{Message: "request is " + strconv.Itoa(len(data)) + " bytes, more than the limit of " + strconv.Itoa(lim.MaxBytes)}
+	}
+	d := strictjson.NewDecoder(data, strictjson.Limits{MaxBytes: lim.MaxBytes, MaxDepth: maxDepth})
+	r := &Request{}
+	var seen [4]bool // envoy, policy, version, keys
+	var tooMany bool
+	var present [][2]bool // per key: rule, key
+	_ = d.Object(func(key string) error {
+		switch key {
+		case "envoy":
+			seen[0] = true
+			if s, err := d.String(); err == nil {
+				if !validEnvoy(s) {
+					d.Fail("must be 1 to " + strconv.Itoa(MaxEnvoyBytes) + " printable ASCII bytes without spaces")
+				}
+				r.Envoy = s
+			}
+		case "policy":
+			seen[1] = true
+			if s, err := d.String(); err == nil {
+				if !rules.ValidName(s) {
+					d.Fail("must be a valid policy name")
+				}
+				r.Policy = s
+			}
+		case "version":
+			seen[2] = true
+			if v, err := d.Uint64(); err == nil {
+				if v == 0 {
+					d.Fail("must be >= 1")
+				}
+				r.Version = v
+			}
+		case "env":
+			if s, err := d.String(); err == nil {
+				if !rules.ValidName(s) {
+					d.Fail("must be a valid environment name")
+				}
+				r.Env = s
+			}
+		case "interval":
+			if v, err := d.Duration(); err == nil {
+				if v < MinInterval || v > MaxInterval {
+					d.Fail("must be between " + MinInterval.String() + " and " + MaxInterval.String())
+				}
+				r.Interval = v
+			}
+		case "keys":
+			seen[3] = true
+			return d.Array(func(i int) error {
+				if i >= lim.MaxKeys {
+					tooMany = true
+					return errStop
+				}
+				r.Keys = append(r.Keys, KeyRequest{})
+				present = append(present, [2]bool{})
+				k := &r.Keys[i]
+				p := &present[i]
+				return d.Object(func(name string) error {
+					switch name {
+					case "rule":
+						p[0] = true
+						if s, err := d.String(); err == nil {
+							if !rules.ValidID(s) {
+								d.Fail("must be a valid rule id")
+							}
+							k.Rule = s
+						}
+					case "key":
+						p[1] = true
+						if s, err := d.String(); err == nil {
+							if len(s) == 0 || len(s) > MaxKeyBytes {
+								d.Fail("must be 1 to " + strconv.Itoa(MaxKeyBytes) + " bytes")
+							}
+							k.Key = s
+						}
+					case "used":
+						k.Used = units(d)
+					case "return":
+						k.Return = units(d)
+					case "want":
+						k.Want = units(d)
+					default:
+						return d.UnknownField()
+					}
+					return nil
+				})
+			})
+		default:
+			return d.UnknownField()
+		}
+		return nil
+	})
+	if tooMany {
+		return nil, &TooLargeError{Field: "keys", Message: "keys: more than the limit of " + strconv.Itoa(lim.MaxKeys) + " keys in one request"}
+	}
+	_ = d.End()
+	var errs Errors
+	syntax := false
+	for _, e := range d.Errors() {
+		errs = append(errs, FieldError{Field: e.Path, Message: e.Message})
+		syntax = syntax || e.Syntax
+	}
+	if !syntax {
+		for i, name := range [...]string{"envoy", "policy", "version", "keys"} {
+			if !seen[i] {
+				errs = append(errs, FieldError{Field: name, Message: "required"})
+			}
+		}
+		if seen[3] && len(r.Keys) == 0 {
+			errs = append(errs, FieldError{Field: "keys", Message: "must hold at least one key"})
+		}
+		dup := make(map[string]int, len(r.Keys))
+		for i := range r.Keys {
+			f := "keys[" + strconv.Itoa(i) + "]"
+			if !present[i][0] {
+				errs = append(errs, FieldError{Field: f + ".rule", Message: "required"})
+			}
+			if !present[i][1] {
+				errs = append(errs, FieldError{Field: f + ".key", Message: "required"})
+			} else if j, ok := dup[r.Keys[i].Key]; ok {
+				errs = append(errs, FieldError{Field: f + ".key", Message: "duplicate of keys[" + strconv.Itoa(j) + "].key"})
+			} else {
+				dup[r.Keys[i].Key] = i
+			}
+		}
+	}
+	if errs != nil {
+		return nil, errs
+	}
+	if r.Env == "" {
+		r.Env = "default"
+	}
+	if r.Interval == 0 {
+		r.Interval = DefaultInterval
+	}
+	return r, nil
+}
+
+func units(d *strictjson.Decoder) uint64 {
+	v, err := d.Uint64()
+	if err != nil {
+		return 0
+	}
+	if v > MaxUnits {
+		d.Fail("must be <= " + strconv.FormatUint(MaxUnits, 10))
+		return 0
+	}
+	return v
+}
+
+// AppendRequest appends r as canonical JSON (members in the order of the struct
+// fields; "env" and "interval" omitted when zero; "used", "return", "want" always
+// written) to dst. It does not validate r.
+func AppendRequest(dst []byte, r *Request) []byte {
+	w := strictjson.NewWriter(dst)
+	w.BeginObject()
+	w.AppendKey("envoy")
+	w.AppendString(r.Envoy)
+	w.AppendKey("policy")
+	w.AppendString(r.Policy)
+	w.AppendKey("version")
+	w.AppendUint(r.Version)
+	if r.Env != "" {
+		w.AppendKey("env")
+		w.AppendString(r.Env)
+	}
+	if r.Interval != 0 {
+		w.AppendKey("interval")
+		w.AppendDuration(r.Interval)
+	}
+	w.AppendKey("keys")
+	w.BeginArray()
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		w.BeginObject()
+		w.AppendKey("rule")
+		w.AppendString(k.Rule)
+		w.AppendKey("key")
+		w.AppendString(k.Key)
+		w.AppendKey("used")
+		w.AppendUint(k.Used)
+		w.AppendKey("return")
+		w.AppendUint(k.Return)
+		w.AppendKey("want")
+		w.AppendUint(k.Want)
+		w.EndObject()
+	}
+	w.EndArray()
+	w.EndObject()
+	return w.Bytes()
+}
+
+// AppendResponse appends r as canonical JSON (every member written, in the order of
+// the struct fields) to dst.
+func AppendResponse(dst []byte, r *Response) []byte {
+	w := strictjson.NewWriter(dst)
+	w.BeginObject()
+	w.AppendKey("policy")
+	w.AppendString(r.Policy)
+	w.AppendKey("version")
+	w.AppendUint(r.Version)
+	w.AppendKey("now")
+	w.AppendInt(r.Now)
+	w.AppendKey("keys")
+	w.BeginArray()
+	for i := range r.Keys {
+		k := &r.Keys[i]
+		w.BeginObject()
+		w.AppendKey("key")
+		w.AppendString(k.Key)
+		w.AppendKey("status")
+		w.AppendString(k.Status)
+		w.AppendKey("granted")
+		w.AppendUint(k.Granted)
+		w.AppendKey("held")
+		w.AppendUint(k.Held)
+		w.AppendKey("returned")
+		w.AppendUint(k.Returned)
+		w.AppendKey("expires_in_ns")
+		w.AppendInt(int64(k.ExpiresIn))
+		w.AppendKey("retry_after_ns")
+		w.AppendInt(int64(k.RetryAfter))
+		w.EndObject()
+	}
+	w.EndArray()
+	w.EndObject()
+	return w.Bytes()
+}
+
+// DecodeResponse decodes an answer strictly; unknown members are errors (the two
+// sides are built from one codec). It returns Errors naming every bad field.
+func DecodeResponse(data []byte) (*Response, error) {
+	d := strictjson.NewDecoder(data, strictjson.Limits{MaxBytes: 64 << 20, MaxDepth: maxDepth})
+	r := &Response{}
+	_ = d.Object(func(key string) error {
+		switch key {
+		case "policy":
+			r.Policy, _ = d.String()
+		case "version":
+			r.Version, _ = d.Uint64()
+		case "now":
+			r.Now, _ = d.Int64()
+		case "keys":
+			return d.Array(func(i int) error {
+				r.Keys = append(r.Keys, KeyResult{})
+				k := &r.Keys[i]
+				return d.Object(func(name string) error {
+					switch name {
+					case "key":
+						k.Key, _ = d.String()
+					case "status":
+						k.Status, _ = d.String()
+					case "granted":
+						k.Granted, _ = d.Uint64()
+					case "held":
+						k.Held, _ = d.Uint64()
+					case "returned":
+						k.Returned, _ = d.Uint64()
+					case "expires_in_ns":
+						v, _ := d.Int64()
+						k.ExpiresIn = time.Duration(v)
+					case "retry_after_ns":
+						v, _ := d.Int64()
+						k.RetryAfter = time.Duration(v)
+					default:
+						return d.UnknownField()
+					}
+					return nil
+				})
+			})
+		default:
+			return d.UnknownField()
+		}
+		return nil
+	})
+	_ = d.End()
+	var errs Errors
+	for _, e := range d.Errors() {
+		errs = append(errs, FieldError{Field: e.Path, Message: e.Message})
+	}
+	if errs != nil {
+		return nil, errs
+	}
+	return r, nil
+}
