@@ -11,7 +11,9 @@
 //	sluice:policy:{<name>}:doc      string: canonical policy JSON; absent when deleted
 //	sluice:policy:{<name>}:version  string: decimal version counter (survives deletion)
 //	sluice:policy:{<name>}:history  list: store.MarshalEntry JSON, newest first,
-//	                                capped with LTRIM to the history depth
+//	                                capped with LTRIM to the history depth; a
+//	                                deletion empties it first (only the deletion
+//	                                stays, so deleted policies keep no documents)
 //	sluice:policy:{<name>}:writeid  string: Change.ID of the last commit
 //	sluice:policies                 set: names of the live policies
 //	channel sluice:changes          PUBLISH "<name> <version>" after each commit
@@ -77,7 +79,7 @@ if cur ~= base then
 end
 local new = cur + 1
 if ARGV[2] == '' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[3])
   if KEYS[5] then redis.call('SREM', KEYS[5], ARGV[4]) end
 else
   redis.call('SET', KEYS[1], ARGV[2])
