@@ -145,33 +145,34 @@ func Open(o Options) (*Store, error) {
 	return s, nil
 }
 
-// open opens the file; existing says whether it existed, and is then
-// checked: every bucket and key is read and bbolt's consistency check run.
+// hint is what an operator can do about a damaged store file.
+const hint = "restore the file from a copy, or start with --reset-damaged-store to move it aside and start with no policies"
+
+// open opens the file; existing says whether it existed. An existing file
+// is first opened read-only (which does not load bbolt's freelist) and every
+// bucket and key read, so that a damaged tree is found while the handle can
+// still be closed; once opened for writing, bbolt's consistency check
+// (free and reachable pages) runs too.
 func (s *Store) open(o Options, existing bool) (*bolt.DB, error) {
-	var db *bolt.DB
-	err := s.guard(func() error {
-		var err error
-		db, err = bolt.Open(s.path, 0o600, &bolt.Options{Timeout: o.LockTimeout})
-		return err
-	})
-	var errno syscall.Errno
-	var pathErr *fs.PathError
-	switch {
-	case errors.Is(err, bolt.ErrTimeout):
-		return nil, fmt.Errorf("boltstore: %s is locked by another process (another sluice-controlplane on the same data directory?); gave up waiting after %s: %w",
-			s.path, o.LockTimeout, err)
-	case errors.Is(err, ErrDamaged):
-		return nil, fmt.Errorf("%w; restore the file from a copy, or start with --reset-damaged-store to move it aside and start with no policies", err)
-	case err != nil && (errors.As(err, &errno) || errors.As(err, &pathErr)):
-		return nil, fmt.Errorf("boltstore: open %s: %w", s.path, err)
-	case err != nil:
-		return nil, fmt.Errorf("%w: %s is not a valid sluice store (%v); restore the file from a copy, or start with --reset-damaged-store to move it aside and start with no policies",
-			ErrDamaged, s.path, err)
+	if existing {
+		db, err := s.boltOpen(o, true)
+		if err != nil {
+			return nil, err
+		}
+		err = s.guard(func() error { return db.View(s.walk) })
+		db.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%w; %s", err, hint)
+		}
+	}
+	db, err := s.boltOpen(o, false)
+	if err != nil {
+		return nil, err
 	}
 	if existing {
-		if err := s.guard(func() error { return db.View(s.verify) }); err != nil {
+		if err := s.guard(func() error { return db.View(s.check) }); err != nil {
 			db.Close()
-			return nil, fmt.Errorf("%w; restore the file from a copy, or start with --reset-damaged-store to move it aside and start with no policies", err)
+			return nil, fmt.Errorf("%w; %s", err, hint)
 		}
 	}
 	if err := s.guard(func() error {
@@ -186,9 +187,37 @@ func (s *Store) open(o Options, existing bool) (*bolt.DB, error) {
 	return db, nil
 }
 
-// verify reads every page reachable from the root of an existing file and
-// runs bbolt's own consistency check (free and reachable pages).
-func (s *Store) verify(tx *bolt.Tx) error {
+// boltOpen opens the file with bbolt and classifies its errors: another
+// process's lock, the operating system's errors, and the rest (a file bbolt
+// does not recognise) as ErrDamaged.
+func (s *Store) boltOpen(o Options, readOnly bool) (*bolt.DB, error) {
+	var db *bolt.DB
+	err := s.guard(func() error {
+		var err error
+		db, err = bolt.Open(s.path, 0o600, &bolt.Options{Timeout: o.LockTimeout, ReadOnly: readOnly})
+		return err
+	})
+	var errno syscall.Errno
+	var pathErr *fs.PathError
+	switch {
+	case err == nil:
+		return db, nil
+	case errors.Is(err, bolt.ErrTimeout):
+		return nil, fmt.Errorf("boltstore: %s is locked by another process (another sluice-controlplane on the same data directory?); gave up waiting after %s: %w",
+			s.path, o.LockTimeout, err)
+	case errors.Is(err, ErrDamaged):
+		return nil, fmt.Errorf("%w; %s", err, hint)
+	case errors.As(err, &errno) || errors.As(err, &pathErr):
+		return nil, fmt.Errorf("boltstore: open %s: %w", s.path, err)
+	default:
+		return nil, fmt.Errorf("%w: %s is not a valid sluice store (%v); %s", ErrDamaged, s.path, err, hint)
+	}
+}
+
+// walk reads every bucket, key and value reachable from the root of an
+// existing file, checking first that the file holds all the pages its meta
+// page counts (reading past the end of a shortened file would fault).
+func (s *Store) walk(tx *bolt.Tx) error {
 	fi, err := os.Stat(s.path)
 	if err != nil {
 		return err
@@ -204,26 +233,31 @@ func (s *Store) verify(tx *bolt.Tx) error {
 				return walk(b.Bucket(k))
 			}
 			for _, c := range v {
-				sum ^= c // touch the value's pages
+				sum ^= c // read the value's pages
 			}
 			return nil
 		})
 	}
-	buckets := 0
-	if err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-		buckets++
+	err = tx.ForEach(func(name []byte, b *bolt.Bucket) error {
 		if !bytes.Equal(name, bucketPolicies) {
 			return fmt.Errorf("%w: %s is a bbolt file but not a sluice store (it has a bucket %q)", ErrDamaged, s.path, name)
 		}
 		return walk(b)
-	}); err != nil {
-		return err
-	}
+	})
 	_ = sum
-	for err := range tx.Check() {
-		return fmt.Errorf("%w: %s: %v", ErrDamaged, s.path, err)
+	return err
+}
+
+// check runs bbolt's consistency check. It runs in a goroutine of bbolt's,
+// so it comes after walk has read every page it will read.
+func (s *Store) check(tx *bolt.Tx) error {
+	var first error
+	for err := range tx.Check() { // drained: the goroutine reads pages until it closes the channel
+		if first == nil {
+			first = fmt.Errorf("%w: %s: %v", ErrDamaged, s.path, err)
+		}
 	}
-	return nil
+	return first
 }
 
 // guard runs fn, turning a panic or a memory fault (a page bbolt cannot
