@@ -127,8 +127,7 @@ func Open(o Options) (*Store, error) {
 	case !fi.Mode().IsRegular():
 		return nil, fmt.Errorf("boltstore: %s is not a regular file", path)
 	case fi.Size() == 0:
-		err = fmt.Errorf("%w: %s is empty (0 bytes), so it is not a sluice store (a failed copy or a full disk?); "+
-			"restore the file from a copy, or start with --reset-damaged-store to move it aside and start with no policies", ErrDamaged, path)
+		err = fmt.Errorf("%w: %s is empty (0 bytes), so it is not a sluice store (a failed copy or a full disk?); %s", ErrDamaged, path, hint)
 	default:
 		s.db, err = s.open(o, true)
 	}
