@@ -191,8 +191,10 @@ func TestEndpoints(t *testing.T) {
 			expectCode(t, c.Do("GET", "/v1/policies/q", nil), 404, "not_found", "GET deleted")
 			expectCode(t, c.Do("DELETE", "/v1/policies/q", nil), 404, "not_found", "DELETE again")
 			expectCode(t, c.Do("POST", "/v1/policies/q/rollback", []byte(`{"version":2}`)), 400, "invalid_version", "rollback to deletion")
-			back := c.Do("POST", "/v1/policies/q/rollback", []byte(`{"version":1}`))
-			expect(t, back, 200, "rollback re-creates")
+			// Deleting drops the documents of the history: only the deletion stays.
+			expectCode(t, c.Do("POST", "/v1/policies/q/rollback", []byte(`{"version":1}`)), 404, "version_expired", "rollback of a deleted policy")
+			back := c.Do("PUT", "/v1/policies/q", policyDoc("q", 1))
+			expect(t, back, 201, "PUT re-creates")
 			if decodePolicy(t, back).Version != 3 {
 				t.Fatalf("re-created %s", back.Body)
 			}

@@ -1,15 +1,14 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
 )
 
 // versionEntry is one element of GET /v1/policies/{policy}/versions.
@@ -64,9 +63,40 @@ func (s *Server) listVersions(w http.ResponseWriter, r *http.Request, _ role) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// rollbackBody is the body of POST /v1/policies/{policy}/rollback.
-type rollbackBody struct {
-	Version *uint64 `json:"version"`
+// parseRollback decodes the body of POST /v1/policies/{policy}/rollback,
+// {"version": N} with N ≥ 1, as strictly as a policy (shared/strictjson:
+// RFC 8259, no duplicate keys, no unknown fields, no trailing data). On a
+// problem it returns a 400 listing each with its field.
+func parseRollback(body []byte) (uint64, *apiError) {
+	d := strictjson.NewDecoder(body, strictjson.Limits{MaxBytes: 1024, MaxDepth: 2})
+	var version uint64
+	seen := false
+	_ = d.Object(func(key string) error {
+		if key != "version" {
+			return d.UnknownField()
+		}
+		seen = true
+		v, err := d.Uint64()
+		if err == nil && v == 0 {
+			d.Fail("must be at least 1")
+		}
+		version = v
+		return nil
+	})
+	_ = d.End()
+	var details []Detail
+	for _, e := range d.Errors() {
+		details = append(details, Detail{Field: e.Path, Message: e.Message})
+	}
+	if len(details) == 0 && !seen {
+		details = append(details, Detail{Field: "version", Message: `required: {"version": N} with N ≥ 1`})
+	}
+	if len(details) > 0 {
+		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: "+strconv.Itoa(len(details))+" problem(s)")
+		e.details = details
+		return 0, e
+	}
+	return version, nil
 }
 
 func (s *Server) rollback(w http.ResponseWriter, r *http.Request, who role) {
@@ -79,16 +109,11 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request, who role) {
 		aerr.write(w)
 		return
 	}
-	var req rollbackBody
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || dec.More() || req.Version == nil || *req.Version == 0 {
-		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
-		e.details = []Detail{{Field: "version", Message: `want {"version": N} with N ≥ 1`}}
-		e.write(w)
+	target, aerr := parseRollback(body)
+	if aerr != nil {
+		aerr.write(w)
 		return
 	}
-	target := *req.Version
 	s.write(w, r, who, name, writeOpts{op: store.OpRollback, created: http.StatusOK, ok: http.StatusOK},
 		func(_ *rules.Policy, rec store.Record) (*rules.Policy, string, *apiError) {
 			if rec.Version == 0 {
@@ -110,6 +135,8 @@ func (s *Server) rollback(w http.ResponseWriter, r *http.Request, who role) {
 			switch {
 			case found == nil && target > rec.Version:
 				return nil, "", errf(http.StatusNotFound, "version_not_found", "policy "+strconv.Quote(name)+" has no version "+strconv.FormatUint(target, 10)+" (current "+strconv.FormatUint(rec.Version, 10)+")")
+			case found == nil && !rec.Exists():
+				return nil, "", errf(http.StatusNotFound, "version_expired", "policy "+strconv.Quote(name)+" was deleted, and deleting a policy drops its earlier versions; PUT the document again to re-create it")
 			case found == nil:
 				return nil, "", errf(http.StatusNotFound, "version_expired", "version "+strconv.FormatUint(target, 10)+" of policy "+strconv.Quote(name)+" is no longer in the history (the last "+strconv.Itoa(s.o.HistoryDepth)+" versions are kept)")
 			case found.Doc == nil:

@@ -19,7 +19,13 @@ import (
 //	sluice_controlplane_watchers                   open long polls
 //	sluice_controlplane_store_errors_total         failed store operations
 //	sluice_controlplane_store_up                   1 if the store answered the last resync
-//	sluice_controlplane_policy_version{policy}     current version of each live policy
+//	sluice_controlplane_policies                   live policies in this replica's snapshot
+//	sluice_controlplane_policy_version{policy}     current version of a live policy, for the
+//	                                               first MaxPolicyMetrics policies by name only
+//
+// The endpoint is public, so its size must not grow with the number of
+// policies: every label set above is bounded (route patterns, methods,
+// status codes, at most MaxPolicyMetrics policy names).
 type metrics struct {
 	handler  http.Handler
 	requests *prometheus.CounterVec
@@ -63,18 +69,32 @@ func newMetrics(reg *prometheus.Registry, snap *snapshot.Snapshot) *metrics {
 	return m
 }
 
-var versionDesc = prometheus.NewDesc("sluice_controlplane_policy_version",
-	"Current version of each live policy in this replica's snapshot.", []string{"policy"}, nil)
+// MaxPolicyMetrics is how many policies (the first by name) get a
+// sluice_controlplane_policy_version series; the others are counted in
+// sluice_controlplane_policies only. GET /v1/policies lists them all.
+const MaxPolicyMetrics = 100
+
+var (
+	versionDesc = prometheus.NewDesc("sluice_controlplane_policy_version",
+		"Current version of a live policy in this replica's snapshot, for the first "+strconv.Itoa(MaxPolicyMetrics)+" policies by name only.", []string{"policy"}, nil)
+	policiesDesc = prometheus.NewDesc("sluice_controlplane_policies",
+		"Live policies in this replica's snapshot.", nil, nil)
+)
 
 // versionCollector reports the snapshot's versions at scrape time.
 type versionCollector struct{ snap *snapshot.Snapshot }
 
 // Describe implements prometheus.Collector.
-func (c versionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- versionDesc }
+func (c versionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- versionDesc; ch <- policiesDesc }
 
 // Collect implements prometheus.Collector.
 func (c versionCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, r := range c.snap.List() {
+	list := c.snap.List()
+	ch <- prometheus.MustNewConstMetric(policiesDesc, prometheus.GaugeValue, float64(len(list)))
+	for i, r := range list {
+		if i == MaxPolicyMetrics {
+			break
+		}
 		ch <- prometheus.MustNewConstMetric(versionDesc, prometheus.GaugeValue, float64(r.Version), r.Name)
 	}
 }

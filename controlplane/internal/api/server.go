@@ -19,9 +19,15 @@
 // Clients send Authorization: Bearer <token>. Writes need the admin token;
 // reads and watches accept the read or the admin token. A missing token is
 // 401 with WWW-Authenticate: Bearer; a wrong token, or the read token on a
-// write, is 403. Tokens are compared in constant time and never logged. With
-// no token configured every request is allowed (the binary only permits this
-// on a loopback listener).
+// write, is 403. Tokens are compared in constant time and never logged.
+//
+// With no token configured every request is allowed (the binary only
+// permits this on a loopback listener), with two checks against a web page
+// in the operator's browser reaching that listener: a Host that is not a
+// loopback name or address (localhost, 127.0.0.0/8, [::1], any port) is 403
+// forbidden_host, since a DNS-rebinding page sends its own host name
+// (https://en.wikipedia.org/wiki/DNS_rebinding); and a write whose Origin
+// (RFC 6454) is not this server's own is 403 forbidden_origin.
 //
 // # Failure policy
 //
@@ -35,7 +41,10 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -64,6 +73,9 @@ type Options struct {
 	StoreTimeout time.Duration
 	// HistoryDepth is the configured history depth, used in messages.
 	HistoryDepth int
+	// MaxPolicies bounds the number of live policies: creating one more is
+	// 409 too_many_policies; 0 means 1000.
+	MaxPolicies int
 	// Logger receives request errors; nil means slog.Default().
 	Logger *slog.Logger
 	// Registry receives the metrics; nil means a new registry.
@@ -96,6 +108,9 @@ func New(o Options) *Server {
 	}
 	if o.StoreTimeout <= 0 {
 		o.StoreTimeout = 5 * time.Second
+	}
+	if o.MaxPolicies <= 0 {
+		o.MaxPolicies = 1000
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -173,6 +188,9 @@ func (s *Server) route(pattern string, methods map[string]handler, need map[stri
 			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method "+r.Method+" not allowed; allowed: "+allowHeader, nil)
 			return
 		}
+		if !s.authOn && !s.checkOpen(w, r) {
+			return
+		}
 		who, ok := s.authorize(w, r, need[r.Method])
 		if !ok {
 			return
@@ -216,6 +234,73 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) 
 		return roleNone, false
 	}
 	return who, true
+}
+
+// checkOpen applies the checks of unauthenticated (open) mode: a loopback
+// Host, and on writes no foreign Origin. It answers 403 and returns false
+// when one fails.
+func (s *Server) checkOpen(w http.ResponseWriter, r *http.Request) bool {
+	if !loopbackHost(r.Host) {
+		writeError(w, http.StatusForbidden, "forbidden_host",
+			"Host "+strconv.Quote(r.Host)+" is not a loopback name or address; without tokens only localhost, 127.0.0.0/8 and [::1] are served (configure tokens to serve other names)", nil)
+		return false
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return true
+	}
+	if origin, ok := r.Header["Origin"]; ok && (len(origin) != 1 || !sameOrigin(origin[0], r.Host)) {
+		writeError(w, http.StatusForbidden, "forbidden_origin",
+			"cross-origin write refused: Origin "+strconv.Quote(strings.Join(origin, ", "))+" is not this server (http://"+r.Host+")", nil)
+		return false
+	}
+	return true
+}
+
+// loopbackHost reports whether a Host header value (host, host:port, [v6]
+// or [v6]:port; RFC 9110 §7.2) names this machine: "localhost" (any case) or
+// a loopback IP address.
+func loopbackHost(h string) bool {
+	host, port := h, ""
+	if strings.HasPrefix(h, "[") {
+		end := strings.IndexByte(h, ']')
+		if end < 0 {
+			return false
+		}
+		host, port = h[1:end], h[end+1:]
+		if port != "" && port[0] != ':' {
+			return false
+		}
+	} else if i := strings.LastIndexByte(h, ':'); i >= 0 {
+		host, port = h[:i], h[i:]
+	}
+	if port != "" {
+		if _, err := strconv.ParseUint(port[1:], 10, 16); err != nil {
+			return false
+		}
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// sameOrigin reports whether origin (RFC 6454 §7 serialization) is
+// http://host, the origin of this plain-HTTP server reached as host; default
+// ports are made explicit on both sides.
+func sameOrigin(origin, host string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || u.Scheme != "http" || u.Host == "" || u.Path != "" || u.User != nil {
+		return false
+	}
+	withPort := func(h string) string {
+		if strings.HasSuffix(h, "]") || !strings.Contains(h, ":") {
+			return h + ":80"
+		}
+		return h
+	}
+	return strings.EqualFold(withPort(u.Host), withPort(host))
 }
 
 func (s *Server) routes() {

@@ -10,10 +10,10 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
 )
 
 // maxAttempts bounds how often a write without If-Match is recomputed after
@@ -36,12 +36,15 @@ type writeOpts struct {
 	createOnly bool
 }
 
-// readBody reads a JSON request body: 415 for another Content-Type, 413
-// beyond MaxBodyBytes.
+// readBody reads a JSON request body: 415 for a Content-Type other than
+// application/json (parameters such as charset allowed), 413 beyond
+// MaxBodyBytes. Other JSON media types are refused on purpose: a patch
+// (application/merge-patch+json, RFC 7396; application/json-patch+json, RFC
+// 6902) must never be taken for a whole replacement.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	ct := r.Header.Get("Content-Type")
 	mt, _, err := mime.ParseMediaType(ct)
-	if ct == "" || err != nil || !(mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))) {
+	if ct == "" || err != nil || mt != "application/json" {
 		return nil, errf(http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type must be application/json, got "+strconv.Quote(ct))
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
@@ -132,6 +135,12 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 				writeRaw(w, o.ok, rec.Doc)
 				return
 			}
+			if !rec.Exists() {
+				if aerr := s.checkPolicyCount(r); aerr != nil {
+					aerr.write(w)
+					return
+				}
+			}
 			next.Version = rec.Version + 1
 			ch.Doc = rules.EncodePolicy(next)
 			if len(ch.Doc) > rules.MaxPolicyBytes {
@@ -181,6 +190,25 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 	writeError(w, http.StatusConflict, "conflict", "too many concurrent writers to policy "+strconv.Quote(name)+"; retry", nil)
 }
 
+// checkPolicyCount refuses the creation of a policy when MaxPolicies live
+// policies exist (409 too_many_policies), or 503 if the store cannot say.
+// The count is read from the store, so concurrent creations through several
+// replicas may overshoot the cap by the number of racing writers.
+func (s *Server) checkPolicyCount(r *http.Request) *apiError {
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+	list, err := s.o.Store.List(ctx)
+	cancel()
+	if err != nil {
+		s.o.Snapshot.ReportError(err)
+		return errf(http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; the write was not applied, retry later")
+	}
+	if len(list) >= s.o.MaxPolicies {
+		return errf(http.StatusConflict, "too_many_policies",
+			"there are already "+strconv.Itoa(len(list))+" policies, the maximum (--max-policies "+strconv.Itoa(s.o.MaxPolicies)+"); delete one first or raise the limit")
+	}
+	return nil
+}
+
 // deleted is the body of DELETE /v1/policies/{policy}.
 type deleted struct {
 	Policy  string `json:"policy"`
@@ -218,7 +246,17 @@ func parsePolicyBody(body []byte, name string) (*rules.Policy, *apiError) {
 		}
 	}
 	if err != nil {
-		return nil, invalid(err)
+		e := invalid(err)
+		if missingRules(body) {
+			e.details = append(e.details, rulesRequired)
+			e.message = "the document is invalid: " + strconv.Itoa(len(e.details)) + " problem(s)"
+		}
+		return nil, e
+	}
+	if missingRules(body) {
+		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
+		e.details = []Detail{rulesRequired}
+		return nil, e
 	}
 	if p.Name != name {
 		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
@@ -226,6 +264,31 @@ func parsePolicyBody(body []byte, name string) (*rules.Policy, *apiError) {
 		return nil, e
 	}
 	return p, nil
+}
+
+// rulesRequired is the problem of a PUT body without "rules": a replacement
+// must say which rules the policy has, so that a partial document (or an
+// empty one) never silently removes them all.
+var rulesRequired = Detail{Field: "rules", Message: `required: a policy replaces the whole policy; send "rules": [] for a policy without rules`}
+
+// missingRules reports whether body is a JSON object whose top level has no
+// "rules" member, or has it as null (which rules.ParsePolicy reads as
+// absent). Anything else (not an object, malformed) is for ParsePolicy to
+// report.
+func missingRules(body []byte) bool {
+	d := strictjson.NewDecoder(body, strictjson.Limits{MaxBytes: rules.MaxPolicyBytes, MaxDepth: rules.MaxDepth})
+	if d.Peek() != strictjson.Object {
+		return false
+	}
+	found := false
+	err := d.Object(func(key string) error {
+		null := d.Null() // consumes the value, whatever it is
+		if key == "rules" && !null {
+			found = true
+		}
+		return nil
+	})
+	return err == nil && !found
 }
 
 func hasMissingName(errs rules.Errors) bool {

@@ -108,8 +108,9 @@ func (r *Response) ErrorCode() string {
 	return e.Error.Code
 }
 
-// Do sends a request; headers are name, value pairs. A non-nil body is sent
-// as application/json unless a Content-Type header is given. Failures are
+// Do sends a request; headers are name, value pairs ("Host" sets the Host
+// header sent). A non-nil body is sent as application/json unless a
+// Content-Type header is given. Failures are
 // reported with t.Errorf (safe from any goroutine); the returned Response
 // then has Status 0.
 func (c *Client) Do(method, path string, body []byte, headers ...string) *Response {
@@ -134,6 +135,10 @@ func (c *Client) DoContext(ctx context.Context, method, path string, body []byte
 		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
+		if http.CanonicalHeaderKey(headers[i]) == "Host" {
+			req.Host = headers[i+1]
+			continue
+		}
 		if headers[i+1] == "" {
 			req.Header.Del(headers[i])
 		} else {

@@ -3,8 +3,10 @@
 //
 // # Failure policy
 //
-// Bad settings, an unopenable embedded store or an unusable listen address
-// stop the binary at start. An unreachable Redis does not: the service starts
+// Bad settings, an unopenable embedded store (missing permissions, locked by
+// another process, or an existing file that is not a valid store: empty,
+// truncated or damaged, see boltstore) or an unusable listen address stop
+// the binary at start with exit code 1 and an error naming the file. An unreachable Redis does not: the service starts
 // unready and recovers by itself. On SIGINT/SIGTERM it stops accepting
 // connections, answers open long polls at once (304), finishes in-flight
 // requests within the shutdown timeout, then closes the store.
@@ -75,8 +77,15 @@ func OpenStore(s config.Settings) (store.Store, string, error) {
 		st, err := redisstore.Open(redisstore.Options{URL: s.RedisURL, MasterName: s.RedisMasterName, HistoryDepth: s.HistoryDepth})
 		return st, "redis", err
 	}
-	st, err := boltstore.Open(boltstore.Options{Dir: s.DataDir, HistoryDepth: s.HistoryDepth})
-	return st, "embedded", err
+	st, err := boltstore.Open(boltstore.Options{Dir: s.DataDir, HistoryDepth: s.HistoryDepth, ResetDamaged: s.ResetDamagedStore})
+	if err != nil {
+		return nil, "embedded", err
+	}
+	if st.MovedAside() != "" {
+		slog.Error("the embedded store file was damaged: moved aside, starting with NO policies (--reset-damaged-store); restore them, then remove the flag",
+			"moved_to", st.MovedAside(), "store", st.Path())
+	}
+	return st, "embedded", nil
 }
 
 // Run serves until ctx is done, then shuts down gracefully. If listening is
@@ -104,7 +113,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	srv := api.New(api.Options{
 		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken,
 		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
-		HistoryDepth: s.HistoryDepth, Logger: log, Registry: reg,
+		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
 	})
 	qsvc, closeQuota, err := NewQuota(s, snap, reg, log)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -130,4 +132,81 @@ func TestRedisStore(t *testing.T) {
 	if r := c2.Do("GET", "/v1/policies/p", nil); r.Status != 200 {
 		t.Fatalf("second instance GET → %d", r.Status)
 	}
+}
+
+// TestEmptyStoreFileStopsStartup: an existing store file that is not a
+// valid store (here empty, as a failed copy leaves it) stops the binary with
+// an error naming the file, instead of serving no policies.
+func TestEmptyStoreFileStopsStartup(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "sluice.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stderr := runUntilListening(t, []string{"--data-dir", dir})
+	if code != 1 || !strings.Contains(stderr, filepath.Join(dir, "sluice.db")) || !strings.Contains(stderr, "--reset-damaged-store") {
+		t.Fatalf("exit %d, stderr %q; want 1 and an error naming the file and the way out", code, stderr)
+	}
+}
+
+// TestDamagedStoreFileStopsStartup: a truncated store file is an error, not
+// a panic.
+func TestDamagedStoreFileStopsStartup(t *testing.T) {
+	dir := t.TempDir()
+	_, stop := server(t, nil, map[string]string{"SLUICE_DATA_DIR": dir})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "sluice.db")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b[:len(b)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stderr := runUntilListening(t, []string{"--data-dir", dir})
+	if code != 1 || !strings.Contains(stderr, path) || strings.Contains(stderr, "goroutine") {
+		t.Fatalf("exit %d, stderr %q; want 1 and an error naming the file", code, stderr)
+	}
+	// On purpose: move it aside and start empty.
+	c, stop := server(t, []string{"--reset-damaged-store"}, map[string]string{"SLUICE_DATA_DIR": dir})
+	if r := c.Do("GET", "/v1/policies", nil); r.Status != 200 {
+		t.Fatalf("after --reset-damaged-store: %d %s", r.Status, r.Body)
+	}
+	stop()
+	if m, _ := filepath.Glob(path + ".damaged-*"); len(m) != 1 {
+		t.Fatalf("damaged file kept as %v, want one copy", m)
+	}
+}
+
+// TestRedisPasswordNeverLogged: a bad Redis URL is reported without its
+// password.
+func TestRedisPasswordNeverLogged(t *testing.T) {
+	var stderr bytes.Buffer
+	code := Main([]string{"--listen", "127.0.0.1:0", "--redis-url", "redis://u:SECRET@127.0.0.1:notaport/0"}, func(string) string { return "" }, &stderr)
+	if code == 0 || strings.Contains(stderr.String(), "SECRET") || !strings.Contains(stderr.String(), "notaport") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// runUntilListening runs Run with args and returns its exit code (as Main
+// would give it) and log output; a Run that starts listening is stopped and
+// reported as a test failure.
+func runUntilListening(t *testing.T, args []string) (int, string) {
+	t.Helper()
+	s, err := config.Parse(append([]string{"--listen", "127.0.0.1:0"}, args...), func(string) string { return "" }, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	err = Run(ctx, s, NewLogger(s, &out), func(net.Addr) {
+		t.Errorf("started serving with %v", args)
+		cancel()
+	})
+	if err == nil {
+		return 0, out.String()
+	}
+	return 1, err.Error() + "\n" + out.String()
 }

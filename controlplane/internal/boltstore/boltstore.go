@@ -4,16 +4,36 @@
 //
 // # File layout
 //
-// The file is <dir>/sluice.db. Its root bucket "policies" holds one bucket
-// per policy name with the keys
+// The file is <dir>/sluice.db ([FileName]). Its root bucket "policies" holds
+// one bucket per policy name with the keys
 //
 //	version   8-byte big-endian version counter (survives deletion)
 //	doc       canonical policy JSON; absent for a deleted policy
 //	write_id  the Change.ID of the last commit (makes retries idempotent)
 //	history   a bucket: 8-byte big-endian version -> store.MarshalEntry JSON,
-//	          trimmed to the configured depth
+//	          trimmed to the configured depth; absent for a deleted policy
+//	deleted   store.MarshalEntry JSON of the deletion; only for a deleted policy
+//	          (moved into the new history when the name is re-created)
 //
-// Only one process may open the file; a second one fails after Options.LockTimeout.
+// Deleting a policy drops its document and its history bucket, so their
+// pages go back to bbolt's freelist and are reused by later writes (a bbolt
+// file never shrinks, but it stops growing). What stays is a tombstone of a
+// few hundred bytes, stored inline in the parent page: the version counter
+// (so a re-created name never reuses an ETag), the write id and who deleted
+// it when.
+//
+// # Failure policy
+//
+// Open creates a store only where no file exists. An existing file that is
+// not a valid store (empty, truncated, garbage, a failed copy) is refused
+// with [ErrDamaged] naming the file, unless Options.ResetDamaged moves it
+// aside first. Open walks every page of an existing file and runs bbolt's
+// consistency check, so that damage is found at start rather than as a
+// panic later. Damage found while running (a page that does not decode)
+// makes the operation fail with [ErrDamaged] instead of panicking.
+//
+// Only one process may open the file; a second one fails after
+// Options.LockTimeout with an error that says so and wraps bbolt.ErrTimeout.
 package boltstore
 
 import (
@@ -22,10 +42,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -42,7 +65,20 @@ type Options struct {
 	// LockTimeout bounds the wait for the file lock held by another process;
 	// 0 means 5 seconds.
 	LockTimeout time.Duration
+	// ResetDamaged makes Open move an existing file that is not a valid store
+	// aside (renamed to sluice.db.damaged-<UTC time>, never deleted) and
+	// start with an empty store; see Store.MovedAside. A valid store is never
+	// touched.
+	ResetDamaged bool
 }
+
+// FileName is the name of the store file in Options.Dir.
+const FileName = "sluice.db"
+
+// ErrDamaged is wrapped by the errors of Open for an existing file that is
+// not a valid store, and of every operation that finds the open file
+// damaged. The message names the file.
+var ErrDamaged = errors.New("boltstore: the store file is damaged")
 
 var (
 	bucketPolicies = []byte("policies")
@@ -50,11 +86,14 @@ var (
 	keyVersion     = []byte("version")
 	keyDoc         = []byte("doc")
 	keyWriteID     = []byte("write_id")
+	keyDeleted     = []byte("deleted")
 )
 
 // Store is the bbolt-backed store.Store.
 type Store struct {
 	db     *bolt.DB
+	path   string
+	moved  string
 	depth  int
 	closed atomic.Bool
 	store.Fanout
@@ -62,7 +101,11 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// Open opens (or creates) the store in o.Dir.
+// Open opens the store in o.Dir, creating the directory (mode 0700) and an
+// empty store only if no store file exists there. Errors name the file:
+// ErrDamaged for an existing file that is not a valid store (see
+// Options.ResetDamaged), an error wrapping bbolt.ErrTimeout when another
+// process holds the file's lock, and the operating system's error otherwise.
 func Open(o Options) (*Store, error) {
 	if o.HistoryDepth < 1 {
 		return nil, fmt.Errorf("boltstore: history depth %d, want ≥ 1", o.HistoryDepth)
@@ -73,20 +116,178 @@ func Open(o Options) (*Store, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("boltstore: create data dir: %w", err)
 	}
-	path := filepath.Join(o.Dir, "sluice.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: o.LockTimeout})
-	if err != nil {
-		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
+	path := filepath.Join(o.Dir, FileName)
+	s := &Store{path: path, depth: o.HistoryDepth}
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		s.db, err = s.open(o, false)
+	case err != nil:
+		return nil, fmt.Errorf("boltstore: %w", err)
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("boltstore: %s is not a regular file", path)
+	case fi.Size() == 0:
+		err = fmt.Errorf("%w: %s is empty (0 bytes), so it is not a sluice store (a failed copy or a full disk?); %s", ErrDamaged, path, hint)
+	default:
+		s.db, err = s.open(o, true)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketPolicies)
-		return err
+	if errors.Is(err, ErrDamaged) && o.ResetDamaged {
+		s.moved = path + ".damaged-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+		if rerr := os.Rename(path, s.moved); rerr != nil {
+			return nil, fmt.Errorf("boltstore: moving the damaged store aside: %w (it was refused: %v)", rerr, err)
+		}
+		s.db, err = s.open(o, false)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// hint is what an operator can do about a damaged store file.
+const hint = "restore the file from a copy, or start with --reset-damaged-store to move it aside and start with no policies"
+
+// open opens the file; existing says whether it existed. An existing file
+// is first opened read-only (which does not load bbolt's freelist) and every
+// bucket and key read, so that a damaged tree is found while the handle can
+// still be closed; once opened for writing, bbolt's consistency check
+// (free and reachable pages) runs too.
+func (s *Store) open(o Options, existing bool) (*bolt.DB, error) {
+	if existing {
+		db, err := s.boltOpen(o, true)
+		if err != nil {
+			return nil, err
+		}
+		err = s.guard(func() error { return db.View(s.walk) })
+		db.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%w; %s", err, hint)
+		}
+	}
+	db, err := s.boltOpen(o, false)
+	if err != nil {
+		return nil, err
+	}
+	if existing {
+		if err := s.guard(func() error { return db.View(s.check) }); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("%w; %s", err, hint)
+		}
+	}
+	if err := s.guard(func() error {
+		return db.Update(func(tx *bolt.Tx) error {
+			_, err := tx.CreateBucketIfNotExists(bucketPolicies)
+			return err
+		})
 	}); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("boltstore: init %s: %w", path, err)
+		return nil, fmt.Errorf("boltstore: init %s: %w", s.path, err)
 	}
-	return &Store{db: db, depth: o.HistoryDepth}, nil
+	return db, nil
 }
+
+// boltOpen opens the file with bbolt and classifies its errors: another
+// process's lock, the operating system's errors, and the rest (a file bbolt
+// does not recognise) as ErrDamaged.
+func (s *Store) boltOpen(o Options, readOnly bool) (*bolt.DB, error) {
+	var db *bolt.DB
+	err := s.guard(func() error {
+		var err error
+		db, err = bolt.Open(s.path, 0o600, &bolt.Options{Timeout: o.LockTimeout, ReadOnly: readOnly})
+		return err
+	})
+	var errno syscall.Errno
+	var pathErr *fs.PathError
+	switch {
+	case err == nil:
+		return db, nil
+	case errors.Is(err, bolt.ErrTimeout):
+		return nil, fmt.Errorf("boltstore: %s is locked by another process (another sluice-controlplane on the same data directory?); gave up waiting after %s: %w",
+			s.path, o.LockTimeout, err)
+	case errors.Is(err, ErrDamaged):
+		return nil, fmt.Errorf("%w; %s", err, hint)
+	case errors.As(err, &errno) || errors.As(err, &pathErr):
+		return nil, fmt.Errorf("boltstore: open %s: %w", s.path, err)
+	default:
+		return nil, fmt.Errorf("%w: %s is not a valid sluice store (%v); %s", ErrDamaged, s.path, err, hint)
+	}
+}
+
+// walk reads every bucket, key and value reachable from the root of an
+// existing file, checking first that the file holds all the pages its meta
+// page counts (reading past the end of a shortened file would fault).
+func (s *Store) walk(tx *bolt.Tx) error {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return err
+	}
+	if fi.Size() < tx.Size() {
+		return fmt.Errorf("%w: %s is truncated: %d bytes, but its pages need %d", ErrDamaged, s.path, fi.Size(), tx.Size())
+	}
+	var sum byte
+	var walk func(b *bolt.Bucket) error
+	walk = func(b *bolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
+			if v == nil {
+				return walk(b.Bucket(k))
+			}
+			for _, c := range v {
+				sum ^= c // read the value's pages
+			}
+			return nil
+		})
+	}
+	err = tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+		if !bytes.Equal(name, bucketPolicies) {
+			return fmt.Errorf("%w: %s is a bbolt file but not a sluice store (it has a bucket %q)", ErrDamaged, s.path, name)
+		}
+		return walk(b)
+	})
+	_ = sum
+	return err
+}
+
+// check runs bbolt's consistency check. It runs in a goroutine of bbolt's,
+// so it comes after walk has read every page it will read.
+func (s *Store) check(tx *bolt.Tx) error {
+	var first error
+	for err := range tx.Check() { // drained: the goroutine reads pages until it closes the channel
+		if first == nil {
+			first = fmt.Errorf("%w: %s: %v", ErrDamaged, s.path, err)
+		}
+	}
+	return first
+}
+
+// guard runs fn, turning a panic or a memory fault (a page bbolt cannot
+// decode, a page beyond the end of a file shortened under it) into an error
+// wrapping ErrDamaged. bbolt rolls back the transaction of a panicking
+// View or Update, releasing its locks.
+func (s *Store) guard(fn func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %s: %v", ErrDamaged, s.path, v)
+		}
+	}()
+	return fn()
+}
+
+// view and update run a bbolt transaction under guard.
+func (s *Store) view(fn func(*bolt.Tx) error) error {
+	return s.guard(func() error { return s.db.View(fn) })
+}
+
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	return s.guard(func() error { return s.db.Update(fn) })
+}
+
+// MovedAside returns where Open moved a damaged file with
+// Options.ResetDamaged, or "" if it did not.
+func (s *Store) MovedAside() string { return s.moved }
+
+// Path returns the store file's path.
+func (s *Store) Path() string { return s.path }
 
 func u64(b []byte) uint64 {
 	if len(b) != 8 {
@@ -114,7 +315,7 @@ func (s *Store) Get(_ context.Context, name string) (store.Record, error) {
 		return store.Record{}, store.ErrClosed
 	}
 	r := store.Record{Name: name}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPolicies).Bucket([]byte(name))
 		if b == nil {
 			return nil
@@ -132,7 +333,7 @@ func (s *Store) List(_ context.Context) ([]store.Record, error) {
 		return nil, store.ErrClosed
 	}
 	var out []store.Record
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketPolicies).ForEachBucket(func(k []byte) error {
 			b := tx.Bucket(bucketPolicies).Bucket(k)
 			if b.Get(keyDoc) != nil {
@@ -151,7 +352,7 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 		return store.Record{}, store.ErrClosed
 	}
 	r := store.Record{Name: c.Name}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		b, err := tx.Bucket(bucketPolicies).CreateBucketIfNotExists([]byte(c.Name))
 		if err != nil {
 			return err
@@ -168,22 +369,44 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 		if err := b.Put(keyVersion, be(next)); err != nil {
 			return err
 		}
-		if c.Doc == nil {
-			err = b.Delete(keyDoc)
-		} else {
-			err = b.Put(keyDoc, c.Doc)
-		}
-		if err != nil {
+		if err := b.Put(keyWriteID, []byte(c.ID)); err != nil {
 			return err
 		}
-		if err := b.Put(keyWriteID, []byte(c.ID)); err != nil {
+		entry := store.MarshalEntry(store.EntryOf(c, next))
+		if c.Doc == nil {
+			// A tombstone: free the document and the history, keep who
+			// deleted it when.
+			if err := b.Delete(keyDoc); err != nil {
+				return err
+			}
+			if b.Bucket(bucketHistory) != nil {
+				if err := b.DeleteBucket(bucketHistory); err != nil {
+					return err
+				}
+			}
+			if err := b.Put(keyDeleted, entry); err != nil {
+				return err
+			}
+			r.Version = next
+			return nil
+		}
+		if err := b.Put(keyDoc, c.Doc); err != nil {
 			return err
 		}
 		h, err := b.CreateBucketIfNotExists(bucketHistory)
 		if err != nil {
 			return err
 		}
-		if err := h.Put(be(next), store.MarshalEntry(store.EntryOf(c, next))); err != nil {
+		if d := b.Get(keyDeleted); d != nil {
+			// Re-created: the deletion becomes the first history entry.
+			if err := h.Put(be(cur), bytes.Clone(d)); err != nil {
+				return err
+			}
+			if err := b.Delete(keyDeleted); err != nil {
+				return err
+			}
+		}
+		if err := h.Put(be(next), entry); err != nil {
 			return err
 		}
 		var drop [][]byte
@@ -211,15 +434,26 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 	return r, nil
 }
 
-// History implements store.Store.
+// History implements store.Store. A deleted policy's history is only its
+// deletion.
 func (s *Store) History(_ context.Context, name string) ([]store.HistoryEntry, error) {
 	if s.closed.Load() {
 		return nil, store.ErrClosed
 	}
 	var out []store.HistoryEntry
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPolicies).Bucket([]byte(name))
-		if b == nil || b.Bucket(bucketHistory) == nil {
+		if b == nil {
+			return nil
+		}
+		if b.Bucket(bucketHistory) == nil {
+			if d := b.Get(keyDeleted); d != nil {
+				e, err := store.UnmarshalEntry(d)
+				if err != nil {
+					return err
+				}
+				out = append(out, e)
+			}
 			return nil
 		}
 		c := b.Bucket(bucketHistory).Cursor()

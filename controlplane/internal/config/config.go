@@ -35,6 +35,13 @@ type Settings struct {
 	RedisMasterName string
 	// DataDir is the embedded store's directory (default "sluice-data").
 	DataDir string
+	// ResetDamagedStore makes the embedded store move a store file that is
+	// not a valid store aside (sluice.db.damaged-<time>) and start with no
+	// policies, instead of refusing to start (default false).
+	ResetDamagedStore bool
+	// MaxPolicies bounds the number of live policies; creating one more is
+	// refused (default 1000).
+	MaxPolicies int
 	// AdminToken is the bearer token for writes (and reads).
 	AdminToken string
 	// ReadToken is the bearer token for reads and long polls.
@@ -78,6 +85,8 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")
 	fs.StringVar(&s.RedisMasterName, "redis-master-name", "", "Sentinel master name (the --redis-url addresses are Sentinels)")
 	fs.StringVar(&s.DataDir, "data-dir", "sluice-data", "embedded store directory (used without --redis-url)")
+	fs.BoolVar(&s.ResetDamagedStore, "reset-damaged-store", false, "if the embedded store file is empty or damaged, move it aside (sluice.db.damaged-<time>) and start with NO policies; remove this flag once recovered")
+	fs.IntVar(&s.MaxPolicies, "max-policies", 1000, "most live policies (1-100000); creating one more is refused with 409")
 	fs.StringVar(&s.AdminToken, "admin-token", "", "admin bearer token (prefer SLUICE_ADMIN_TOKEN or --admin-token-file: flags are visible in ps)")
 	fs.StringVar(&s.ReadToken, "read-token", "", "read bearer token (prefer SLUICE_READ_TOKEN or --read-token-file)")
 	fs.StringVar(&s.QuotaToken, "quota-token", "", "quota bearer token for POST /v1/quota (prefer SLUICE_QUOTA_TOKEN: flags are visible in ps)")
@@ -179,6 +188,10 @@ func (s Settings) Check() error {
 		return fmt.Errorf("config: --shutdown-timeout %s: want > 0", s.ShutdownTimeout)
 	case s.RedisURL == "" && s.DataDir == "":
 		return errors.New("config: neither --redis-url nor --data-dir given")
+	case s.MaxPolicies < 1 || s.MaxPolicies > 100000:
+		return fmt.Errorf("config: --max-policies %d: want 1 to 100000", s.MaxPolicies)
+	case s.ResetDamagedStore && s.RedisURL != "":
+		return errors.New("config: --reset-damaged-store applies to the embedded store only, not with --redis-url")
 	case s.RedisMasterName != "" && s.RedisURL == "":
 		return errors.New("config: --redis-master-name needs --redis-url (the Sentinel addresses)")
 	}

@@ -98,6 +98,9 @@ func TestParseErrors(t *testing.T) {
 		{"master without url", []string{"--redis-master-name", "m"}, nil, "--redis-master-name"},
 		{"log level", []string{"--log-level", "loud"}, nil, "--log-level"},
 		{"log format", []string{"--log-format", "xml"}, nil, "--log-format"},
+		{"no policies allowed", []string{"--max-policies", "0"}, nil, "--max-policies"},
+		{"too many policies allowed", nil, map[string]string{"SLUICE_MAX_POLICIES": "1000000"}, "--max-policies"},
+		{"reset with redis", []string{"--reset-damaged-store", "--redis-url", "redis://127.0.0.1:6379"}, nil, "--reset-damaged-store"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -11,7 +11,9 @@
 //	sluice:policy:{<name>}:doc      string: canonical policy JSON; absent when deleted
 //	sluice:policy:{<name>}:version  string: decimal version counter (survives deletion)
 //	sluice:policy:{<name>}:history  list: store.MarshalEntry JSON, newest first,
-//	                                capped with LTRIM to the history depth
+//	                                capped with LTRIM to the history depth; a
+//	                                deletion empties it first (only the deletion
+//	                                stays, so deleted policies keep no documents)
 //	sluice:policy:{<name>}:writeid  string: Change.ID of the last commit
 //	sluice:policies                 set: names of the live policies
 //	channel sluice:changes          PUBLISH "<name> <version>" after each commit
@@ -41,6 +43,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,7 +80,7 @@ if cur ~= base then
 end
 local new = cur + 1
 if ARGV[2] == '' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[3])
   if KEYS[5] then redis.call('SREM', KEYS[5], ARGV[4]) end
 else
   redis.call('SET', KEYS[1], ARGV[2])
@@ -122,13 +125,15 @@ func (o Options) UniversalOptions() (*redis.UniversalOptions, error) {
 		if strings.Contains(part, "://") {
 			opt, err := redis.ParseURL(part)
 			if err != nil {
-				return nil, fmt.Errorf("redisstore: Redis URL %q: %w", redactURL(part), err)
+				return nil, fmt.Errorf("redisstore: Redis URL %q: %s", redactURL(part), redactError(part, err))
 			}
 			if first {
 				u.Username, u.Password, u.DB, u.TLSConfig = opt.Username, opt.Password, opt.DB, opt.TLSConfig
 			}
 			part = opt.Addr
-		} else if _, _, err := net.SplitHostPort(part); err != nil {
+		} else if strings.Contains(part, "@") {
+			return nil, fmt.Errorf("redisstore: Redis address %q: credentials need a redis:// or rediss:// URL", redactURL(part))
+		} else if _, port, err := net.SplitHostPort(part); err != nil || !validPort(port) {
 			return nil, fmt.Errorf("redisstore: Redis address %q: want host:port or a redis:// URL", part)
 		}
 		first = false
@@ -160,14 +165,48 @@ func (a slogAdapter) Printf(ctx context.Context, format string, v ...any) {
 	a.l.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }
 
-// redactURL drops the userinfo of a URL for error messages.
+// redactURL replaces the userinfo of a URL, or of an address written
+// user:password@host, with *** for error messages.
 func redactURL(s string) string {
+	start := 0
 	if i := strings.Index(s, "://"); i >= 0 {
-		if j := strings.LastIndex(s, "@"); j > i {
-			return s[:i+3] + "***@" + s[j+1:]
-		}
+		start = i + 3
+	}
+	if j := strings.LastIndex(s, "@"); j >= start {
+		return s[:start] + "***@" + s[j+1:]
 	}
 	return s
+}
+
+// redactError returns the message of err, an error about the URL u, without
+// u's userinfo: net/url's errors quote the whole URL, so only their cause is
+// kept, and any remaining copy of the userinfo (raw or decoded) is replaced.
+func redactError(u string, err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	msg := err.Error()
+	start := 0
+	if i := strings.Index(u, "://"); i >= 0 {
+		start = i + 3
+	}
+	if j := strings.LastIndex(u, "@"); j >= start {
+		info := u[start:j]
+		msg = strings.ReplaceAll(msg, info, "***")
+		if dec, derr := url.PathUnescape(info); derr == nil && dec != "" {
+			msg = strings.ReplaceAll(msg, dec, "***")
+		}
+		if _, pw, ok := strings.Cut(info, ":"); ok && pw != "" {
+			msg = strings.ReplaceAll(msg, pw, "***")
+		}
+	}
+	return msg
+}
+
+func validPort(p string) bool {
+	n, err := strconv.ParseUint(p, 10, 16)
+	return err == nil && n > 0
 }
 
 // Store is the Redis-backed store.Store.

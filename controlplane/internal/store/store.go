@@ -12,7 +12,9 @@
 // carries version Base+1. The counter survives deletion (a deleted policy is a
 // tombstone: a version without a document), so a name re-created later never
 // reuses an ETag. Each commit also appends a HistoryEntry to a capped,
-// newest-first history used for audit and rollback.
+// newest-first history used for audit and rollback; a deletion first drops
+// the history, so that a deleted policy keeps only its deletion entry and no
+// documents (its storage is reclaimed).
 //
 // # Failure policy
 //

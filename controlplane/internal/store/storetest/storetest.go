@@ -139,27 +139,36 @@ func testRetryIsIdempotent(t *testing.T, s store.Store) {
 
 func testDeleteLeavesTombstone(t *testing.T, s store.Store) {
 	mustCommit(t, s, change("p", 0, store.OpPutPolicy))
-	del := change("p", 1, store.OpDeletePolicy)
+	mustCommit(t, s, change("p", 1, store.OpPutPolicy))
+	del := change("p", 2, store.OpDeletePolicy)
 	del.Doc = nil
 	r := mustCommit(t, s, del)
-	if r.Version != 2 || r.Exists() {
-		t.Fatalf("delete = %+v, want version 2 without doc", r)
+	if r.Version != 3 || r.Exists() {
+		t.Fatalf("delete = %+v, want version 3 without doc", r)
 	}
 	got, _ := s.Get(ctx(t), "p")
-	if got.Version != 2 || got.Exists() {
-		t.Fatalf("Get after delete = %+v, want tombstone version 2", got)
+	if got.Version != 3 || got.Exists() {
+		t.Fatalf("Get after delete = %+v, want tombstone version 3", got)
 	}
 	list, _ := s.List(ctx(t))
 	if len(list) != 0 {
 		t.Fatalf("List after delete = %+v, want empty", list)
 	}
+	// Deleting frees the documents of the history: only the deletion stays.
 	h, _ := s.History(ctx(t), "p")
-	if len(h) != 2 || h[0].Op != store.OpDeletePolicy || h[0].Doc != nil || h[0].Version != 2 {
-		t.Fatalf("History after delete = %+v", h)
+	if len(h) != 1 || h[0].Op != store.OpDeletePolicy || h[0].Doc != nil || h[0].Version != 3 {
+		t.Fatalf("History after delete = %+v, want only the deletion", h)
 	}
-	r = mustCommit(t, s, change("p", 2, store.OpRollback))
-	if r.Version != 3 || !r.Exists() {
-		t.Fatalf("re-create = %+v, want version 3", r)
+	if again, err := s.Commit(ctx(t), del); err != nil || again.Version != 3 || again.Exists() {
+		t.Fatalf("retried delete = %+v, %v; want the tombstone", again, err)
+	}
+	r = mustCommit(t, s, change("p", 3, store.OpPutPolicy))
+	if r.Version != 4 || !r.Exists() {
+		t.Fatalf("re-create = %+v, want version 4", r)
+	}
+	h, _ = s.History(ctx(t), "p")
+	if len(h) != 2 || h[0].Version != 4 || h[0].Doc == nil || h[1].Op != store.OpDeletePolicy {
+		t.Fatalf("History after re-create = %+v, want version 4 and the deletion", h)
 	}
 }
 
