@@ -236,6 +236,22 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) 
 	return who, true
 }
 
+// GuardOpen wraps a handler served beside the API (the quota service) with the
+// checks of unauthenticated mode that the API's own routes get: without tokens, a
+// request whose Host is not a loopback name or address, or a write whose Origin is
+// not this server, is answered 403 (forbidden_host, forbidden_origin) and never
+// reaches h. With tokens configured it returns h unchanged.
+func (s *Server) GuardOpen(h http.Handler) http.Handler {
+	if s.authOn {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.checkOpen(w, r) {
+			h.ServeHTTP(w, r)
+		}
+	})
+}
+
 // checkOpen applies the checks of unauthenticated (open) mode: a loopback
 // Host, and on writes no foreign Origin. It answers 403 and returns false
 // when one fails.

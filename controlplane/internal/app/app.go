@@ -121,7 +121,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	}
 	defer closeQuota()
 	mux := http.NewServeMux()
-	mux.Handle("/v1/quota", qsvc)
+	mux.Handle("/v1/quota", srv.GuardOpen(qsvc))
 	mux.Handle("/", srv)
 	l, err := net.Listen("tcp", s.Listen)
 	if err != nil {

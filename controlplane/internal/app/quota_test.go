@@ -51,3 +51,23 @@ func TestQuotaEndpointServedWithEmbeddedStore(t *testing.T) {
 		t.Fatalf("metrics:\n%s", m.Body)
 	}
 }
+
+// TestOpenModeQuotaChecksHost: without tokens the quota route is guarded like the
+// API's own routes, so a DNS-rebinding page cannot spend quota through a
+// loopback control plane.
+func TestOpenModeQuotaChecksHost(t *testing.T) {
+	c, _ := server(t, nil, map[string]string{"SLUICE_DATA_DIR": t.TempDir()})
+	if r := c.Do("PUT", "/v1/policies/p", []byte(fleetDoc)); r.Status != 201 {
+		t.Fatalf("PUT → %d %s", r.Status, r.Body)
+	}
+	body := []byte(`{"envoy":"e1","policy":"p","version":1,"keys":[{"rule":"fw","key":"rl:default:p/fw:*:3600s","want":1}]}`)
+	if r := c.Do("POST", "/v1/quota", body, "Host", "attacker.example"); r.Status != 403 || !bytes.Contains(r.Body, []byte("forbidden_host")) {
+		t.Fatalf("foreign Host → %d %s", r.Status, r.Body)
+	}
+	if r := c.Do("POST", "/v1/quota", body, "Origin", "http://attacker.example"); r.Status != 403 || !bytes.Contains(r.Body, []byte("forbidden_origin")) {
+		t.Fatalf("foreign Origin → %d %s", r.Status, r.Body)
+	}
+	if r := c.Do("POST", "/v1/quota", body); r.Status != 200 {
+		t.Fatalf("loopback → %d %s", r.Status, r.Body)
+	}
+}
