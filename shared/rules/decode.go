@@ -14,17 +14,74 @@ import (
 // null is accepted for any member and means "absent") and validates it as
 // [Policy.Validate] does. On any problem it returns a nil policy and an Errors listing
 // every problem found, each with its JSON path; malformed JSON is reported at the
-// path where it broke ("" for the top level), and decoding stops there.
+// path where it broke ("" for the top level), and decoding stops there. It is
+// DecodePolicy(doc).Validate().
 func ParsePolicy(doc []byte) (*Policy, error) {
+	return DecodePolicy(doc).Validate()
+}
+
+// Document is a policy document read by [DecodePolicy]: its structure and types
+// checked, its meaning not yet. A caller may complete the policy before validating
+// it, as the control plane does with the name in the request's path.
+type Document struct {
+	// Policy holds what was decoded. A member whose value had the wrong type or range
+	// is left zero (its problem is kept for Validate); after malformed JSON it holds
+	// what came before the break.
+	Policy Policy
+
+	errs    Errors   // decoding problems, in document order
+	syntax  bool     // decoding stopped at malformed JSON
+	object  bool     // the document is a JSON object
+	present []string // top-level members present with a value other than null
+}
+
+// DecodePolicy reads a policy document with the strictness of [ParsePolicy] but does
+// not check its meaning: it never fails, and what it found wrong waits in the
+// Document for [Document.Validate].
+func DecodePolicy(doc []byte) *Document {
 	d := strictjson.NewDecoder(doc, strictjson.Limits{MaxBytes: MaxPolicyBytes, MaxDepth: MaxDepth})
-	p := new(Policy)
-	_ = d.Object(func(key string) error { return decodePolicyMember(d, p, key) })
+	out := &Document{object: d.Peek() == strictjson.Object}
+	_ = d.Object(func(key string) error {
+		if d.Peek() != strictjson.Null {
+			out.present = append(out.present, key)
+		}
+		return decodePolicyMember(d, &out.Policy, key)
+	})
 	_ = d.End()
-	errs := finish(d, "", func(v *validator) { v.policy(p) })
+	for _, e := range d.Errors() {
+		out.errs = append(out.errs, FieldError{Field: e.Path, Message: e.Message})
+		out.syntax = out.syntax || e.Syntax
+	}
+	return out
+}
+
+// Missing reports whether the document is a well-formed JSON object without the
+// top-level member name, or with it null (which decodes as absent). After malformed
+// JSON, or for a document that is not an object, it reports false: what is missing
+// is not known.
+func (d *Document) Missing(name string) bool {
+	if d.syntax || !d.object {
+		return false
+	}
+	for _, k := range d.present {
+		if k == name {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate returns the policy, or nil and an Errors listing every problem: the
+// decoding problems in document order, then the problems of meaning ([Policy.Validate])
+// except those about a value that already failed to decode. After malformed JSON only
+// the decoding problems are reported.
+func (d *Document) Validate() (*Policy, error) {
+	errs := combine(append(Errors(nil), d.errs...), d.syntax, func(v *validator) { v.policy(&d.Policy) })
 	if errs != nil {
 		return nil, errs
 	}
-	return p, nil
+	p := d.Policy
+	return &p, nil
 }
 
 // ParseRule decodes and validates one rule object, as sent to the control plane's
@@ -45,9 +102,8 @@ func ParseRule(doc []byte, field string) (*Rule, error) {
 	return r, nil
 }
 
-// finish turns the decoder's errors into Errors (paths prefixed by field) and, if the
-// document was well-formed, adds the validation errors, except those about a value
-// that already failed to decode.
+// finish turns the decoder's errors into Errors (paths prefixed by field) and
+// combines them with the validation errors.
 func finish(d *strictjson.Decoder, field string, validate func(*validator)) Errors {
 	var errs Errors
 	syntax := false
@@ -55,6 +111,13 @@ func finish(d *strictjson.Decoder, field string, validate func(*validator)) Erro
 		errs = append(errs, FieldError{Field: join(field, e.Path), Message: e.Message})
 		syntax = syntax || e.Syntax
 	}
+	return combine(errs, syntax, validate)
+}
+
+// combine adds to the decoding problems errs, if the document was well-formed, the
+// validation errors, except those about a value that already failed to decode. It
+// returns nil when there is no problem.
+func combine(errs Errors, syntax bool, validate func(*validator)) Errors {
 	if syntax {
 		return errs
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
-	"github.com/sluice-proxy/sluice/shared/strictjson"
 )
 
 // maxAttempts bounds how often a write without If-Match is recomputed after
@@ -233,27 +232,25 @@ func (s *Server) preconditionFailed(w http.ResponseWriter, rec store.Record) {
 }
 
 // parsePolicyBody parses a PUT body for policy name: its "policy" member
-// must be absent or equal name; its "version" member is ignored (the server
-// assigns versions; use If-Match for optimistic concurrency).
+// must be absent or equal name (absent takes name); its "rules" member is
+// required ("rules": [] for none); its "version" member is ignored (the server
+// assigns versions; use If-Match for optimistic concurrency). The body is read
+// once and validated once, with every problem in one 400.
 func parsePolicyBody(body []byte, name string) (*rules.Policy, *apiError) {
-	p, err := rules.ParsePolicy(body)
-	if err != nil {
-		var errs rules.Errors
-		if errors.As(err, &errs) && len(errs) > 0 && hasMissingName(errs) {
-			if injected, ok := injectName(body, name); ok {
-				p, err = rules.ParsePolicy(injected)
-			}
-		}
+	doc := rules.DecodePolicy(body)
+	if doc.Missing("policy") {
+		doc.Policy.Name = name
 	}
+	p, err := doc.Validate()
 	if err != nil {
 		e := invalid(err)
-		if missingRules(body) {
+		if doc.Missing("rules") {
 			e.details = append(e.details, rulesRequired)
 			e.message = "the document is invalid: " + strconv.Itoa(len(e.details)) + " problem(s)"
 		}
 		return nil, e
 	}
-	if missingRules(body) {
+	if doc.Missing("rules") {
 		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
 		e.details = []Detail{rulesRequired}
 		return nil, e
@@ -270,55 +267,6 @@ func parsePolicyBody(body []byte, name string) (*rules.Policy, *apiError) {
 // must say which rules the policy has, so that a partial document (or an
 // empty one) never silently removes them all.
 var rulesRequired = Detail{Field: "rules", Message: `required: a policy replaces the whole policy; send "rules": [] for a policy without rules`}
-
-// missingRules reports whether body is a JSON object whose top level has no
-// "rules" member, or has it as null (which rules.ParsePolicy reads as
-// absent). Anything else (not an object, malformed) is for ParsePolicy to
-// report.
-func missingRules(body []byte) bool {
-	d := strictjson.NewDecoder(body, strictjson.Limits{MaxBytes: rules.MaxPolicyBytes, MaxDepth: rules.MaxDepth})
-	if d.Peek() != strictjson.Object {
-		return false
-	}
-	found := false
-	err := d.Object(func(key string) error {
-		null := d.Null() // consumes the value, whatever it is
-		if key == "rules" && !null {
-			found = true
-		}
-		return nil
-	})
-	return err == nil && !found
-}
-
-func hasMissingName(errs rules.Errors) bool {
-	for _, e := range errs {
-		if e.Field == "policy" && e.Message == "required" {
-			return true
-		}
-	}
-	return false
-}
-
-// injectName adds "policy": name as the first member of a JSON object.
-func injectName(body []byte, name string) ([]byte, bool) {
-	t := bytes.TrimLeft(body, " \t\r\n")
-	if len(t) == 0 || t[0] != '{' {
-		return nil, false
-	}
-	rest := bytes.TrimLeft(t[1:], " \t\r\n")
-	sep := ","
-	if len(rest) > 0 && rest[0] == '}' {
-		sep = ""
-	}
-	out := make([]byte, 0, len(t)+len(name)+16)
-	out = append(out, `{"policy":"`...)
-	out = append(out, name...) // ValidName: no characters needing escapes
-	out = append(out, '"')
-	out = append(out, sep...)
-	out = append(out, rest...)
-	return out, true
-}
 
 func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, who role) {
 	name, ok := policyName(w, r)
