@@ -13,6 +13,16 @@
 //	history   a bucket: 8-byte big-endian version -> store.MarshalEntry JSON,
 //	          trimmed to the configured depth
 //
+// The root bucket "meta" holds
+//
+//	epoch     the file's epoch (store.NewEpoch), drawn when the file is
+//	          created (or first opened by a version that has epochs)
+//
+// Every record of the file carries that epoch: bbolt fsyncs each commit, so
+// the file's versions never go back while it lives. A copy restored from an
+// older backup does go back under the same epoch; Rotate (or deleting the
+// "meta" bucket's epoch while the control plane is stopped) draws a new one.
+//
 // Only one process may open the file; a second one fails after Options.LockTimeout.
 package boltstore
 
@@ -46,6 +56,8 @@ type Options struct {
 
 var (
 	bucketPolicies = []byte("policies")
+	bucketMeta     = []byte("meta")
+	keyEpoch       = []byte("epoch")
 	bucketHistory  = []byte("history")
 	keyVersion     = []byte("version")
 	keyDoc         = []byte("doc")
@@ -79,13 +91,30 @@ func Open(o Options) (*Store, error) {
 		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketPolicies)
-		return err
+		if _, err := tx.CreateBucketIfNotExists(bucketPolicies); err != nil {
+			return err
+		}
+		m, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if len(m.Get(keyEpoch)) == 0 {
+			return m.Put(keyEpoch, []byte(store.NewEpoch()))
+		}
+		return nil
 	}); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("boltstore: init %s: %w", path, err)
 	}
 	return &Store{db: db, depth: o.HistoryDepth}, nil
+}
+
+// epoch returns the file's epoch as of tx.
+func epoch(tx *bolt.Tx) string {
+	if m := tx.Bucket(bucketMeta); m != nil {
+		return string(m.Get(keyEpoch))
+	}
+	return ""
 }
 
 func u64(b []byte) uint64 {
@@ -121,6 +150,10 @@ func (s *Store) Get(_ context.Context, name string) (store.Record, error) {
 		}
 		r.Version = u64(b.Get(keyVersion))
 		r.Doc = clone(b.Get(keyDoc))
+		r.Sum = store.Sum(r.Doc)
+		if r.Version > 0 {
+			r.Epoch = epoch(tx)
+		}
 		return nil
 	})
 	return r, err
@@ -133,10 +166,11 @@ func (s *Store) List(_ context.Context) ([]store.Record, error) {
 	}
 	var out []store.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
+		e := epoch(tx)
 		return tx.Bucket(bucketPolicies).ForEachBucket(func(k []byte) error {
 			b := tx.Bucket(bucketPolicies).Bucket(k)
 			if b.Get(keyDoc) != nil {
-				out = append(out, store.Record{Name: string(k), Version: u64(b.Get(keyVersion))})
+				out = append(out, store.Record{Name: string(k), Version: u64(b.Get(keyVersion)), Epoch: e})
 			}
 			return nil
 		})
@@ -152,6 +186,7 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 	}
 	r := store.Record{Name: c.Name}
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		r.Epoch = epoch(tx)
 		b, err := tx.Bucket(bucketPolicies).CreateBucketIfNotExists([]byte(c.Name))
 		if err != nil {
 			return err
@@ -207,8 +242,37 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 		}
 		return store.Record{}, fmt.Errorf("boltstore: commit %s: %w", c.Name, err)
 	}
-	s.Publish(store.Event{Name: c.Name, Version: r.Version})
+	r.Sum = store.Sum(r.Doc)
+	s.Publish(store.Event{Name: c.Name, Version: r.Version, Epoch: r.Epoch})
 	return r, nil
+}
+
+// Rotate implements store.Store: the file has one epoch, so a new one
+// applies to every policy, and subscribers get a resync event.
+func (s *Store) Rotate(ctx context.Context, name, from string) (store.Record, error) {
+	if s.closed.Load() {
+		return store.Record{}, store.ErrClosed
+	}
+	rotated := false
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketPolicies).Bucket([]byte(name))
+		if b == nil || u64(b.Get(keyVersion)) == 0 || epoch(tx) != from {
+			return nil
+		}
+		m, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		rotated = true
+		return m.Put(keyEpoch, []byte(store.NewEpoch()))
+	})
+	if err != nil {
+		return store.Record{}, fmt.Errorf("boltstore: rotate %s: %w", name, err)
+	}
+	if rotated {
+		s.Publish(store.Event{})
+	}
+	return s.Get(ctx, name)
 }
 
 // History implements store.Store.
