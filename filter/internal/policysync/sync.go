@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
@@ -430,7 +431,8 @@ func (s *Syncer) on200(now int64, bodySize int) {
 		}
 	case published >= c.Version:
 		if published > c.Version {
-			s.log.warn("control plane served version " + u64(c.Version) + ", below the published " + u64(published) + "; keeping " + u64(published))
+			s.log.warn("control plane served version " + u64(c.Version) + " of the same epoch, below the published " + u64(published) +
+				" (a control-plane replica behind?); keeping " + u64(published))
 		}
 		defer s.pollAgain(now, false)
 	default:
@@ -444,8 +446,9 @@ func (s *Syncer) on200(now int64, bodySize int) {
 }
 
 // publish writes doc's chunks into the slot the current meta does not use,
-// then the meta by compare-and-swap, unless a version ≥ version is already
-// published (published returns it). It retries a lost race twice.
+// then the meta by compare-and-swap, unless the published policy is not
+// superseded by (version, etag) (see Supersedes; published returns its
+// version). It retries a lost race twice; on failure published is 0.
 func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, gen uint64, ok bool) {
 	for range 3 {
 		val, cas, err := s.h.GetSharedData(s.metaKey)
@@ -458,7 +461,7 @@ func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, ge
 		default:
 			cur, _ = DecodeMeta(val) // a corrupted meta is overwritten
 		}
-		if cur.Generation != 0 && cur.Version >= version {
+		if cur.Generation != 0 && !Supersedes(version, etag, cur.Version, cur.ETag) {
 			return cur.Version, 0, false
 		}
 		m := Meta{
@@ -468,7 +471,7 @@ func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, ge
 		}
 		for i, c := range Chunks(doc, m.Generation) {
 			if err := s.h.SetSharedData(ChunkKey(s.o.Policy, m.Slot(), i), c, 0); err != nil {
-				return cur.Version, 0, false
+				return 0, 0, false
 			}
 		}
 		err = s.h.SetSharedData(s.metaKey, AppendMeta(nil, m), cas)
@@ -476,7 +479,7 @@ func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, ge
 			return version, m.Generation, true
 		}
 		if !errors.Is(err, proxywasm.ErrCasMismatch) {
-			return cur.Version, 0, false
+			return 0, 0, false
 		}
 	}
 	return 0, 0, false
@@ -522,6 +525,45 @@ func (s *Syncer) fail(now int64, kind FailureKind, reason string) {
 		s.log.warn("sync failing (" + string(kind) + "): " + clip(reason) + "; retrying with backoff")
 	}
 	s.failing = true
+}
+
+// Supersedes reports whether the control plane's document (version, etag)
+// replaces the published one (pubVersion, pubETag). Within one store epoch
+// (ETagEpoch; controlplane/openapi.yaml, "Versions and entity tags") only a
+// higher version does, so a control-plane replica that is behind cannot
+// move the policy back; a document of the same version with another tag
+// (another content) does too, since within an epoch that happens only after
+// the store lost a write. A document of another epoch always does, whatever
+// its version: the store lost acknowledged writes and counts again, and its
+// lower versions are the newer ones.
+func Supersedes(version uint64, etag string, pubVersion uint64, pubETag string) bool {
+	switch {
+	case ETagEpoch(etag) != ETagEpoch(pubETag):
+		return true
+	case version != pubVersion:
+		return version > pubVersion
+	default:
+		return etag != pubETag && ETagEpoch(etag) != ""
+	}
+}
+
+// ETagEpoch returns the store epoch of a control-plane entity tag
+// "v<version>.<epoch>.<sum>" (optionally weak, W/), or "" for a tag of
+// another shape, such as the "v7" of control planes that predate epochs.
+func ETagEpoch(etag string) string {
+	etag = strings.TrimPrefix(etag, "W/")
+	if len(etag) < 2 || etag[0] != '"' || etag[len(etag)-1] != '"' || etag[1] != 'v' {
+		return ""
+	}
+	_, rest, ok := strings.Cut(etag[2:len(etag)-1], ".")
+	if !ok {
+		return ""
+	}
+	epoch, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return ""
+	}
+	return epoch
 }
 
 // --- helpers ---
