@@ -25,8 +25,9 @@
 //     previous one started, so a server that ignores ?wait cannot make the
 //     holder spin). A 200 is size-limited (rules.MaxPolicyBytes),
 //     parsed, validated, compiled and, if it supersedes the published one
-//     (a higher version, or another store epoch: Supersedes), published; an invalid one is logged with the reason
-//     and counted, and the last good policy stays. Other statuses and
+//     (a higher version, or another store epoch: Supersedes), published;
+//     an invalid one is logged with the reason and counted, and the last
+//     good policy stays. Other statuses and
 //     failures back off (Backoff: 100 ms to 30 s, exponential, with jitter)
 //     before the next poll, which the tick then starts. The holder logs when
 //     sync starts failing and when it recovers, not per attempt.
