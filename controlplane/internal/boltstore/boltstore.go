@@ -20,8 +20,8 @@
 //
 // Every record of the file carries that epoch: bbolt fsyncs each commit, so
 // the file's versions never go back while it lives. A copy restored from an
-// older backup does go back under the same epoch; Rotate (or deleting the
-// "meta" bucket's epoch while the control plane is stopped) draws a new one.
+// older backup does go back under the same epoch, which nothing here can
+// tell from a file that was never newer; Rotate draws a new epoch.
 //
 // Only one process may open the file; a second one fails after Options.LockTimeout.
 package boltstore
