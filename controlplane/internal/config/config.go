@@ -33,6 +33,11 @@ type Settings struct {
 	RedisURL string
 	// RedisMasterName turns on Sentinel mode: the master's name.
 	RedisMasterName string
+	// RedisWaitReplicas, if above 0, makes every write wait until that many
+	// Redis replicas acknowledged it (WAIT) before it is acknowledged.
+	RedisWaitReplicas int
+	// RedisWaitTimeout bounds that wait (default 1s).
+	RedisWaitTimeout time.Duration
 	// DataDir is the embedded store's directory (default "sluice-data").
 	DataDir string
 	// AdminToken is the bearer token for writes (and reads).
@@ -73,6 +78,8 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
 	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")
 	fs.StringVar(&s.RedisMasterName, "redis-master-name", "", "Sentinel master name (the --redis-url addresses are Sentinels)")
+	fs.IntVar(&s.RedisWaitReplicas, "redis-wait-replicas", 0, "acknowledge a write only once this many Redis replicas confirmed it (WAIT); 0: do not wait")
+	fs.DurationVar(&s.RedisWaitTimeout, "redis-wait-timeout", time.Second, "longest wait for --redis-wait-replicas (below 2s); a write not confirmed in time answers 503")
 	fs.StringVar(&s.DataDir, "data-dir", "sluice-data", "embedded store directory (used without --redis-url)")
 	fs.StringVar(&s.AdminToken, "admin-token", "", "admin bearer token (prefer SLUICE_ADMIN_TOKEN or --admin-token-file: flags are visible in ps)")
 	fs.StringVar(&s.ReadToken, "read-token", "", "read bearer token (prefer SLUICE_READ_TOKEN or --read-token-file)")
@@ -171,6 +178,12 @@ func (s Settings) Check() error {
 		return fmt.Errorf("config: --shutdown-timeout %s: want > 0", s.ShutdownTimeout)
 	case s.RedisURL == "" && s.DataDir == "":
 		return errors.New("config: neither --redis-url nor --data-dir given")
+	case s.RedisWaitReplicas < 0:
+		return fmt.Errorf("config: --redis-wait-replicas %d: want ≥ 0", s.RedisWaitReplicas)
+	case s.RedisWaitReplicas > 0 && s.RedisURL == "":
+		return errors.New("config: --redis-wait-replicas needs --redis-url")
+	case s.RedisWaitReplicas > 0 && (s.RedisWaitTimeout < time.Millisecond || s.RedisWaitTimeout >= 2*time.Second):
+		return fmt.Errorf("config: --redis-wait-timeout %s: want 1ms to below 2s", s.RedisWaitTimeout)
 	case s.RedisMasterName != "" && s.RedisURL == "":
 		return errors.New("config: --redis-master-name needs --redis-url (the Sentinel addresses)")
 	}

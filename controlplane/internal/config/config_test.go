@@ -96,6 +96,9 @@ func TestParseErrors(t *testing.T) {
 		{"missing token file", []string{"--read-token-file", "/missing"}, nil, "--read-token-file"},
 		{"same tokens", nil, map[string]string{"SLUICE_ADMIN_TOKEN": "x", "SLUICE_READ_TOKEN": "x"}, "must differ"},
 		{"master without url", []string{"--redis-master-name", "m"}, nil, "--redis-master-name"},
+		{"wait without url", []string{"--redis-wait-replicas", "1"}, nil, "--redis-wait-replicas needs"},
+		{"negative wait", []string{"--redis-url", "redis://h:1", "--redis-wait-replicas", "-1"}, nil, "--redis-wait-replicas"},
+		{"long wait timeout", []string{"--redis-url", "redis://h:1", "--redis-wait-replicas", "1", "--redis-wait-timeout", "5s"}, nil, "--redis-wait-timeout"},
 		{"log level", []string{"--log-level", "loud"}, nil, "--log-level"},
 		{"log format", []string{"--log-format", "xml"}, nil, "--log-format"},
 	}

@@ -137,6 +137,15 @@ type Options struct {
 	HistoryDepth int
 	// OpTimeout bounds each Redis command (dial, read, write); 0 means 2s.
 	OpTimeout time.Duration
+	// WaitReplicas, if above 0, makes every commit wait (Redis WAIT,
+	// https://redis.io/docs/latest/commands/wait/) until that many replicas
+	// acknowledged it, at most WaitTimeout; a commit fewer replicas
+	// confirmed is reported as an error (not acknowledged), though the
+	// master applied it. Not supported on Cluster (Open fails).
+	WaitReplicas int
+	// WaitTimeout bounds the WAIT of a commit; 0 means 1s. It must be below
+	// OpTimeout, which bounds the reply.
+	WaitTimeout time.Duration
 }
 
 // UniversalOptions turns o into go-redis options (exported for tests and
@@ -208,6 +217,8 @@ type Store struct {
 	client  redis.UniversalClient
 	depth   int
 	cluster bool
+	wait    int   // WaitReplicas
+	waitMs  int64 // WaitTimeout in milliseconds
 
 	store.Fanout
 	subOnce sync.Once
@@ -230,10 +241,24 @@ func Open(o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.WaitReplicas < 0 {
+		return nil, fmt.Errorf("redisstore: wait replicas %d, want ≥ 0", o.WaitReplicas)
+	}
+	if o.WaitTimeout == 0 {
+		o.WaitTimeout = time.Second
+	}
+	if o.WaitReplicas > 0 && (o.WaitTimeout < time.Millisecond || o.WaitTimeout >= uo.ReadTimeout) {
+		return nil, fmt.Errorf("redisstore: wait timeout %s, want 1ms to below the operation timeout %s", o.WaitTimeout, uo.ReadTimeout)
+	}
 	client := redis.NewUniversalClient(uo)
 	_, cluster := client.(*redis.ClusterClient)
+	if cluster && o.WaitReplicas > 0 {
+		client.Close()
+		return nil, errors.New("redisstore: waiting for replicas (WAIT) is not supported on Redis Cluster")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Store{client: client, depth: o.HistoryDepth, cluster: cluster, ctx: ctx, cancel: cancel, done: make(chan struct{})}, nil
+	return &Store{client: client, depth: o.HistoryDepth, cluster: cluster, wait: o.WaitReplicas, waitMs: o.WaitTimeout.Milliseconds(),
+		ctx: ctx, cancel: cancel, done: make(chan struct{})}, nil
 }
 
 func (s *Store) wrap(op string, err error) error {
@@ -311,9 +336,14 @@ func (s *Store) Commit(ctx context.Context, c store.Change) (store.Record, error
 	if !s.cluster {
 		keys = append(keys, SetKey)
 	}
-	res, err := commitScript.Run(ctx, s.client, keys,
-		c.Base, string(c.Doc), store.MarshalEntry(store.EntryOf(c, c.Base+1)), c.Name, s.depth, c.ID, Channel, store.NewEpoch(),
-	).Slice()
+	args := []any{c.Base, string(c.Doc), store.MarshalEntry(store.EntryOf(c, c.Base+1)), c.Name, s.depth, c.ID, Channel, store.NewEpoch()}
+	var res []any
+	var err error
+	if s.wait == 0 {
+		res, err = commitScript.Run(ctx, s.client, keys, args...).Slice()
+	} else {
+		res, err = s.commitAndWait(ctx, keys, args)
+	}
 	if err != nil {
 		return store.Record{}, s.wrap("commit "+c.Name, err)
 	}
@@ -363,6 +393,41 @@ func (s *Store) Rotate(ctx context.Context, name, from string) (store.Record, er
 	}
 	s.Publish(store.Event{Name: r.Name, Version: r.Version, Epoch: r.Epoch})
 	return r, nil
+}
+
+// errTooFewReplicas is wrapped by Commit when WAIT saw fewer replicas
+// acknowledge the commit than Options.WaitReplicas.
+var errTooFewReplicas = errors.New("fewer replicas than --redis-wait-replicas confirmed the write within the wait timeout")
+
+// commitAndWait runs the commit script and WAIT in one pipeline, so both go
+// over one connection: WAIT waits for that connection's writes. A version
+// conflict (the script wrote nothing) is returned without judging WAIT.
+func (s *Store) commitAndWait(ctx context.Context, keys []string, args []any) ([]any, error) {
+	var script *redis.Cmd
+	var wait *redis.Cmd
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		script = commitScript.Eval(ctx, p, keys, args...)
+		wait = p.Do(ctx, "WAIT", s.wait, s.waitMs)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	res, err := script.Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(res) > 0 && res[0] == int64(0) {
+		return res, nil
+	}
+	n, err := wait.Int64()
+	if err != nil {
+		return nil, err
+	}
+	if n < int64(s.wait) {
+		return nil, fmt.Errorf("%w (%d of %d)", errTooFewReplicas, n, s.wait)
+	}
+	return res, nil
 }
 
 // History implements store.Store.
