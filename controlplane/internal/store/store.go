@@ -41,8 +41,11 @@
 //
 // # Failure policy
 //
-// A Store never acknowledges a commit it has not made durable (Redis replied
-// to the script; bbolt fsynced). Errors other than the sentinels below mean
+// A Store acknowledges a commit only once the backing store confirmed it:
+// bbolt fsynced it; Redis replied to the script (and, with WAIT configured,
+// enough replicas confirmed it). How much a Redis confirmation survives
+// depends on Redis's persistence and replication settings, which is why
+// records carry epochs (above). Errors other than the sentinels below mean
 // the backing store could not be reached or failed; callers report them as
 // "store unavailable" and must not assume the commit happened or did not.
 //
