@@ -135,7 +135,9 @@ func (c *controlPlane) put(doc string) uint64 {
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated {
 		c.t.Fatalf("PUT policy: %s: %s", resp.Status, body)
 	}
-	v, err := strconv.ParseUint(strings.TrimPrefix(strings.Trim(resp.Header.Get("ETag"), `"`), "v"), 10, 64)
+	// The ETag is "v<version>.<epoch>.<sum>".
+	num, _, _ := strings.Cut(strings.TrimPrefix(strings.Trim(resp.Header.Get("ETag"), `"`), "v"), ".")
+	v, err := strconv.ParseUint(num, 10, 64)
 	if err != nil {
 		c.t.Fatalf("PUT policy: ETag %q: %v", resp.Header.Get("ETag"), err)
 	}

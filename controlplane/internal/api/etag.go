@@ -4,10 +4,40 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 )
 
-// etag is the entity tag of a version: "v7" (RFC 9110 §8.8.3, strong).
-func etag(version uint64) string { return `"v` + strconv.FormatUint(version, 10) + `"` }
+// etag is the strong entity tag (RFC 9110 §8.8.3) of a record:
+// "v<version>.<epoch>.<sum>", e.g. "v7.3f9c0e7a2b4d6c80.5d41402abc4b2a76".
+// The version orders documents within one epoch; the epoch changes when
+// the store lost writes (store "Epochs"), and the sum (store.Sum) of the
+// document makes the tags of two different documents differ even if a
+// store handed out one version twice without anyone noticing. Clients may
+// read the version and epoch out of it (openapi.yaml, "Entity tags").
+func etag(r store.Record) string {
+	return `"v` + strconv.FormatUint(r.Version, 10) + "." + r.Epoch + "." + r.DocSum() + `"`
+}
+
+// parseTag splits an opaque tag of ours (quotes included, W/ removed) into
+// version and epoch; ok is false for other tags. The control plane's tags
+// before epochs ("v7") parse with an empty epoch.
+func parseTag(tag string) (version uint64, epoch string, ok bool) {
+	if len(tag) < 2 || tag[0] != '"' || tag[len(tag)-1] != '"' {
+		return 0, "", false
+	}
+	opaque, found := strings.CutPrefix(tag[1:len(tag)-1], "v")
+	if !found {
+		return 0, "", false
+	}
+	v, rest, _ := strings.Cut(opaque, ".")
+	epoch, _, _ = strings.Cut(rest, ".")
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, "", false
+	}
+	return n, epoch, true
+}
 
 // condition is a parsed If-Match or If-None-Match field (RFC 9110 §13.1.1-2).
 type condition struct {
@@ -58,14 +88,14 @@ func parseCondition(h http.Header, name string) (c condition, ok bool) {
 }
 
 // matchStrong is If-Match's test (§13.1.1: strong comparison).
-func (c condition) matchStrong(exists bool, version uint64) bool {
-	if !exists {
+func (c condition) matchStrong(rec store.Record) bool {
+	if !rec.Exists() {
 		return false
 	}
 	if c.any {
 		return true
 	}
-	t := etag(version)
+	t := etag(rec)
 	for i, tag := range c.tags {
 		if !c.weak[i] && tag == t {
 			return true
@@ -75,14 +105,14 @@ func (c condition) matchStrong(exists bool, version uint64) bool {
 }
 
 // matchWeak is If-None-Match's test (§13.1.2: weak comparison).
-func (c condition) matchWeak(exists bool, version uint64) bool {
-	if !exists {
+func (c condition) matchWeak(rec store.Record) bool {
+	if !rec.Exists() {
 		return false
 	}
 	if c.any {
 		return true
 	}
-	t := etag(version)
+	t := etag(rec)
 	for _, tag := range c.tags {
 		if tag == t {
 			return true
@@ -91,15 +121,12 @@ func (c condition) matchWeak(exists bool, version uint64) bool {
 	return false
 }
 
-// namesOlder reports whether one of the tags is a version of ours older than
-// version ("v3" when version is 4), weak or strong.
-func (c condition) namesOlder(version uint64) bool {
+// namesOther reports whether one of the tags names a document of ours that
+// rec (a tombstone) replaced: an older version of rec's epoch, or any
+// version of another epoch (a history the store lost), weak or strong.
+func (c condition) namesOther(rec store.Record) bool {
 	for _, tag := range c.tags {
-		opaque := tag[1 : len(tag)-1]
-		if !strings.HasPrefix(opaque, "v") {
-			continue
-		}
-		if n, err := strconv.ParseUint(opaque[1:], 10, 64); err == nil && n < version {
+		if v, epoch, ok := parseTag(tag); ok && (epoch != rec.Epoch || v < rec.Version) {
 			return true
 		}
 	}

@@ -58,7 +58,7 @@ func (s *Server) listVersions(w http.ResponseWriter, r *http.Request, _ role) {
 		out.Versions = append(out.Versions, versionEntry{Version: e.Version, Time: e.Time.UTC(), Actor: e.Actor, Op: string(e.Op), Detail: e.Detail, Deleted: e.Doc == nil})
 	}
 	if rec.Exists() {
-		w.Header().Set("ETag", etag(rec.Version))
+		w.Header().Set("ETag", etag(rec))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

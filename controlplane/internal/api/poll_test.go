@@ -65,13 +65,14 @@ func TestLongPoll(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			r := startReplica(t, b)
-			expect(t, r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
+			v1 := r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1))
+			expect(t, v1, 201, "create")
 
 			// A poll with a stale tag answers at once.
 			expect(t, r.read.Do("GET", "/v1/policies/p?wait=10s", nil, "If-None-Match", `"v0"`), 200, "stale tag")
 
 			// A poll on the current version is woken by a write, with the new version.
-			ch := poll(r.read, "/v1/policies/p?wait=10s", "If-None-Match", `"v1"`)
+			ch := poll(r.read, "/v1/policies/p?wait=10s", "If-None-Match", v1.ETag())
 			waitWatchers(t, r, 1)
 			expect(t, r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 2)), 200, "write")
 			got := await(t, ch, "poll after write")
@@ -89,17 +90,19 @@ func TestLongPoll(t *testing.T) {
 			if p := decodePolicy(t, got); p.Policy != "later" || p.Version != 1 {
 				t.Fatalf("creation poll got %s", got.Body)
 			}
+			later := got.ETag()
 
 			// A deletion wakes a poll: 404.
-			ch = poll(r.read, "/v1/policies/later?wait=10s", "If-None-Match", `"v1"`)
+			ch = poll(r.read, "/v1/policies/later?wait=10s", "If-None-Match", later)
 			waitWatchers(t, r, 1)
 			expect(t, r.admin.Do("DELETE", "/v1/policies/later", nil), 200, "delete")
 			expectCode(t, await(t, ch, "poll on deletion"), 404, "not_found", "poll on deletion")
 
 			// The wait ends: 304 with the ETag (or 404 for a policy that never came).
-			expect(t, r.read.Do("GET", "/v1/policies/p?wait=50ms", nil, "If-None-Match", `"v2"`), 304, "wait ends")
+			v2 := r.read.Do("GET", "/v1/policies/p", nil).ETag()
+			expect(t, r.read.Do("GET", "/v1/policies/p?wait=50ms", nil, "If-None-Match", v2), 304, "wait ends")
 			expectCode(t, r.read.Do("GET", "/v1/policies/never?wait=50ms", nil), 404, "not_found", "wait ends on unknown")
-			expect(t, r.read.Do("GET", "/v1/policies/p?wait=1", nil, "If-None-Match", `"v2"`), 304, "wait in seconds")
+			expect(t, r.read.Do("GET", "/v1/policies/p?wait=1", nil, "If-None-Match", v2), 304, "wait in seconds")
 		})
 	}
 }
@@ -107,19 +110,21 @@ func TestLongPoll(t *testing.T) {
 // TestLongPollBoundedByMaxWait: ?wait beyond the maximum is clamped.
 func TestLongPollBoundedByMaxWait(t *testing.T) {
 	r := startReplica(t, boltBackend(t), func(o *api.Options) { o.MaxWait = 100 * time.Millisecond })
-	expect(t, r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
-	ch := poll(r.read, "/v1/policies/p?wait=1h", "If-None-Match", `"v1"`)
+	v1 := r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1))
+	expect(t, v1, 201, "create")
+	ch := poll(r.read, "/v1/policies/p?wait=1h", "If-None-Match", v1.ETag())
 	expect(t, await(t, ch, "clamped poll"), 304, "clamped poll")
 }
 
 // TestDrainAnswersLongPolls: shutdown answers open long polls at once (304).
 func TestDrainAnswersLongPolls(t *testing.T) {
 	r := startReplica(t, boltBackend(t))
-	expect(t, r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
+	v1 := r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1))
+	expect(t, v1, 201, "create")
 	const n = 20
 	chans := make([]<-chan *apitest.Response, n)
 	for i := range chans {
-		chans[i] = poll(r.read, "/v1/policies/p?wait=20s", "If-None-Match", `"v1"`)
+		chans[i] = poll(r.read, "/v1/policies/p?wait=20s", "If-None-Match", v1.ETag())
 	}
 	waitWatchers(t, r, n)
 	r.srv.Drain()
@@ -127,7 +132,7 @@ func TestDrainAnswersLongPolls(t *testing.T) {
 		expect(t, await(t, ch, "drained poll"), 304, fmt.Sprint("drained poll ", i))
 	}
 	// After draining, polls do not wait.
-	expect(t, r.read.Do("GET", "/v1/policies/p?wait=20s", nil, "If-None-Match", `"v1"`), 304, "poll after drain")
+	expect(t, r.read.Do("GET", "/v1/policies/p?wait=20s", nil, "If-None-Match", v1.ETag()), 304, "poll after drain")
 }
 
 // TestReplicasShareRedis: a write through one replica wakes long polls on
@@ -135,17 +140,19 @@ func TestDrainAnswersLongPolls(t *testing.T) {
 func TestReplicasShareRedis(t *testing.T) {
 	b := redisBackend(t, redistest.Options{})
 	a, c := startReplica(t, b), startReplica(t, b)
-	expect(t, a.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create on a")
+	v1 := a.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1))
+	expect(t, v1, 201, "create on a")
 
 	// c learns about p (read-through for an unknown name).
 	expect(t, c.read.Do("GET", "/v1/policies/p", nil), 200, "read on c")
 	chans := []<-chan *apitest.Response{}
 	for i := 0; i < 10; i++ {
-		chans = append(chans, poll(c.read, "/v1/policies/p?wait=10s", "If-None-Match", `"v1"`))
+		chans = append(chans, poll(c.read, "/v1/policies/p?wait=10s", "If-None-Match", v1.ETag()))
 	}
 	creation := poll(c.read, "/v1/policies/fresh?wait=10s")
 	waitWatchers(t, c, 11)
-	expect(t, a.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 2)), 200, "write on a")
+	v2 := a.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 2))
+	expect(t, v2, 200, "write on a")
 	for _, ch := range chans {
 		got := await(t, ch, "poll on c")
 		expect(t, got, 200, "poll on c")
@@ -156,8 +163,8 @@ func TestReplicasShareRedis(t *testing.T) {
 	expect(t, a.admin.Do("PUT", "/v1/policies/fresh", policyDoc("fresh", 2)), 201, "create fresh on a")
 	expect(t, await(t, creation, "creation poll on c"), 200, "creation poll on c")
 	// Writes through c see a's writes (If-Match with a's ETag).
-	expect(t, c.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 3), "If-Match", `"v2"`), 200, "write on c")
-	expect(t, a.read.Do("GET", "/v1/policies/p?wait=10s", nil, "If-None-Match", `"v2"`), 200, "a sees c's write")
+	expect(t, c.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 3), "If-Match", v2.ETag()), 200, "write on c")
+	expect(t, a.read.Do("GET", "/v1/policies/p?wait=10s", nil, "If-None-Match", v2.ETag()), 200, "a sees c's write")
 }
 
 // TestIfMatchRace: two writers with the same ETag; exactly one wins, the
@@ -168,7 +175,10 @@ func TestIfMatchRace(t *testing.T) {
 	expect(t, r1.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
 	clients := []*apitest.Client{r1.admin, r2.admin}
 	for round := uint64(1); round <= 20; round++ {
-		tag := fmt.Sprintf(`"v%d"`, round)
+		tag := r1.admin.Do("GET", "/v1/policies/p/versions", nil).ETag() // read from the store
+		if tagVersion(tag) != round {
+			t.Fatalf("round %d: current ETag %s", round, tag)
+		}
 		var wg sync.WaitGroup
 		statuses := make([]int, 2)
 		start := make(chan struct{})

@@ -14,10 +14,11 @@ func TestLongPollOnDeletedPolicy(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			r := startReplica(t, b)
-			expect(t, r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
+			v1 := r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1))
+			expect(t, v1, 201, "create")
 			expect(t, r.admin.Do("DELETE", "/v1/policies/p", nil), 200, "delete")
 			start := time.Now()
-			expectCode(t, r.read.Do("GET", "/v1/policies/p?wait=10s", nil, "If-None-Match", `"v1"`), 404, "not_found", "poll with the pre-deletion tag")
+			expectCode(t, r.read.Do("GET", "/v1/policies/p?wait=10s", nil, "If-None-Match", v1.ETag()), 404, "not_found", "poll with the pre-deletion tag")
 			if d := time.Since(start); d > 5*time.Second {
 				t.Fatalf("poll with the pre-deletion tag answered after %s, not at once", d)
 			}

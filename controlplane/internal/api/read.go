@@ -89,8 +89,8 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, _ role) {
 	// does not exist is otherwise waited for.)
 	existed := rec.Exists()
 	settled := func(rec store.Record) bool {
-		return rec.Exists() && !inm.matchWeak(true, rec.Version) ||
-			!rec.Exists() && (existed || inm.namesOlder(rec.Version))
+		return rec.Exists() && !inm.matchWeak(rec) ||
+			!rec.Exists() && (existed || inm.namesOther(rec))
 	}
 	if wait > 0 && !settled(rec) {
 		rec = s.longPoll(r.Context(), name, wait, settled)
@@ -101,12 +101,12 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, _ role) {
 	switch {
 	case !rec.Exists():
 		writeError(w, http.StatusNotFound, "not_found", "no policy "+strconv.Quote(name), nil)
-	case inm.matchWeak(true, rec.Version):
-		w.Header().Set("ETag", etag(rec.Version))
+	case inm.matchWeak(rec):
+		w.Header().Set("ETag", etag(rec))
 		w.Header().Set("Cache-Control", "no-cache")
 		w.WriteHeader(http.StatusNotModified)
 	default:
-		w.Header().Set("ETag", etag(rec.Version))
+		w.Header().Set("ETag", etag(rec))
 		writeRaw(w, http.StatusOK, rec.Doc)
 	}
 }
@@ -196,7 +196,7 @@ func (s *Server) getRule(w http.ResponseWriter, r *http.Request, _ role) {
 		writeError(w, http.StatusNotFound, "not_found", "policy "+strconv.Quote(name)+" has no rule "+strconv.Quote(id), nil)
 		return
 	}
-	w.Header().Set("ETag", etag(rec.Version))
+	w.Header().Set("ETag", etag(rec))
 	writeRaw(w, http.StatusOK, rules.EncodeRule(&p.Rules[i]))
 }
 

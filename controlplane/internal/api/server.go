@@ -5,7 +5,8 @@
 //
 // # Conditional requests (RFC 9110)
 //
-// A policy's entity tag is its version: ETag "v7" (strong, quoted). Reads
+// A policy's entity tag names its version, its store epoch and its content:
+// ETag "v7.3f9c0e7a2b4d6c80.5d41402abc4b2a76" (strong, quoted; see etag). Reads
 // honour If-None-Match (304 Not Modified, §13.1.2); every write honours
 // If-Match (412 Precondition Failed on a stale tag or "*" on a missing
 // policy, §13.1.1), and PUT of a whole policy also If-None-Match: * (create

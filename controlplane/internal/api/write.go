@@ -100,7 +100,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			s.unavailable(w, err)
 			return
 		}
-		if ifMatch.present && !ifMatch.matchStrong(rec.Exists(), rec.Version) {
+		if ifMatch.present && !ifMatch.matchStrong(rec) {
 			s.preconditionFailed(w, rec)
 			return
 		}
@@ -130,7 +130,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			}
 			if o.op == store.OpPutPolicy && rec.Exists() && bytes.Equal(rules.EncodePolicy(next), rec.Doc) {
 				// Declarative apply of what is already there: no new version.
-				w.Header().Set("ETag", etag(rec.Version))
+				w.Header().Set("ETag", etag(rec))
 				writeRaw(w, o.ok, rec.Doc)
 				return
 			}
@@ -153,6 +153,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			}
 		}
 		ctx, cancel = context.WithTimeout(r.Context(), s.o.StoreTimeout)
+		ticket := s.o.Snapshot.Ticket()
 		nrec, err := s.o.Store.Commit(ctx, ch)
 		cancel()
 		if errors.Is(err, store.ErrConflict) {
@@ -169,9 +170,9 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			s.unavailable(w, err)
 			return
 		}
-		s.o.Snapshot.Apply(nrec)
+		s.o.Snapshot.ApplyRead(nrec, ticket)
 		s.log.Info("api: policy changed", "policy", name, "version", nrec.Version, "op", o.op, "actor", ch.Actor, "detail", detail)
-		w.Header().Set("ETag", etag(nrec.Version))
+		w.Header().Set("ETag", etag(nrec))
 		if o.location != "" {
 			w.Header().Set("Location", o.location)
 		}
@@ -225,8 +226,8 @@ func (s *Server) unavailable(w http.ResponseWriter, err error) {
 func (s *Server) preconditionFailed(w http.ResponseWriter, rec store.Record) {
 	msg := "the policy does not exist"
 	if rec.Exists() {
-		w.Header().Set("ETag", etag(rec.Version))
-		msg = "the policy is at version " + strconv.FormatUint(rec.Version, 10) + " (ETag " + etag(rec.Version) + ")"
+		w.Header().Set("ETag", etag(rec))
+		msg = "the policy is at version " + strconv.FormatUint(rec.Version, 10) + " (ETag " + etag(rec) + ")"
 	}
 	writeError(w, http.StatusPreconditionFailed, "precondition_failed", "precondition failed: "+msg, nil)
 }

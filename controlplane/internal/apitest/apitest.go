@@ -168,7 +168,7 @@ func (c *Client) DoContext(ctx context.Context, method, path string, body []byte
 	return r
 }
 
-var etagRE = regexp.MustCompile(`^"v[0-9]+"$`)
+var etagRE = regexp.MustCompile(`^"v[0-9]+\.[0-9a-f]*\.[0-9a-f]{16}"$`)
 
 // validate checks r against the document.
 func (c *Client) validate(req *http.Request, r *Response) error {

@@ -74,7 +74,8 @@ func NewLogger(s config.Settings, w io.Writer) *slog.Logger {
 func OpenStore(s config.Settings) (store.Store, string, error) {
 	if s.RedisURL != "" {
 		redisstore.SetLogger(slog.Default())
-		st, err := redisstore.Open(redisstore.Options{URL: s.RedisURL, MasterName: s.RedisMasterName, HistoryDepth: s.HistoryDepth})
+		st, err := redisstore.Open(redisstore.Options{URL: s.RedisURL, MasterName: s.RedisMasterName, HistoryDepth: s.HistoryDepth,
+			WaitReplicas: s.RedisWaitReplicas, WaitTimeout: s.RedisWaitTimeout})
 		return st, "redis", err
 	}
 	st, err := boltstore.Open(boltstore.Options{Dir: s.DataDir, HistoryDepth: s.HistoryDepth, ResetDamaged: s.ResetDamagedStore})

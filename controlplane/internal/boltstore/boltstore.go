@@ -22,6 +22,16 @@
 // (so a re-created name never reuses an ETag), the write id and who deleted
 // it when.
 //
+// The root bucket "meta" holds
+//
+//	epoch     the file's epoch (store.NewEpoch), drawn when the file is
+//	          created (or first opened by a version that has epochs)
+//
+// Every record of the file carries that epoch: bbolt fsyncs each commit, so
+// the file's versions never go back while it lives. A copy restored from an
+// older backup does go back under the same epoch, which nothing here can
+// tell from a file that was never newer; Rotate draws a new epoch.
+//
 // # Failure policy
 //
 // Open creates a store only where no file exists. An existing file that is
@@ -82,6 +92,8 @@ var ErrDamaged = errors.New("boltstore: the store file is damaged")
 
 var (
 	bucketPolicies = []byte("policies")
+	bucketMeta     = []byte("meta")
+	keyEpoch       = []byte("epoch")
 	bucketHistory  = []byte("history")
 	keyVersion     = []byte("version")
 	keyDoc         = []byte("doc")
@@ -176,8 +188,17 @@ func (s *Store) open(o Options, existing bool) (*bolt.DB, error) {
 	}
 	if err := s.guard(func() error {
 		return db.Update(func(tx *bolt.Tx) error {
-			_, err := tx.CreateBucketIfNotExists(bucketPolicies)
-			return err
+			if _, err := tx.CreateBucketIfNotExists(bucketPolicies); err != nil {
+				return err
+			}
+			m, err := tx.CreateBucketIfNotExists(bucketMeta)
+			if err != nil {
+				return err
+			}
+			if len(m.Get(keyEpoch)) == 0 {
+				return m.Put(keyEpoch, []byte(store.NewEpoch()))
+			}
+			return nil
 		})
 	}); err != nil {
 		db.Close()
@@ -238,7 +259,7 @@ func (s *Store) walk(tx *bolt.Tx) error {
 		})
 	}
 	err = tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-		if !bytes.Equal(name, bucketPolicies) {
+		if !bytes.Equal(name, bucketPolicies) && !bytes.Equal(name, bucketMeta) {
 			return fmt.Errorf("%w: %s is a bbolt file but not a sluice store (it has a bucket %q)", ErrDamaged, s.path, name)
 		}
 		return walk(b)
@@ -289,6 +310,14 @@ func (s *Store) MovedAside() string { return s.moved }
 // Path returns the store file's path.
 func (s *Store) Path() string { return s.path }
 
+// epoch returns the file's epoch as of tx.
+func epoch(tx *bolt.Tx) string {
+	if m := tx.Bucket(bucketMeta); m != nil {
+		return string(m.Get(keyEpoch))
+	}
+	return ""
+}
+
 func u64(b []byte) uint64 {
 	if len(b) != 8 {
 		return 0
@@ -322,6 +351,10 @@ func (s *Store) Get(_ context.Context, name string) (store.Record, error) {
 		}
 		r.Version = u64(b.Get(keyVersion))
 		r.Doc = clone(b.Get(keyDoc))
+		r.Sum = store.Sum(r.Doc)
+		if r.Version > 0 {
+			r.Epoch = epoch(tx)
+		}
 		return nil
 	})
 	return r, err
@@ -334,10 +367,11 @@ func (s *Store) List(_ context.Context) ([]store.Record, error) {
 	}
 	var out []store.Record
 	err := s.view(func(tx *bolt.Tx) error {
+		e := epoch(tx)
 		return tx.Bucket(bucketPolicies).ForEachBucket(func(k []byte) error {
 			b := tx.Bucket(bucketPolicies).Bucket(k)
 			if b.Get(keyDoc) != nil {
-				out = append(out, store.Record{Name: string(k), Version: u64(b.Get(keyVersion))})
+				out = append(out, store.Record{Name: string(k), Version: u64(b.Get(keyVersion)), Epoch: e})
 			}
 			return nil
 		})
@@ -353,6 +387,7 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 	}
 	r := store.Record{Name: c.Name}
 	err := s.update(func(tx *bolt.Tx) error {
+		r.Epoch = epoch(tx)
 		b, err := tx.Bucket(bucketPolicies).CreateBucketIfNotExists([]byte(c.Name))
 		if err != nil {
 			return err
@@ -430,8 +465,37 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 		}
 		return store.Record{}, fmt.Errorf("boltstore: commit %s: %w", c.Name, err)
 	}
-	s.Publish(store.Event{Name: c.Name, Version: r.Version})
+	r.Sum = store.Sum(r.Doc)
+	s.Publish(store.Event{Name: c.Name, Version: r.Version, Epoch: r.Epoch})
 	return r, nil
+}
+
+// Rotate implements store.Store: the file has one epoch, so a new one
+// applies to every policy, and subscribers get a resync event.
+func (s *Store) Rotate(ctx context.Context, name, from string) (store.Record, error) {
+	if s.closed.Load() {
+		return store.Record{}, store.ErrClosed
+	}
+	rotated := false
+	err := s.update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketPolicies).Bucket([]byte(name))
+		if b == nil || u64(b.Get(keyVersion)) == 0 || epoch(tx) != from {
+			return nil
+		}
+		m, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		rotated = true
+		return m.Put(keyEpoch, []byte(store.NewEpoch()))
+	})
+	if err != nil {
+		return store.Record{}, fmt.Errorf("boltstore: rotate %s: %w", name, err)
+	}
+	if rotated {
+		s.Publish(store.Event{})
+	}
+	return s.Get(ctx, name)
 }
 
 // History implements store.Store. A deleted policy's history is only its

@@ -32,7 +32,8 @@ func TestDurableAcrossRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Base, c.Doc, c.ID = 1, []byte(`{"version":2}`), "b"
-	if _, err := s.Commit(ctx, c); err != nil {
+	before, err := s.Commit(ctx, c)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -44,8 +45,8 @@ func TestDurableAcrossRestart(t *testing.T) {
 	}
 	defer s.Close()
 	r, err := s.Get(ctx, "p")
-	if err != nil || r.Version != 2 || string(r.Doc) != `{"version":2}` {
-		t.Fatalf("after reopen Get = %+v, %v", r, err)
+	if err != nil || r.Version != 2 || string(r.Doc) != `{"version":2}` || r.Epoch != before.Epoch {
+		t.Fatalf("after reopen Get = %+v, %v; want version 2 in epoch %q (stable per file)", r, err, before.Epoch)
 	}
 	h, _ := s.History(ctx, "p")
 	if len(h) != 2 || h[1].Version != 1 {

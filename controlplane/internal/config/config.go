@@ -33,6 +33,11 @@ type Settings struct {
 	RedisURL string
 	// RedisMasterName turns on Sentinel mode: the master's name.
 	RedisMasterName string
+	// RedisWaitReplicas, if above 0, makes every write wait until that many
+	// Redis replicas acknowledged it (WAIT) before it is acknowledged.
+	RedisWaitReplicas int
+	// RedisWaitTimeout bounds that wait (default 1s).
+	RedisWaitTimeout time.Duration
 	// DataDir is the embedded store's directory (default "sluice-data").
 	DataDir string
 	// ResetDamagedStore makes the embedded store move a store file that is
@@ -84,6 +89,8 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
 	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")
 	fs.StringVar(&s.RedisMasterName, "redis-master-name", "", "Sentinel master name (the --redis-url addresses are Sentinels)")
+	fs.IntVar(&s.RedisWaitReplicas, "redis-wait-replicas", 0, "acknowledge a write only once this many Redis replicas confirmed it (WAIT); 0: do not wait")
+	fs.DurationVar(&s.RedisWaitTimeout, "redis-wait-timeout", time.Second, "longest wait for --redis-wait-replicas (below 2s); a write not confirmed in time answers 503")
 	fs.StringVar(&s.DataDir, "data-dir", "sluice-data", "embedded store directory (used without --redis-url)")
 	fs.BoolVar(&s.ResetDamagedStore, "reset-damaged-store", false, "if the embedded store file is empty or damaged, move it aside (sluice.db.damaged-<time>) and start with NO policies; remove this flag once recovered")
 	fs.IntVar(&s.MaxPolicies, "max-policies", 1000, "most live policies (1-100000); creating one more is refused with 409")
@@ -192,6 +199,12 @@ func (s Settings) Check() error {
 		return fmt.Errorf("config: --max-policies %d: want 1 to 100000", s.MaxPolicies)
 	case s.ResetDamagedStore && s.RedisURL != "":
 		return errors.New("config: --reset-damaged-store applies to the embedded store only, not with --redis-url")
+	case s.RedisWaitReplicas < 0:
+		return fmt.Errorf("config: --redis-wait-replicas %d: want ≥ 0", s.RedisWaitReplicas)
+	case s.RedisWaitReplicas > 0 && s.RedisURL == "":
+		return errors.New("config: --redis-wait-replicas needs --redis-url")
+	case s.RedisWaitReplicas > 0 && (s.RedisWaitTimeout < time.Millisecond || s.RedisWaitTimeout >= 2*time.Second):
+		return fmt.Errorf("config: --redis-wait-timeout %s: want 1ms to below 2s", s.RedisWaitTimeout)
 	case s.RedisMasterName != "" && s.RedisURL == "":
 		return errors.New("config: --redis-master-name needs --redis-url (the Sentinel addresses)")
 	}

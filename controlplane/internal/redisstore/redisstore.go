@@ -15,8 +15,11 @@
 //	                                deletion empties it first (only the deletion
 //	                                stays, so deleted policies keep no documents)
 //	sluice:policy:{<name>}:writeid  string: Change.ID of the last commit
+//	sluice:policy:{<name>}:epoch    string: the policy's epoch (store.NewEpoch),
+//	                                set by the first commit that finds none
 //	sluice:policies                 set: names of the live policies
-//	channel sluice:changes          PUBLISH "<name> <version>" after each commit
+//	channel sluice:changes          PUBLISH "<name> <version> <epoch>" after each
+//	                                commit and each Rotate
 //
 // # Atomicity and acknowledgement
 //
@@ -28,6 +31,16 @@
 // another slot, so it is updated right after the script instead (SADD/SREM
 // are idempotent; a crash between the two leaves the set stale until the
 // next write of that policy).
+//
+// # Epochs
+//
+// The epoch key lives in the policy's hash slot and is written by the same
+// script as the version, so whatever loses the version (a restart without
+// persistence, FLUSHALL, a new empty node) loses the epoch too, and the next
+// commit draws a new one: the versions that start again at 1 are told apart
+// from the lost ones. A failover to a replica that missed the last writes
+// keeps the old epoch with a lower version; package snapshot notices that
+// (it saw the higher version) and calls Rotate. See store "Epochs".
 //
 // # Notices
 //
@@ -55,7 +68,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 )
 
-// Channel is the pub/sub channel carrying change notices ("<name> <version>").
+// Channel is the pub/sub channel carrying change notices ("<name> <version> <epoch>").
 const Channel = "sluice:changes"
 
 // SetKey is the set of live policy names.
@@ -65,33 +78,53 @@ func docKey(name string) string     { return "sluice:policy:{" + name + "}:doc" 
 func versionKey(name string) string { return "sluice:policy:{" + name + "}:version" }
 func historyKey(name string) string { return "sluice:policy:{" + name + "}:history" }
 func writeIDKey(name string) string { return "sluice:policy:{" + name + "}:writeid" }
+func epochKey(name string) string   { return "sluice:policy:{" + name + "}:epoch" }
 
-// commitScript: KEYS = doc, version, history, writeid[, set];
-// ARGV = base, doc ("" deletes), entry, name, depth, write id, channel.
-// Returns {1, version} on success, {0, current} on a version conflict.
+// commitScript: KEYS = doc, version, history, writeid, epoch[, set];
+// ARGV = base, doc ("" deletes), entry, name, depth, write id, channel,
+// a fresh epoch to use if the policy has none.
+// Returns {1, version, epoch} on success, {0, current} on a version conflict.
 var commitScript = redis.NewScript(`
 local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
 local base = tonumber(ARGV[1])
+local epoch = redis.call('GET', KEYS[5])
 if cur ~= base then
   if ARGV[6] ~= '' and cur == base + 1 and redis.call('GET', KEYS[4]) == ARGV[6] then
-    return {1, cur}
+    return {1, cur, epoch or ''}
   end
   return {0, cur}
+end
+if not epoch then
+  epoch = ARGV[8]
+  redis.call('SET', KEYS[5], epoch)
 end
 local new = cur + 1
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1], KEYS[3])
-  if KEYS[5] then redis.call('SREM', KEYS[5], ARGV[4]) end
+  if KEYS[6] then redis.call('SREM', KEYS[6], ARGV[4]) end
 else
   redis.call('SET', KEYS[1], ARGV[2])
-  if KEYS[5] then redis.call('SADD', KEYS[5], ARGV[4]) end
+  if KEYS[6] then redis.call('SADD', KEYS[6], ARGV[4]) end
 end
 redis.call('SET', KEYS[2], new)
 redis.call('SET', KEYS[4], ARGV[6])
 redis.call('LPUSH', KEYS[3], ARGV[3])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
-redis.call('PUBLISH', ARGV[7], ARGV[4] .. ' ' .. new)
-return {1, new}
+redis.call('PUBLISH', ARGV[7], ARGV[4] .. ' ' .. new .. ' ' .. epoch)
+return {1, new, epoch}
+`)
+
+// rotateScript: KEYS = doc, version, epoch; ARGV = expected epoch ("" for
+// none), new epoch, channel, name. If the policy was ever written and its
+// epoch is the expected one, it sets the new epoch and publishes a notice.
+// Returns MGET doc, version, epoch.
+var rotateScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[2])
+if v and (redis.call('GET', KEYS[3]) or '') == ARGV[1] then
+  redis.call('SET', KEYS[3], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. v .. ' ' .. ARGV[2])
+end
+return redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
 `)
 
 // Options configure Open.
@@ -107,6 +140,15 @@ type Options struct {
 	HistoryDepth int
 	// OpTimeout bounds each Redis command (dial, read, write); 0 means 2s.
 	OpTimeout time.Duration
+	// WaitReplicas, if above 0, makes every commit wait (Redis WAIT,
+	// https://redis.io/docs/latest/commands/wait/) until that many replicas
+	// acknowledged it, at most WaitTimeout; a commit fewer replicas
+	// confirmed is reported as an error (not acknowledged), though the
+	// master applied it. Not supported on Cluster (Open fails).
+	WaitReplicas int
+	// WaitTimeout bounds the WAIT of a commit; 0 means 1s. It must be below
+	// OpTimeout, which bounds the reply.
+	WaitTimeout time.Duration
 }
 
 // UniversalOptions turns o into go-redis options (exported for tests and
@@ -214,6 +256,8 @@ type Store struct {
 	client  redis.UniversalClient
 	depth   int
 	cluster bool
+	wait    int   // WaitReplicas
+	waitMs  int64 // WaitTimeout in milliseconds
 
 	store.Fanout
 	subOnce sync.Once
@@ -236,10 +280,24 @@ func Open(o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.WaitReplicas < 0 {
+		return nil, fmt.Errorf("redisstore: wait replicas %d, want ≥ 0", o.WaitReplicas)
+	}
+	if o.WaitTimeout == 0 {
+		o.WaitTimeout = time.Second
+	}
+	if o.WaitReplicas > 0 && (o.WaitTimeout < time.Millisecond || o.WaitTimeout >= uo.ReadTimeout) {
+		return nil, fmt.Errorf("redisstore: wait timeout %s, want 1ms to below the operation timeout %s", o.WaitTimeout, uo.ReadTimeout)
+	}
 	client := redis.NewUniversalClient(uo)
 	_, cluster := client.(*redis.ClusterClient)
+	if cluster && o.WaitReplicas > 0 {
+		client.Close()
+		return nil, errors.New("redisstore: waiting for replicas (WAIT) is not supported on Redis Cluster")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Store{client: client, depth: o.HistoryDepth, cluster: cluster, ctx: ctx, cancel: cancel, done: make(chan struct{})}, nil
+	return &Store{client: client, depth: o.HistoryDepth, cluster: cluster, wait: o.WaitReplicas, waitMs: o.WaitTimeout.Milliseconds(),
+		ctx: ctx, cancel: cancel, done: make(chan struct{})}, nil
 }
 
 func (s *Store) wrap(op string, err error) error {
@@ -251,18 +309,31 @@ func (s *Store) wrap(op string, err error) error {
 
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, name string) (store.Record, error) {
-	vals, err := s.client.MGet(ctx, docKey(name), versionKey(name)).Result()
+	vals, err := s.client.MGet(ctx, docKey(name), versionKey(name), epochKey(name)).Result()
 	if err != nil {
 		return store.Record{}, s.wrap("get "+name, err)
+	}
+	return record(name, vals)
+}
+
+// record builds a Record from the values of the doc, version and epoch keys.
+func record(name string, vals []any) (store.Record, error) {
+	if len(vals) != 3 {
+		return store.Record{}, fmt.Errorf("redisstore: get %s: %d values, want 3", name, len(vals))
 	}
 	r := store.Record{Name: name}
 	if d, ok := vals[0].(string); ok {
 		r.Doc = []byte(d)
+		r.Sum = store.Sum(r.Doc)
 	}
 	if v, ok := vals[1].(string); ok {
+		var err error
 		if r.Version, err = strconv.ParseUint(v, 10, 64); err != nil {
 			return store.Record{}, fmt.Errorf("redisstore: get %s: bad version %q", name, v)
 		}
+	}
+	if e, ok := vals[2].(string); ok && r.Version > 0 {
+		r.Epoch = e
 	}
 	return r, nil
 }
@@ -275,9 +346,11 @@ func (s *Store) List(ctx context.Context) ([]store.Record, error) {
 	}
 	sort.Strings(names)
 	cmds := make([]*redis.StringCmd, len(names))
+	epochs := make([]*redis.StringCmd, len(names))
 	_, err = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, n := range names {
 			cmds[i] = p.Get(ctx, versionKey(n))
+			epochs[i] = p.Get(ctx, epochKey(n))
 		}
 		return nil
 	})
@@ -290,28 +363,43 @@ func (s *Store) List(ctx context.Context) ([]store.Record, error) {
 		if err != nil {
 			continue // stale set member
 		}
-		out = append(out, store.Record{Name: n, Version: v})
+		e, _ := epochs[i].Result() // "" when absent (written before epochs)
+		out = append(out, store.Record{Name: n, Version: v, Epoch: e})
 	}
 	return out, nil
 }
 
 // Commit implements store.Store.
 func (s *Store) Commit(ctx context.Context, c store.Change) (store.Record, error) {
-	keys := []string{docKey(c.Name), versionKey(c.Name), historyKey(c.Name), writeIDKey(c.Name)}
+	keys := []string{docKey(c.Name), versionKey(c.Name), historyKey(c.Name), writeIDKey(c.Name), epochKey(c.Name)}
 	if !s.cluster {
 		keys = append(keys, SetKey)
 	}
-	res, err := commitScript.Run(ctx, s.client, keys,
-		c.Base, string(c.Doc), store.MarshalEntry(store.EntryOf(c, c.Base+1)), c.Name, s.depth, c.ID, Channel,
-	).Int64Slice()
+	args := []any{c.Base, string(c.Doc), store.MarshalEntry(store.EntryOf(c, c.Base+1)), c.Name, s.depth, c.ID, Channel, store.NewEpoch()}
+	var res []any
+	var err error
+	if s.wait == 0 {
+		res, err = commitScript.Run(ctx, s.client, keys, args...).Slice()
+	} else {
+		res, err = s.commitAndWait(ctx, keys, args)
+	}
 	if err != nil {
 		return store.Record{}, s.wrap("commit "+c.Name, err)
 	}
-	if len(res) != 2 {
-		return store.Record{}, fmt.Errorf("redisstore: commit %s: unexpected script reply %v", c.Name, res)
-	}
-	if res[0] == 0 {
+	if len(res) > 0 && res[0] == int64(0) {
 		return store.Record{}, store.ErrConflict
+	}
+	var (
+		version int64
+		epoch   string
+		ok      = len(res) == 3 && res[0] == int64(1)
+	)
+	if ok {
+		version, _ = res[1].(int64)
+		epoch, ok = res[2].(string)
+	}
+	if !ok || version < 1 {
+		return store.Record{}, fmt.Errorf("redisstore: commit %s: unexpected script reply %v", c.Name, res)
 	}
 	if s.cluster {
 		// The commit itself is durable and acknowledged; a failure here only
@@ -322,13 +410,63 @@ func (s *Store) Commit(ctx context.Context, c store.Change) (store.Record, error
 			_ = s.client.SAdd(ctx, SetKey, c.Name).Err()
 		}
 	}
-	r := store.Record{Name: c.Name, Version: uint64(res[1]), Doc: c.Doc}
+	r := store.Record{Name: c.Name, Version: uint64(version), Doc: c.Doc, Sum: store.Sum(c.Doc), Epoch: epoch}
 	// Tell this replica's subscribers at once. The pub/sub notice reaches the
 	// other replicas; here it may be lost if the subscription is not confirmed
 	// yet (SUBSCRIBE is asynchronous), and its echo is harmless: the fanout
 	// keeps the highest version per name.
-	s.Publish(store.Event{Name: r.Name, Version: r.Version})
+	s.Publish(store.Event{Name: r.Name, Version: r.Version, Epoch: r.Epoch})
 	return r, nil
+}
+
+// Rotate implements store.Store.
+func (s *Store) Rotate(ctx context.Context, name, from string) (store.Record, error) {
+	vals, err := rotateScript.Run(ctx, s.client, []string{docKey(name), versionKey(name), epochKey(name)},
+		from, store.NewEpoch(), Channel, name).Slice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return store.Record{}, s.wrap("rotate "+name, err)
+	}
+	r, err := record(name, vals)
+	if err != nil {
+		return store.Record{}, err
+	}
+	s.Publish(store.Event{Name: r.Name, Version: r.Version, Epoch: r.Epoch})
+	return r, nil
+}
+
+// errTooFewReplicas is wrapped by Commit when WAIT saw fewer replicas
+// acknowledge the commit than Options.WaitReplicas.
+var errTooFewReplicas = errors.New("fewer replicas than --redis-wait-replicas confirmed the write within the wait timeout")
+
+// commitAndWait runs the commit script and WAIT in one pipeline, so both go
+// over one connection: WAIT waits for that connection's writes. A version
+// conflict (the script wrote nothing) is returned without judging WAIT.
+func (s *Store) commitAndWait(ctx context.Context, keys []string, args []any) ([]any, error) {
+	var script *redis.Cmd
+	var wait *redis.Cmd
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		script = commitScript.Eval(ctx, p, keys, args...)
+		wait = p.Do(ctx, "WAIT", s.wait, s.waitMs)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	res, err := script.Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(res) > 0 && res[0] == int64(0) {
+		return res, nil
+	}
+	n, err := wait.Int64()
+	if err != nil {
+		return nil, err
+	}
+	if n < int64(s.wait) {
+		return nil, fmt.Errorf("%w (%d of %d)", errTooFewReplicas, n, s.wait)
+	}
+	return res, nil
 }
 
 // History implements store.Store.
@@ -397,12 +535,15 @@ func (s *Store) listen() {
 				s.Publish(store.Event{}) // (re)subscribed: notices may have been missed
 			}
 		case *redis.Message:
-			name, v, ok := strings.Cut(m.Payload, " ")
+			// "<name> <version> <epoch>", or "<name> <version>" from a
+			// control plane that predates epochs.
+			name, rest, ok := strings.Cut(m.Payload, " ")
+			v, epoch, _ := strings.Cut(rest, " ")
 			version, err := strconv.ParseUint(v, 10, 64)
 			if !ok || err != nil || name == "" {
 				continue
 			}
-			s.Publish(store.Event{Name: name, Version: version})
+			s.Publish(store.Event{Name: name, Version: version, Epoch: epoch})
 		}
 	}
 }

@@ -1,7 +1,11 @@
 package redisstore
 
 import (
+	"errors"
+	"net"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -66,5 +70,66 @@ func TestUniversalOptions(t *testing.T) {
 		if _, err := (Options{URL: bad}).UniversalOptions(); err == nil {
 			t.Errorf("UniversalOptions(%q) succeeded, want error", bad)
 		}
+	}
+}
+
+// TestWaitReplicas: with WaitReplicas a commit is acknowledged only once
+// that many replicas confirmed it (Redis WAIT); with none connected the
+// commit is reported as an error although the master applied it, and a
+// version conflict is still ErrConflict.
+func TestWaitReplicas(t *testing.T) {
+	ctx := t.Context()
+	master := redistest.Start(t, redistest.Options{})
+	s, err := Open(Options{URL: master.URL(), HistoryDepth: 3, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := store.Change{Name: "p", Base: 0, Doc: []byte(`{"v":1}`), Op: store.OpPutPolicy, Time: time.Now(), ID: "a"}
+	if _, err := s.Commit(ctx, c); !errors.Is(err, errTooFewReplicas) {
+		t.Fatalf("commit without a replica: err %v, want %v", err, errTooFewReplicas)
+	}
+	if r, _ := s.Get(ctx, "p"); r.Version != 1 {
+		t.Fatalf("the master did not apply the unconfirmed commit: %+v", r)
+	}
+
+	replica := redistest.Start(t, redistest.Options{})
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr()})
+	defer rc.Close()
+	host, port, _ := net.SplitHostPort(master.Addr())
+	if err := rc.SlaveOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr()})
+	defer mc.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		info, _ := mc.Info(ctx, "replication").Result()
+		if strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica never came online:\n%s", info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c = store.Change{Name: "p", Base: 1, Doc: []byte(`{"v":2}`), Op: store.OpPutPolicy, Time: time.Now(), ID: "b"}
+	r, err := s.Commit(ctx, c)
+	if err != nil || r.Version != 2 {
+		t.Fatalf("commit with a replica = %+v, %v", r, err)
+	}
+	if got, _ := rc.Get(ctx, "sluice:policy:{p}:version").Result(); got != "2" {
+		t.Fatalf("the replica has version %q after the acknowledged commit, want 2", got)
+	}
+	c.Base, c.ID = 0, "c"
+	if _, err := s.Commit(ctx, c); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("stale commit err %v, want ErrConflict", err)
+	}
+
+	if _, err := Open(Options{URL: master.URL(), HistoryDepth: 3, WaitReplicas: 1, WaitTimeout: 3 * time.Second}); err == nil {
+		t.Fatal("Open accepted a wait timeout above the operation timeout")
+	}
+	if _, err := Open(Options{URL: "a:1,b:2", HistoryDepth: 3, WaitReplicas: 1}); err == nil {
+		t.Fatal("Open accepted WAIT on a Cluster")
 	}
 }

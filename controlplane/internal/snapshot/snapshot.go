@@ -7,6 +7,28 @@
 // resync that re-reads every version, the safety net for lost notices. A
 // resync also runs whenever the store's subscription is (re)established.
 //
+// # Store regressions
+//
+// A store may lose acknowledged writes (see store "Epochs"); its versions then
+// go back, or start again in a new epoch. The view never keeps serving what
+// the store lost:
+//
+//   - A record of another epoch replaces the one held, whatever its version,
+//     unless it comes from a read older than the one held (every read takes a
+//     Ticket before it is sent; a late answer from before the change is
+//     dropped).
+//   - A resync that lists a lower version in the same epoch, or no longer
+//     lists a policy, re-reads it: a read sent after the view had the higher
+//     version and still answering lower proves the loss. A policy the store
+//     no longer has is dropped from the view (404); one that went back within
+//     its epoch gets a new epoch (store.Rotate), so that every replica and
+//     every filter learns the lower versions are newer.
+//   - A record with the version and epoch held but another document (a loss
+//     nobody noticed, then a new write of the same number) replaces it and
+//     the policy gets a new epoch too.
+//
+// Each of these is logged at error level and counted (Regressions).
+//
 // # Failure policy
 //
 // When the store is unreachable the view keeps its last contents, so reads
@@ -46,11 +68,21 @@ type Snapshot struct {
 	hub      *watch.Hub
 
 	mu   sync.RWMutex
-	recs map[string]store.Record // every name seen with Version > 0, tombstones included
+	recs map[string]held // every name seen with Version > 0, tombstones included
+
+	seq         atomic.Uint64     // last Ticket
+	rotate      chan store.Record // records whose epoch Run must rotate
+	regressions atomic.Uint64
 
 	healthy atomic.Bool
 	loaded  atomic.Bool
 	errors  atomic.Uint64
+}
+
+// held is a record of the view and the ticket of the read that produced it.
+type held struct {
+	rec    store.Record
+	ticket uint64
 }
 
 // New returns an empty view; call Run to fill it and keep it fresh.
@@ -61,7 +93,8 @@ func New(o Options) *Snapshot {
 	if o.ResyncInterval <= 0 {
 		o.ResyncInterval = 2 * time.Second
 	}
-	return &Snapshot{st: o.Store, log: o.Logger, interval: o.ResyncInterval, hub: watch.New(), recs: make(map[string]store.Record)}
+	return &Snapshot{st: o.Store, log: o.Logger, interval: o.ResyncInterval, hub: watch.New(),
+		recs: make(map[string]held), rotate: make(chan store.Record, 16)}
 }
 
 // Run keeps the view fresh until ctx is done: it consumes the store's events
@@ -82,11 +115,13 @@ func (s *Snapshot) Run(ctx context.Context) {
 				s.Resync(ctx)
 				continue
 			}
-			if cur, _ := s.Get(ev.Name); cur.Version < ev.Version {
+			if cur, _ := s.Get(ev.Name); cur.Version < ev.Version || ev.Epoch != "" && ev.Epoch != cur.Epoch {
 				if _, err := s.Load(ctx, ev.Name); err != nil {
 					s.log.Warn("snapshot: load after change notice failed", "policy", ev.Name, "version", ev.Version, "err", err)
 				}
 			}
+		case r := <-s.rotate:
+			s.rotateEpoch(ctx, r)
 		case <-tick.C:
 			s.Resync(ctx)
 		}
@@ -105,22 +140,28 @@ func (s *Snapshot) Resync(ctx context.Context) error {
 	live := make(map[string]bool, len(list))
 	for _, r := range list {
 		live[r.Name] = true
-		if cur, _ := s.Get(r.Name); cur.Version < r.Version || !cur.Exists() {
+		cur, _ := s.Get(r.Name)
+		switch {
+		case cur.Version < r.Version || cur.Epoch != r.Epoch || !cur.Exists():
 			if _, err := s.Load(ctx, r.Name); err != nil {
+				return err
+			}
+		case cur.Version > r.Version:
+			if err := s.check(ctx, cur); err != nil {
 				return err
 			}
 		}
 	}
 	s.mu.RLock()
-	var gone []string
-	for name, r := range s.recs {
-		if r.Exists() && !live[name] {
-			gone = append(gone, name)
+	var gone []store.Record
+	for _, h := range s.recs {
+		if h.rec.Exists() && !live[h.rec.Name] {
+			gone = append(gone, h.rec)
 		}
 	}
 	s.mu.RUnlock()
-	for _, name := range gone {
-		if _, err := s.Load(ctx, name); err != nil {
+	for _, cur := range gone {
+		if err := s.check(ctx, cur); err != nil {
 			return err
 		}
 	}
@@ -147,38 +188,136 @@ func (s *Snapshot) ReportError(err error) { s.fail(err) }
 
 // Load reads name from the store, applies it to the view and returns it.
 func (s *Snapshot) Load(ctx context.Context, name string) (store.Record, error) {
+	t := s.Ticket()
 	r, err := s.st.Get(ctx, name)
 	if err != nil {
 		s.fail(err)
 		return store.Record{}, err
 	}
-	s.Apply(r)
+	s.ApplyRead(r, t)
 	return r, nil
 }
 
-// Apply records r if it is newer than what the view holds and wakes the
-// watchers of its name. Records of names never written (Version 0) are not
-// kept, so the view does not grow with lookups of unknown names.
-func (s *Snapshot) Apply(r store.Record) {
+// check re-reads cur's policy, which the store listed lower than cur or no
+// longer listed, and acts on a proven loss (see "Store regressions"): the
+// read is sent after cur was in the view, so it answers at least cur's
+// version unless the store lost it.
+func (s *Snapshot) check(ctx context.Context, cur store.Record) error {
+	t := s.Ticket()
+	r, err := s.st.Get(ctx, cur.Name)
+	if err != nil {
+		s.fail(err)
+		return err
+	}
+	switch {
+	case r.Version == 0 && cur.Version > 0:
+		s.mu.Lock()
+		h, ok := s.recs[cur.Name]
+		drop := ok && h.ticket < t
+		if drop {
+			delete(s.recs, cur.Name)
+		}
+		s.mu.Unlock()
+		if drop {
+			s.regressed(cur, r, "the store no longer has the policy; it is no longer served")
+			s.hub.Notify(cur.Name)
+		}
+	case r.Epoch == cur.Epoch && r.Version < cur.Version:
+		s.regressed(cur, r, "the store's version went back within its epoch; giving the policy a new epoch")
+		s.rotateEpoch(ctx, r)
+	default:
+		s.ApplyRead(r, t)
+	}
+	return nil
+}
+
+// rotateEpoch gives r's policy a new epoch in the store (if it still has
+// r's) and applies the result.
+func (s *Snapshot) rotateEpoch(ctx context.Context, r store.Record) {
+	t := s.Ticket()
+	nr, err := s.st.Rotate(ctx, r.Name, r.Epoch)
+	if err != nil {
+		s.fail(err)
+		s.log.Error("snapshot: could not give the policy a new epoch after a store regression; retrying on the next resync",
+			"policy", r.Name, "epoch", r.Epoch, "err", err)
+		return
+	}
+	s.log.Warn("snapshot: policy has a new epoch", "policy", nr.Name, "version", nr.Version, "epoch", nr.Epoch, "was", r.Epoch)
+	s.applyRead(nr, t, false)
+}
+
+// regressed logs and counts a loss of acknowledged writes.
+func (s *Snapshot) regressed(was, now store.Record, what string) {
+	s.regressions.Add(1)
+	s.log.Error("snapshot: STORE LOST ACKNOWLEDGED WRITES: "+what,
+		"policy", was.Name, "version", now.Version, "epoch", now.Epoch,
+		"was_version", was.Version, "was_epoch", was.Epoch)
+}
+
+// Ticket returns a number larger than every earlier one. Take it before a
+// store read or commit and pass it to ApplyRead with the result, so a late
+// answer from before an epoch change cannot replace a newer one.
+func (s *Snapshot) Ticket() uint64 { return s.seq.Add(1) }
+
+// Apply is ApplyRead with a ticket taken now: for records that are known to
+// be current (such as a commit's result).
+func (s *Snapshot) Apply(r store.Record) { s.ApplyRead(r, s.Ticket()) }
+
+// ApplyRead records r, the result of a store read or commit sent after
+// ticket was taken, if it is newer than what the view holds, and wakes the
+// watchers of its name. Newer means: a higher version in the same epoch;
+// another epoch from a later read; or the same version and epoch with
+// another document from a later read (a loss: the epoch is then rotated).
+// Records of names never written (Version 0) are not kept, so the view does
+// not grow with lookups of unknown names.
+func (s *Snapshot) ApplyRead(r store.Record, ticket uint64) { s.applyRead(r, ticket, true) }
+
+func (s *Snapshot) applyRead(r store.Record, ticket uint64, count bool) {
 	if r.Version == 0 {
 		return
 	}
+	if r.Sum == "" {
+		r.Sum = r.DocSum()
+	}
 	s.mu.Lock()
 	cur, ok := s.recs[r.Name]
-	if ok && cur.Version >= r.Version {
+	var regression, rotate bool
+	switch {
+	case !ok:
+	case r.Epoch == cur.rec.Epoch && r.Version > cur.rec.Version:
+		ticket = max(ticket, cur.ticket)
+	case ticket < cur.ticket:
+		s.mu.Unlock()
+		return // an answer from before the record held
+	case r.Epoch != cur.rec.Epoch:
+		// Records written before epochs get one with their next commit.
+		regression = cur.rec.Epoch != "" || r.Version <= cur.rec.Version
+	case r.Version == cur.rec.Version && r.Sum != cur.rec.Sum:
+		regression, rotate = true, true
+	default:
 		s.mu.Unlock()
 		return
 	}
-	s.recs[r.Name] = r
+	s.recs[r.Name] = held{rec: r, ticket: ticket}
 	s.mu.Unlock()
+	if regression && count {
+		s.regressed(cur.rec, r, "the store serves other documents under versions already served; now serving the store's")
+	}
+	if rotate {
+		select {
+		case s.rotate <- r:
+		default: // full: the next resync's notices and reads catch up
+		}
+	}
 	s.hub.Notify(r.Name)
 }
 
 // Get returns the view's record of name and whether the view has one.
 func (s *Snapshot) Get(name string) (store.Record, bool) {
 	s.mu.RLock()
-	r, ok := s.recs[name]
+	h, ok := s.recs[name]
 	s.mu.RUnlock()
+	r := h.rec
 	if !ok {
 		r.Name = name
 	}
@@ -199,9 +338,9 @@ func (s *Snapshot) Watch(name string) (r store.Record, ok bool, changed <-chan s
 func (s *Snapshot) List() []store.Record {
 	s.mu.RLock()
 	out := make([]store.Record, 0, len(s.recs))
-	for _, r := range s.recs {
-		if r.Exists() {
-			out = append(out, r)
+	for _, h := range s.recs {
+		if h.rec.Exists() {
+			out = append(out, h.rec)
 		}
 	}
 	s.mu.RUnlock()
@@ -218,3 +357,7 @@ func (s *Snapshot) Loaded() bool { return s.loaded.Load() }
 
 // StoreErrors returns how many store operations the view saw fail.
 func (s *Snapshot) StoreErrors() uint64 { return s.errors.Load() }
+
+// Regressions returns how many times the view found that the store had lost
+// acknowledged writes of a policy (see "Store regressions").
+func (s *Snapshot) Regressions() uint64 { return s.regressions.Load() }

@@ -6,8 +6,8 @@ import (
 )
 
 // Fanout delivers events to subscribers without ever blocking the sender:
-// each subscriber has a coalescing set of pending changes (latest version per
-// name) drained by its own goroutine, so a slow subscriber loses no name,
+// each subscriber has a coalescing set of pending changes (the latest event
+// per name) drained by its own goroutine, so a slow subscriber loses no name,
 // only intermediate versions. Store implementations embed it.
 type Fanout struct {
 	mu   sync.Mutex
@@ -16,7 +16,7 @@ type Fanout struct {
 
 type subscriber struct {
 	mu      sync.Mutex
-	pending map[string]uint64
+	pending map[string]Event
 	resync  bool
 	signal  chan struct{}
 }
@@ -24,7 +24,7 @@ type subscriber struct {
 // Subscribe registers a subscriber until ctx is done; the first event is a
 // resync event.
 func (f *Fanout) Subscribe(ctx context.Context) <-chan Event {
-	s := &subscriber{pending: make(map[string]uint64), resync: true, signal: make(chan struct{}, 1)}
+	s := &subscriber{pending: make(map[string]Event), resync: true, signal: make(chan struct{}, 1)}
 	s.signal <- struct{}{}
 	f.mu.Lock()
 	if f.subs == nil {
@@ -66,14 +66,16 @@ func (s *subscriber) drain() []Event {
 		evs = append(evs, Event{})
 		s.resync = false
 	}
-	for name, v := range s.pending {
-		evs = append(evs, Event{Name: name, Version: v})
+	for _, e := range s.pending {
+		evs = append(evs, e)
 	}
 	clear(s.pending)
 	return evs
 }
 
-// Publish queues e for every subscriber; an empty Name queues a resync.
+// Publish queues e for every subscriber; an empty Name queues a resync. Of
+// the events of one name not yet delivered, the highest version is kept, or
+// the last one whose epoch differs.
 func (f *Fanout) Publish(e Event) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -81,8 +83,9 @@ func (f *Fanout) Publish(e Event) {
 		s.mu.Lock()
 		if e.Name == "" {
 			s.resync = true
-		} else if e.Version > s.pending[e.Name] {
-			s.pending[e.Name] = e.Version
+		} else if p, ok := s.pending[e.Name]; !ok || e.Version > p.Version || e.Epoch != p.Epoch {
+			// A new epoch replaces the pending event even at a lower version.
+			s.pending[e.Name] = e
 		}
 		s.mu.Unlock()
 		select {

@@ -16,10 +16,38 @@
 // the history, so that a deleted policy keeps only its deletion entry and no
 // documents (its storage is reclaimed).
 //
+// # Epochs
+//
+// A version number alone does not identify a document: a store that loses
+// acknowledged writes (Redis restarted without persistence, FLUSHALL, a
+// failover to a replica that had not received them) counts again from a
+// lower number and hands out the lost numbers a second time, for other
+// documents. So every record also carries an epoch, an opaque random string
+// (NewEpoch) that changes whenever the store's history of a policy may have
+// been broken: (name, version, epoch) identifies one document, and readers
+// that see the epoch change know that a lower version is newer, not stale.
+//
+//   - The Redis store keeps one epoch per policy, next to its version in the
+//     same hash slot, created by the first commit that finds none. Losing
+//     the policy's keys loses the epoch too, so the next commit starts a new
+//     one. A loss that leaves an older state with the old epoch (a stale
+//     replica promoted) is detected by a reader that saw the higher version
+//     (package snapshot), which then calls Rotate.
+//   - The embedded store keeps one epoch per file, created with the file:
+//     bbolt fsyncs every commit, so its versions never go back while the
+//     file lives.
+//
+// A record with Version 0 (never written) has an empty epoch. Records
+// written before epochs existed read with an empty epoch until their next
+// commit gives them one.
+//
 // # Failure policy
 //
-// A Store never acknowledges a commit it has not made durable (Redis replied
-// to the script; bbolt fsynced). Errors other than the sentinels below mean
+// A Store acknowledges a commit only once the backing store confirmed it:
+// bbolt fsynced it; Redis replied to the script (and, with WAIT configured,
+// enough replicas confirmed it). How much a Redis confirmation survives
+// depends on Redis's persistence and replication settings, which is why
+// records carry epochs (above). Errors other than the sentinels below mean
 // the backing store could not be reached or failed; callers report them as
 // "store unavailable" and must not assume the commit happened or did not.
 //
@@ -31,6 +59,9 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"time"
 )
@@ -51,6 +82,22 @@ type Record struct {
 	// Doc is the canonical JSON policy document carrying Version, or nil when
 	// the policy does not exist (never created, or deleted: a tombstone).
 	Doc []byte
+	// Epoch identifies the history Version counts in (see "Epochs"): a
+	// string of [0-9a-f] (NewEpoch), empty when Version is 0 and for
+	// records written before epochs existed.
+	Epoch string
+	// Sum is Sum(Doc), filled in by the stores so that readers need not
+	// hash the document again; "" when Doc is nil or when the record was
+	// made by hand (see DocSum).
+	Sum string
+}
+
+// DocSum returns Sum(r.Doc), computing it only when r.Sum is empty.
+func (r Record) DocSum() string {
+	if r.Sum != "" || r.Doc == nil {
+		return r.Sum
+	}
+	return Sum(r.Doc)
 }
 
 // Exists reports whether the record holds a live policy document.
@@ -118,6 +165,9 @@ type Event struct {
 	Name string
 	// Version is the version the change produced (0 for a resync event).
 	Version uint64
+	// Epoch is the record's epoch after the change; empty when unknown
+	// (resync events, notices from older control planes).
+	Epoch string
 }
 
 // Store keeps policies, their versions and their history. Implementations
@@ -139,8 +189,37 @@ type Store interface {
 	// channel. The first event is a resync event (Name ""). Events are hints:
 	// a slow subscriber may miss some, and receives a resync event instead.
 	Subscribe(ctx context.Context) <-chan Event
+	// Rotate gives name a new epoch (NewEpoch) if its epoch is still from,
+	// and returns the current record either way: a reader that proved the
+	// store lost writes of name under epoch from calls it, so that every
+	// reader of the lower versions learns they are a new history. Version,
+	// document and history stay. A name never written is returned as is.
+	// The embedded store has one epoch per file, so there Rotate changes the
+	// epoch of every policy (and sends a resync event).
+	Rotate(ctx context.Context, name, from string) (Record, error)
 	// Ping checks that the backing store is reachable.
 	Ping(ctx context.Context) error
 	// Close releases the store's resources.
 	Close() error
+}
+
+// NewEpoch returns a fresh random epoch: 16 lowercase hex digits (64 bits
+// from crypto/rand), so two epochs of one policy collide with probability
+// about 2^-64.
+func NewEpoch() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand documentation)
+	return hex.EncodeToString(b[:])
+}
+
+// Sum returns the content hash of a document: the first 64 bits of its
+// SHA-256 (FIPS 180-4) as 16 lowercase hex digits; "" for nil. Different
+// documents under one (version, epoch) — which only a store that lost
+// writes without anyone noticing can produce — still get different ETags.
+func Sum(doc []byte) string {
+	if doc == nil {
+		return ""
+	}
+	h := sha256.Sum256(doc)
+	return hex.EncodeToString(h[:8])
 }

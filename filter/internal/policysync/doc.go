@@ -24,9 +24,10 @@
 //     the next poll at once (but no sooner than MinPollSpacing after the
 //     previous one started, so a server that ignores ?wait cannot make the
 //     holder spin). A 200 is size-limited (rules.MaxPolicyBytes),
-//     parsed, validated, compiled and, if its version is above the
-//     published one, published; an invalid one is logged with the reason
-//     and counted, and the last good policy stays. Other statuses and
+//     parsed, validated, compiled and, if it supersedes the published one
+//     (a higher version, or another store epoch: Supersedes), published;
+//     an invalid one is logged with the reason and counted, and the last
+//     good policy stays. Other statuses and
 //     failures back off (Backoff: 100 ms to 30 s, exponential, with jitter)
 //     before the next poll, which the tick then starts. The holder logs when
 //     sync starts failing and when it recovers, not per attempt.
@@ -124,9 +125,14 @@
 //   - The callout timeout is told from a control-plane 504 by Envoy's body
 //     "upstream request timeout" or by the time the call took: a timeout
 //     starts the next poll, a 504 backs off.
-//   - A version below the published one (a control plane whose store was
-//     reset) is not published; it is logged. The published policy only
-//     moves forward.
+//   - A version below the published one of the same store epoch (the
+//     middle part of the control plane's ETag "v<version>.<epoch>.<sum>",
+//     see Supersedes) is not published; it is logged: it comes from a
+//     control-plane replica that is behind, and the published policy only
+//     moves forward within an epoch. A document of another epoch is
+//     published whatever its version: the control plane's store lost
+//     acknowledged writes and counts again from a lower number (refusing it
+//     would keep the lost policy in force and ignore every later write).
 //
 // # Failure policy
 //

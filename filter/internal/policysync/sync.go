@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
@@ -469,7 +470,8 @@ func (s *Syncer) on200(now int64, bodySize int) {
 		}
 	case published >= c.Version:
 		if published > c.Version {
-			s.log.warn("control plane served version " + u64(c.Version) + ", below the published " + u64(published) + "; keeping " + u64(published))
+			s.log.warn("control plane served version " + u64(c.Version) + " of the same epoch, below the published " + u64(published) +
+				" (a control-plane replica behind?); keeping " + u64(published))
 		}
 		defer s.pollAgain(now, false)
 	default:
@@ -482,35 +484,37 @@ func (s *Syncer) on200(now int64, bodySize int) {
 	s.succeed(now)
 }
 
-// publish publishes doc (of version, with etag) unless a version ≥ version
-// is already published (published returns it). It is safe against any
-// number of concurrent publishers, whatever the interleaving:
+// publish publishes doc (of version, with etag) unless the published policy
+// is not superseded by it (see Supersedes; published then returns the
+// published version). It is safe against any number of concurrent
+// publishers, whatever the interleaving:
 //
-//  1. Claim: read the meta and, unless it already holds a version ≥
-//     version, write it back with Claimed+1 by compare-and-swap. The
+//  1. Claim: read the meta and, unless what it holds is not superseded by
+//     (version, etag), write it back with Claimed+1 by compare-and-swap. The
 //     winner owns generation gen = Claimed+1 alone: no other publisher can
 //     claim it, so no other publisher ever writes its chunk keys.
 //  2. Write the chunks under generation gen's own keys (ChunkKey). Nothing
 //     any reader follows points at them yet.
-//  3. Commit: read the meta again and, unless it now holds a version ≥
-//     version, write {version, gen, ...} by compare-and-swap on the cas
-//     just read. This single write is the commit point: the check and
-//     the write see the same meta, so the published version never goes
-//     down, and the chunks it points to were complete before it and are
-//     never written again by anyone but the publisher that retires them.
+//  3. Commit: read the meta again and, unless what it now holds is not
+//     superseded, write {version, gen, ...} by compare-and-swap on the cas
+//     just read. This single write is the commit point: the check and the
+//     write see the same meta, so a publication never replaces a policy
+//     that supersedes it, and the chunks it points to were complete before
+//     it and are never written again by anyone but the publisher that
+//     retires them.
 //
 // After a commit, the chunks of the generation it replaced are shrunk to
 // empty (their keys stay; Envoy cannot delete); a publication that lost
 // shrinks its own. A lost compare-and-swap is retried up to
-// publishAttempts times per step.
+// publishAttempts times per step; on failure published is 0.
 func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, gen uint64, ok bool) {
 	// 1. Claim a generation.
 	for attempt := 0; ; attempt++ {
 		cur, cas, ok := s.readMeta()
 		if !ok || attempt == publishAttempts {
-			return cur.Version, 0, false
+			return 0, 0, false
 		}
-		if cur.Published() && cur.Version >= version {
+		if cur.Published() && !Supersedes(version, etag, cur.Version, cur.ETag) {
 			return cur.Version, 0, false
 		}
 		claim := cur
@@ -521,7 +525,7 @@ func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, ge
 			break
 		}
 		if !errors.Is(err, proxywasm.ErrCasMismatch) {
-			return cur.Version, 0, false
+			return 0, 0, false
 		}
 	}
 	// 2. Write its chunks: keys nobody else writes.
@@ -543,7 +547,7 @@ func (s *Syncer) publish(doc []byte, version uint64, etag string) (published, ge
 		if !ok {
 			break
 		}
-		if cur.Published() && cur.Version >= version {
+		if cur.Published() && !Supersedes(version, etag, cur.Version, cur.ETag) {
 			s.retireChunks(gen, len(chunks))
 			return cur.Version, 0, false
 		}
@@ -638,6 +642,45 @@ func (s *Syncer) fail(now int64, kind FailureKind, reason string) {
 		s.log.warn("sync failing (" + string(kind) + "): " + clip(reason) + "; retrying with backoff")
 	}
 	s.failing = true
+}
+
+// Supersedes reports whether the control plane's document (version, etag)
+// replaces the published one (pubVersion, pubETag). Within one store epoch
+// (ETagEpoch; controlplane/openapi.yaml, "Versions and entity tags") only a
+// higher version does, so a control-plane replica that is behind cannot
+// move the policy back; a document of the same version with another tag
+// (another content) does too, since within an epoch that happens only after
+// the store lost a write. A document of another epoch always does, whatever
+// its version: the store lost acknowledged writes and counts again, and its
+// lower versions are the newer ones.
+func Supersedes(version uint64, etag string, pubVersion uint64, pubETag string) bool {
+	switch {
+	case ETagEpoch(etag) != ETagEpoch(pubETag):
+		return true
+	case version != pubVersion:
+		return version > pubVersion
+	default:
+		return etag != pubETag && ETagEpoch(etag) != ""
+	}
+}
+
+// ETagEpoch returns the store epoch of a control-plane entity tag
+// "v<version>.<epoch>.<sum>" (optionally weak, W/), or "" for a tag of
+// another shape, such as the "v7" of control planes that predate epochs.
+func ETagEpoch(etag string) string {
+	etag = strings.TrimPrefix(etag, "W/")
+	if len(etag) < 2 || etag[0] != '"' || etag[len(etag)-1] != '"' || etag[1] != 'v' {
+		return ""
+	}
+	_, rest, ok := strings.Cut(etag[2:len(etag)-1], ".")
+	if !ok {
+		return ""
+	}
+	epoch, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return ""
+	}
+	return epoch
 }
 
 // --- helpers ---

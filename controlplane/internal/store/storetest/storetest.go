@@ -1,7 +1,7 @@
 // Package storetest is the conformance suite every store.Store passes: one
 // function, Run, that takes a constructor and checks the contract documented
 // in package store (versions, compare-and-set, tombstones, capped history,
-// idempotent retries, events).
+// idempotent retries, events, epochs).
 package storetest
 
 import (
@@ -50,6 +50,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"Subscribe", testSubscribe},
 		{"List", testList},
 		{"Closed", testClosed},
+		{"EpochStable", testEpochStable},
+		{"Rotate", testRotate},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -58,6 +60,7 @@ func Run(t *testing.T, newStore Factory) {
 			tc.fn(t, s)
 		})
 	}
+	t.Run("EpochDiffersAfterLoss", func(t *testing.T) { testEpochDiffersAfterLoss(t, newStore) })
 }
 
 func ctx(t *testing.T) context.Context {
@@ -250,8 +253,9 @@ func testSubscribe(t *testing.T, s store.Store) {
 	for e.Name == "" { // more resync events are allowed (e.g. on (re)subscription)
 		e = next()
 	}
-	if e.Name != "p" || e.Version != 1 {
-		t.Fatalf("event = %+v, want p@1", e)
+	got, _ := s.Get(ctx(t), "p")
+	if e.Name != "p" || e.Version != 1 || e.Epoch != got.Epoch {
+		t.Fatalf("event = %+v, want p@1 in epoch %q", e, got.Epoch)
 	}
 	cancel()
 	deadline := time.After(10 * time.Second)
@@ -289,5 +293,108 @@ func testClosed(t *testing.T, s store.Store) {
 	}
 	if _, err := s.Commit(ctx(t), change("p", 0, store.OpPutPolicy)); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Commit after Close err = %v, want ErrClosed", err)
+	}
+}
+
+// validEpoch reports whether e looks like store.NewEpoch's output.
+func validEpoch(e string) bool {
+	if len(e) != 16 {
+		return false
+	}
+	for _, c := range e {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// testEpochStable: a written record has an epoch, the same from every
+// method and across commits and deletion; a name never written has none;
+// records carry their document's Sum.
+func testEpochStable(t *testing.T, s store.Store) {
+	if r, _ := s.Get(ctx(t), "p"); r.Epoch != "" {
+		t.Fatalf("Get(never written).Epoch = %q, want empty", r.Epoch)
+	}
+	r1 := mustCommit(t, s, change("p", 0, store.OpPutPolicy))
+	if !validEpoch(r1.Epoch) {
+		t.Fatalf("Commit epoch %q, want 16 hex digits", r1.Epoch)
+	}
+	if r1.Sum != store.Sum(r1.Doc) {
+		t.Fatalf("Commit Sum %q, want %q", r1.Sum, store.Sum(r1.Doc))
+	}
+	got, _ := s.Get(ctx(t), "p")
+	if got.Epoch != r1.Epoch || got.Sum != store.Sum(doc("p", 1)) {
+		t.Fatalf("Get = %+v, want epoch %q and the document's Sum", got, r1.Epoch)
+	}
+	r2 := mustCommit(t, s, change("p", 1, store.OpPutPolicy))
+	if r2.Epoch != r1.Epoch {
+		t.Fatalf("second commit epoch %q, want %q", r2.Epoch, r1.Epoch)
+	}
+	list, _ := s.List(ctx(t))
+	if len(list) != 1 || list[0].Epoch != r1.Epoch {
+		t.Fatalf("List = %+v, want epoch %q", list, r1.Epoch)
+	}
+	del := change("p", 2, store.OpDeletePolicy)
+	del.Doc = nil
+	if r := mustCommit(t, s, del); r.Epoch != r1.Epoch || r.Sum != "" {
+		t.Fatalf("delete = %+v, want epoch %q and no Sum", r, r1.Epoch)
+	}
+	if got, _ := s.Get(ctx(t), "p"); got.Epoch != r1.Epoch {
+		t.Fatalf("tombstone epoch %q, want %q", got.Epoch, r1.Epoch)
+	}
+	// A retried commit reports the epoch too.
+	c := change("q", 0, store.OpPutPolicy)
+	q := mustCommit(t, s, c)
+	if again := mustCommit(t, s, c); again.Epoch != q.Epoch || !validEpoch(q.Epoch) {
+		t.Fatalf("retried commit epoch %q, first %q", again.Epoch, q.Epoch)
+	}
+}
+
+// testRotate: Rotate from the current epoch draws a new one and keeps
+// version, document and history; from another epoch it changes nothing.
+func testRotate(t *testing.T, s store.Store) {
+	mustCommit(t, s, change("p", 0, store.OpPutPolicy))
+	r := mustCommit(t, s, change("p", 1, store.OpPutPolicy))
+	same, err := s.Rotate(ctx(t), "p", "0123456789abcdef")
+	if err != nil || same.Epoch != r.Epoch || same.Version != 2 {
+		t.Fatalf("Rotate(stale epoch) = %+v, %v; want epoch %q unchanged", same, err, r.Epoch)
+	}
+	rot, err := s.Rotate(ctx(t), "p", r.Epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rot.Epoch == r.Epoch || !validEpoch(rot.Epoch) || rot.Version != 2 || string(rot.Doc) != string(r.Doc) || rot.Sum != r.Sum {
+		t.Fatalf("Rotate = %+v, want version 2, the same document and a new epoch (was %q)", rot, r.Epoch)
+	}
+	if got, _ := s.Get(ctx(t), "p"); got.Epoch != rot.Epoch {
+		t.Fatalf("Get after Rotate epoch %q, want %q", got.Epoch, rot.Epoch)
+	}
+	if again, _ := s.Rotate(ctx(t), "p", r.Epoch); again.Epoch != rot.Epoch {
+		t.Fatalf("a second Rotate from the old epoch changed it again: %q", again.Epoch)
+	}
+	if h, _ := s.History(ctx(t), "p"); len(h) != 2 {
+		t.Fatalf("history after Rotate has %d entries, want 2", len(h))
+	}
+	if next := mustCommit(t, s, change("p", 2, store.OpPutPolicy)); next.Epoch != rot.Epoch || next.Version != 3 {
+		t.Fatalf("commit after Rotate = %+v, want version 3 in epoch %q", next, rot.Epoch)
+	}
+	if n, err := s.Rotate(ctx(t), "never", ""); err != nil || n.Version != 0 || n.Epoch != "" {
+		t.Fatalf("Rotate(never written) = %+v, %v", n, err)
+	}
+}
+
+// testEpochDiffersAfterLoss: a store that lost everything (for Redis the
+// factory flushes the data of the first; for the embedded store it is a
+// new file) hands out version 1 again, in another epoch.
+func testEpochDiffersAfterLoss(t *testing.T, newStore Factory) {
+	s1 := newStore(t)
+	defer s1.Close()
+	r1 := mustCommit(t, s1, change("p", 0, store.OpPutPolicy))
+	s2 := newStore(t)
+	defer s2.Close()
+	r2 := mustCommit(t, s2, change("p", 0, store.OpPutPolicy))
+	if r2.Version != 1 || r2.Epoch == r1.Epoch || !validEpoch(r2.Epoch) {
+		t.Fatalf("after the loss version %d epoch %q; before, epoch %q: want version 1 in a new epoch", r2.Version, r2.Epoch, r1.Epoch)
 	}
 }
