@@ -97,3 +97,25 @@ func TestFloodOfNewKeysKeepsKeyLimitedThroughTheFilter(t *testing.T) {
 		}
 	}
 }
+
+// TestOverflowConcurrencyReleased: a concurrency slot taken in a full bucket's overflow
+// is given back when its stream ends, so the next key without an entry gets it then,
+// not only when the lease runs out.
+func TestOverflowConcurrencyReleased(t *testing.T) {
+	buildWasm(t)
+	e := saturationEnv(t, `"algorithm":"concurrency","limit":1,"lease":"1h"`, 1, 1)
+	if _, st := e.openStream(0, "/", "resident"); st != host.Continue {
+		t.Fatal("resident user denied")
+	}
+	a, st := e.openStream(1, "/", "a")
+	if st != host.Continue {
+		t.Fatal("user a (overflow) denied")
+	}
+	if _, st := e.openStream(0, "/", "b"); st == host.Continue {
+		t.Fatal("user b admitted while a holds the overflow's only slot")
+	}
+	e.finish(a, true)
+	if _, st := e.openStream(0, "/", "b"); st != host.Continue {
+		t.Fatal("user b denied after a's stream ended")
+	}
+}
