@@ -5,9 +5,9 @@ import "time"
 // fixed_window: at most Limit cost units per window, counted from zero at each window
 // start. Windows are [k·Window, (k+1)·Window) Unix nanoseconds (aligned to the Unix
 // epoch, so every worker and every Envoy agrees), or, with CalendarDay, local calendar
-// days in Location: a window ends at the next local midnight, computed with time.Date
-// in the location, so DST days are 23 or 25 hours long (where midnight itself is
-// skipped, the day ends at the first instant of the next local date).
+// days in Location: a window ends at the first instant whose local date differs (the
+// next local midnight, or the DST jump where midnight itself is skipped), so DST days
+// are 23 or 25 hours long.
 //
 // The well-known weakness, kept on purpose because it is what users of fixed windows
 // expect: the bound holds per window only, so up to 2·Limit units can pass in a short
@@ -54,22 +54,41 @@ func newFixedWindow(c Config) *fixedWindow {
 // StateSize is 16 bytes.
 func (f *fixedWindow) StateSize() int { return fixedWindowSize }
 
-// windowEnd returns the exclusive end of the window containing now (now >= 0).
+// windowEnd returns the exclusive end of the window containing now (now >= 0). A
+// calendar day ends at the first instant whose local date differs from now's. That is
+// the next local midnight, unless the clocks jump first: where DST starts at midnight
+// (America/Havana, America/Santiago, Atlantic/Azores, ...) the next midnight does not
+// exist and the day ends at the jump, whose first local time is 01:00 of the next
+// date. Within one zone period (between two transitions, time.Time.ZoneBounds) local
+// time runs with the clock, so the end is the next local midnight under that period's
+// offset if it comes before the period ends, else the period's end if the local date
+// differs there, else the search continues in the next period.
 func (f *fixedWindow) windowEnd(now int64) int64 {
 	if f.loc == nil {
 		return addSat(now-now%f.window, uint64(f.window))
 	}
+	const day = int64(24 * time.Hour)
 	y, m, d := time.Unix(0, now).In(f.loc).Date()
-	end := time.Date(y, m, d+1, 0, 0, 0, 0, f.loc).UnixNano()
-	if end <= now {
-		// Local midnight of the next day does not exist (a DST jump at midnight) and
-		// time.Date chose the earlier offset: the next date starts one hour later.
-		end = time.Date(y, m, d+1, 1, 0, 0, 0, f.loc).UnixNano()
+	cur := now
+	for i := 0; i < 8; i++ { // a day spans at most a few transitions
+		t := time.Unix(0, cur).In(f.loc)
+		_, off := t.Zone()
+		local := cur + int64(off)*int64(time.Second)
+		midnight := local - local%day + day // local >= -day, since cur >= 0 and |off| < 1 day
+		if local < 0 && local%day != 0 {
+			midnight = local - local%day
+		}
+		midnight -= int64(off) * int64(time.Second)
+		_, zoneEnd := t.ZoneBounds()
+		if zoneEnd.IsZero() || midnight < zoneEnd.UnixNano() {
+			return midnight
+		}
+		cur = zoneEnd.UnixNano()
+		if y2, m2, d2 := time.Unix(0, cur).In(f.loc).Date(); y2 != y || m2 != m || d2 != d {
+			return cur
+		}
 	}
-	if end <= now { // unreachable with real zone data; never return an empty window
-		end = addSat(now, uint64(CalendarDayWindow))
-	}
-	return end
+	return addSat(now, uint64(CalendarDayWindow)) // unreachable with real zone data
 }
 
 // current decodes state at now: the end of the window counted in and its count.

@@ -1,5 +1,7 @@
 package limit
 
+import "time"
+
 // token_bucket and gcra.
 //
 // Both are one algorithm, kept exact by tracking a theoretical arrival time (TAT) in
@@ -48,8 +50,13 @@ package limit
 //	[0:8]  tat   int64   theoretical arrival time, integer Unix nanoseconds (0 = fresh)
 //	[8:16] frac  uint64  fractional part of tat in units of 1/Limit ns, < Limit
 //
-// A state with frac >= Limit, or a tat beyond now + 2·capacity·Window/Limit (more than
-// the deepest debt), cannot have been written by this limiter and reads as fresh.
+// The deepest debt a state is written with is 2·capacity units (2·capacity·Window/Limit
+// ns of TAT ahead of the writer's now). A reader's clock may read earlier than the
+// writer's (it read the clock first and commits after), so a TAT up to tatSkew further
+// ahead is believed and clamped to the deepest debt: the key stays empty, and a
+// denied decision or a further charge leaves the stored TAT as it is. Only a state
+// with frac >= Limit, or a tat beyond now + 2·capacity·Window/Limit + tatSkew, cannot
+// have been written by this limiter and reads as fresh.
 type tat struct {
 	base
 	limit    uint64 // L, ticks per ns
@@ -59,6 +66,7 @@ type tat struct {
 	capLo    uint64
 	maxHi    uint64 // 2·C·W, the deepest debt
 	maxLo    uint64
+	maxAhead uint64 // ceil(2·C·W/L) + tatSkew: the furthest a believable TAT is ahead, ns
 }
 
 const tatSize = 16
@@ -67,28 +75,31 @@ func newTAT(c Config) *tat {
 	t := &tat{base: newBase(c), limit: c.Limit, window: uint64(c.Window), capacity: c.capacity()}
 	t.capHi, t.capLo = mul64(t.capacity, t.window)
 	t.maxHi, t.maxLo = add128(t.capHi, t.capLo, t.capHi, t.capLo)
+	t.maxAhead = ceilDiv128(t.maxHi, t.maxLo, t.limit) + uint64(tatSkew) // <= 2·MaxRefill + tatSkew
 	return t
 }
 
 // StateSize is 16 bytes.
 func (t *tat) StateSize() int { return tatSize }
 
-// debt decodes state at now into D = max(0, tat-now)·L + frac ticks (128-bit).
-func (t *tat) debt(state []byte, now int64) (hi, lo uint64) {
+// debt decodes state at now into D = max(0, tat-now)·L + frac ticks (128-bit),
+// clamped to the deepest debt 2·C·W; over reports that the stored debt was deeper (by
+// at most tatSkew of clock: see the type comment) and was clamped. Garbage reads as 0.
+func (t *tat) debt(state []byte, now int64) (hi, lo uint64, over bool) {
 	if len(state) != tatSize {
-		return 0, 0
+		return 0, 0, false
 	}
 	at := int64(ld64(state, 0))
 	frac := ld64(state, 8)
-	if frac >= t.limit || at < now || (at == now && frac == 0) {
-		return 0, 0
+	if frac >= t.limit || at < now || (at == now && frac == 0) || uint64(at-now) > t.maxAhead {
+		return 0, 0, false
 	}
 	hi, lo = mul64(uint64(at-now), t.limit)
 	hi, lo = add128(hi, lo, 0, frac)
 	if cmp128(hi, lo, t.maxHi, t.maxLo) > 0 {
-		return 0, 0 // implausible: reads as fresh
+		return t.maxHi, t.maxLo, true
 	}
-	return hi, lo
+	return hi, lo, false
 }
 
 // encode writes the state whose debt at now is D ticks.
@@ -114,7 +125,7 @@ func (t *tat) report(d *Decision, hi, lo uint64) {
 // Decide admits cost units iff they are in the bucket now; see the type comment.
 func (t *tat) Decide(state, next []byte, now int64, cost uint64) Decision {
 	now = clampNow(now)
-	hi, lo := t.debt(state, now)
+	hi, lo, over := t.debt(state, now)
 	var d Decision
 	if cost <= t.capacity {
 		chi, clo := mul64(cost, t.window)
@@ -131,7 +142,11 @@ func (t *tat) Decide(state, next []byte, now int64, cost uint64) Decision {
 	} else {
 		d.RetryAfter = Never
 	}
-	t.encode(next, now, hi, lo)
+	if over {
+		copy(next[:tatSize], state) // keep the deeper stored debt
+	} else {
+		t.encode(next, now, hi, lo)
+	}
 	t.report(&d, hi, lo)
 	return d
 }
@@ -139,7 +154,11 @@ func (t *tat) Decide(state, next []byte, now int64, cost uint64) Decision {
 // Adjust charges (delta > 0) or refunds (delta < 0) delta units; see the type comment.
 func (t *tat) Adjust(state, next []byte, now int64, delta int64) bool {
 	now = clampNow(now)
-	hi, lo := t.debt(state, now)
+	hi, lo, over := t.debt(state, now)
+	if delta >= 0 && over {
+		copy(next[:tatSize], state) // already deeper than the deepest debt
+		return true
+	}
 	if delta >= 0 {
 		chi, clo := mul64(uint64(delta), t.window)
 		hi, lo = add128(hi, lo, chi, clo)
@@ -162,13 +181,27 @@ func (t *tat) Release(state, next []byte, now, acquiredAt int64, cost uint64) bo
 
 // Idle reports whether the bucket is full at now.
 func (t *tat) Idle(state []byte, now int64) bool {
-	hi, lo := t.debt(state, clampNow(now))
+	hi, lo, _ := t.debt(state, clampNow(now))
 	return hi == 0 && lo == 0
 }
 
-// IdleAt returns when the bucket is full again: now + ceil(D/L).
+// IdleAt returns when the bucket is full again: now + ceil(D/L), or the stored TAT
+// (rounded up) when it is deeper than the deepest debt.
 func (t *tat) IdleAt(state []byte, now int64) int64 {
 	now = clampNow(now)
-	hi, lo := t.debt(state, now)
-	return addSat(now, ceilDiv128(hi, lo, t.limit))
+	hi, lo, over := t.debt(state, now)
+	idle := addSat(now, ceilDiv128(hi, lo, t.limit))
+	if over { // the stored TAT, beyond the clamped debt
+		at := int64(ld64(state, 0))
+		if ld64(state, 8) != 0 {
+			at++
+		}
+		idle = max(idle, at)
+	}
+	return idle
 }
+
+// tatSkew is how far beyond the deepest debt a stored TAT is still believed (and
+// clamped to the deepest debt) rather than read as garbage: a worker's clock reading
+// may be older than the commit it decides on by a delay this long.
+const tatSkew = time.Minute

@@ -14,7 +14,7 @@
 //	  },
 //	  "tick": "100ms",
 //	  "trusted_hops": 0,
-//	  "buckets_per_rule": 64,
+//	  "buckets_per_rule": 1024,
 //	  "entries_per_bucket": 16,
 //	  "headers": "x-ratelimit",
 //	  "headers_on_allow": true,
@@ -60,8 +60,9 @@ const (
 	MinTick, MaxTick = 10 * time.Millisecond, time.Minute
 	// MaxTrustedHops bounds "trusted_hops".
 	MaxTrustedHops = 16
-	// DefaultBucketsPerRule is "buckets_per_rule" when absent.
-	DefaultBucketsPerRule = 64
+	// DefaultBucketsPerRule is "buckets_per_rule" when absent: with
+	// DefaultEntriesPerBucket, 16,384 keys live at once per rule.
+	DefaultBucketsPerRule = 1024
 	// MaxBucketsPerRule bounds "buckets_per_rule" (shared-data keys per rule).
 	MaxBucketsPerRule = 4096
 	// DefaultEntriesPerBucket is "entries_per_bucket" when absent.
@@ -186,10 +187,17 @@ type Config struct {
 	// header has fewer than N addresses).
 	TrustedHops int
 	// BucketsPerRule ["buckets_per_rule"] is the number of shared-data buckets
-	// of each rule, 1..MaxBucketsPerRule. Default DefaultBucketsPerRule.
+	// of each rule, 1..MaxBucketsPerRule. Default DefaultBucketsPerRule. A
+	// rule's shared data is BucketsPerRule × table.Layout.Size() bytes, 16 +
+	// (EntriesPerBucket+1)·(16 + state size) each (560 KiB per token-bucket
+	// rule with the defaults); shared data is never deleted.
 	BucketsPerRule int
 	// EntriesPerBucket ["entries_per_bucket"] is the number of keys a bucket
 	// tracks at once, 1..table.MaxEntries. Default DefaultEntriesPerBucket.
+	// Every request copies its whole bucket and every admission writes it back
+	// whole, so more keys should come from more buckets, not bigger ones. Keys
+	// beyond the live entries of a bucket share its overflow state (package
+	// table's full-bucket policy).
 	EntriesPerBucket int
 	// Headers ["headers"] is the rate-limit header style. Default
 	// HeadersXRateLimit.

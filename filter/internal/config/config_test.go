@@ -19,7 +19,7 @@ func TestParseDefaults(t *testing.T) {
 		}
 	}
 	d := Default()
-	if d.Env != "default" || d.Tick != 100*time.Millisecond || d.BucketsPerRule != 64 || d.EntriesPerBucket != 16 ||
+	if d.Env != "default" || d.Tick != 100*time.Millisecond || d.BucketsPerRule != 1024 || d.EntriesPerBucket != 16 ||
 		d.Headers != HeadersXRateLimit || !d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 8 || d.TrustedHops != 0 || d.Policy != nil {
 		t.Errorf("defaults %+v", d)
 	}

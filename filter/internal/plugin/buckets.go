@@ -80,3 +80,11 @@ func (p *pluginContext) createBuckets(c *rules.Compiled) error {
 	}
 	return nil
 }
+
+// countOverflow counts a decision of rule rs made against a bucket's overflow
+// state (every entry of the bucket was live): plugin-wide and per rule, so
+// that an undersized table shows (see table's full-bucket policy).
+func (p *pluginContext) countOverflow(rs *ruleState) {
+	p.m.overflow.Increment(1)
+	rs.m.overflow.Increment(1)
+}

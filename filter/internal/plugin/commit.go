@@ -107,6 +107,9 @@ func (p *pluginContext) readDecide(ev *eval, now int64) bool {
 	if ev.slot.Status == table.Corrupt {
 		p.m.corrupt.Increment(1)
 	}
+	if ev.slot.Overflow {
+		p.countOverflow(rs)
+	}
 	lim := rs.layout.Limiter()
 	next := p.s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
 	ev.dec = lim.Decide(ev.slot.State, next, now, ev.cost)
@@ -153,9 +156,6 @@ func (h *httpContext) commit(now int64) outcome {
 				err := proxywasm.SetSharedData(ev.rule.keys[ev.bucket], out, ev.cas)
 				if err == nil {
 					ev.written = true
-					if ev.slot.Evicted {
-						p.m.evictions.Increment(1)
-					}
 					break
 				}
 				if !errors.Is(err, proxywasm.ErrCasMismatch) {
@@ -221,10 +221,11 @@ func (p *pluginContext) undo(rs *ruleState, bucket int, hash, cost uint64, acqui
 	})
 }
 
-// modify applies f to the key's entry in a bucket by read → f → CAS write,
-// retrying up to cas_retries times. It returns true when the change was
-// written or there was nothing to change (the entry is gone: evicted, or
-// the rule's state was reset), false when f refused or the write failed.
+// modify applies f to the key's entry in a bucket (or, if the key has none,
+// to the bucket's overflow state: see table.Layout.Current) by read → f →
+// CAS write, retrying up to cas_retries times. It returns true when the
+// change was written or there was nothing to change (the rule's state was
+// reset), false when f refused or the write failed.
 func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64, f func(state, next []byte) bool) bool {
 	key := rs.keys[bucket]
 	lim := rs.layout.Limiter()
@@ -234,8 +235,8 @@ func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64
 		if err != nil {
 			return errors.Is(err, proxywasm.ErrNotFound)
 		}
-		slot := rs.layout.Lookup(value, hash, now)
-		if !slot.Found {
+		slot := rs.layout.Current(value, hash) // its entry, else the overflow
+		if !slot.Found && !slot.Overflow {
 			return true
 		}
 		if cap(s.mod) < lim.StateSize() {

@@ -10,11 +10,12 @@ const (
 	metricLimited          = ".limited"        // denied by the rule
 	metricShadowLimited    = ".shadow_limited" // a shadow rule would have denied
 	metricRuleFailedOpen   = ".failed_open"    // passed because the rule could not be evaluated
+	metricRuleOverflow     = ".overflow"       // decided against a full bucket's shared overflow state
 	metricFailedOpen       = "sluice.failed_open"
 	metricNoPolicy         = "sluice.no_policy"
 	metricCASRetries       = "sluice.cas_retries"
 	metricCASExhausted     = "sluice.cas_exhausted"
-	metricEvictions        = "sluice.bucket_evictions"
+	metricOverflow         = "sluice.bucket_overflow"
 	metricCorrupt          = "sluice.bucket_corrupt"
 	metricCostInvalid      = "sluice.cost_header_invalid"
 	metricCompensationLost = "sluice.compensation_lost"
@@ -48,7 +49,7 @@ type metrics struct {
 	noPolicy         counter
 	casRetries       counter
 	casExhausted     counter
-	evictions        counter
+	overflow         counter
 	corrupt          counter
 	costInvalid      counter
 	compensationLost counter
@@ -60,7 +61,7 @@ func (m *metrics) define() {
 	m.noPolicy.m, _ = proxywasm.DefineCounterMetric(metricNoPolicy)
 	m.casRetries.m, _ = proxywasm.DefineCounterMetric(metricCASRetries)
 	m.casExhausted.m, _ = proxywasm.DefineCounterMetric(metricCASExhausted)
-	m.evictions.m, _ = proxywasm.DefineCounterMetric(metricEvictions)
+	m.overflow.m, _ = proxywasm.DefineCounterMetric(metricOverflow)
 	m.corrupt.m, _ = proxywasm.DefineCounterMetric(metricCorrupt)
 	m.costInvalid.m, _ = proxywasm.DefineCounterMetric(metricCostInvalid)
 	m.compensationLost.m, _ = proxywasm.DefineCounterMetric(metricCompensationLost)
@@ -69,7 +70,7 @@ func (m *metrics) define() {
 
 func (m *metrics) flush() {
 	for _, c := range [...]*counter{&m.failedOpen, &m.noPolicy, &m.casRetries, &m.casExhausted,
-		&m.evictions, &m.corrupt, &m.costInvalid, &m.compensationLost} {
+		&m.overflow, &m.corrupt, &m.costInvalid, &m.compensationLost} {
 		c.flush()
 	}
 }
@@ -78,6 +79,9 @@ func (m *metrics) flush() {
 // and VM and kept across policy versions.
 type ruleMetrics struct {
 	allowed, limited, shadowLimited, failedOpen counter
+	// overflow counts the rule's decisions made against a bucket's overflow
+	// state: every entry of the bucket was live (the table is saturated).
+	overflow counter
 }
 
 // flushMetrics hands every pending increment to the host (on each tick and
@@ -95,6 +99,7 @@ func (m *ruleMetrics) flush() {
 	m.limited.flush()
 	m.shadowLimited.flush()
 	m.failedOpen.flush()
+	m.overflow.flush()
 }
 
 func (p *pluginContext) ruleMetrics(id string) *ruleMetrics {
@@ -110,6 +115,7 @@ func (p *pluginContext) ruleMetrics(id string) *ruleMetrics {
 	m.limited.m, _ = proxywasm.DefineCounterMetric(base + metricLimited)
 	m.shadowLimited.m, _ = proxywasm.DefineCounterMetric(base + metricShadowLimited)
 	m.failedOpen.m, _ = proxywasm.DefineCounterMetric(base + metricRuleFailedOpen)
+	m.overflow.m, _ = proxywasm.DefineCounterMetric(base + metricRuleOverflow)
 	p.ruleStats[id] = m
 	return m
 }

@@ -9,8 +9,8 @@ import (
 
 // FuzzTable feeds arbitrary bucket bytes to Lookup, Decide and Commit: nothing may
 // panic; a non-OK bucket reads as an empty table; the committed bucket is OK, holds
-// the key at the slot Lookup chose with the state Decide wrote, and keeps every other
-// entry of an OK bucket byte for byte.
+// the key at the slot Lookup chose with the state Decide wrote (or the overflow record
+// holds it), and keeps every other record of an OK bucket byte for byte.
 func FuzzTable(f *testing.F) {
 	ly := newLayout(f, limit.Config{Algorithm: limit.TokenBucket, Limit: 5, Window: 15 * time.Second}, 3)
 	good, _, _ := hit(f, ly, nil, 1, t0)
@@ -24,20 +24,24 @@ func FuzzTable(f *testing.F) {
 		if string(bucket) != orig {
 			t.Fatal("Lookup modified the bucket")
 		}
-		if s.Index < 0 || s.Index >= ly.Entries() {
-			t.Fatalf("index %d", s.Index)
+		if s.Index < 0 || s.Index > ly.Entries() || (s.Index == ly.Entries()) != s.Overflow {
+			t.Fatalf("index %d, overflow %v", s.Index, s.Overflow)
 		}
-		if s.Status != OK && (s.Found || s.State != nil || s.Evicted) {
+		if s.Status != OK && (s.Found || s.State != nil || s.Overflow) {
 			t.Fatalf("non-OK bucket not empty: %+v", s)
 		}
 		next := make([]byte, ly.Limiter().StateSize())
 		ly.Limiter().Decide(s.State, next, now, 1)
 		out := ly.Commit(make([]byte, ly.Size()), bucket, s, key, next, now)
-		if st := ly.Lookup(out, key, now); st.Status != OK || !st.Found || st.Index != s.Index || string(st.State) != string(next) {
+		if s.Overflow {
+			if k, _, st, ok := ly.Entry(out, s.Index); !ok || k != 0 || string(st) != string(next) {
+				t.Fatalf("overflow after commit: %d % x", k, st)
+			}
+		} else if st := ly.Lookup(out, key, now); st.Status != OK || !st.Found || st.Index != s.Index || string(st.State) != string(next) {
 			t.Fatalf("after commit: %+v", st)
 		}
 		if s.Status == OK {
-			for i := 0; i < ly.Entries(); i++ {
+			for i := 0; i <= ly.Entries(); i++ {
 				if i == s.Index {
 					continue
 				}

@@ -1,6 +1,6 @@
 // Package table is the binary layout of one shared-data bucket: a fixed-capacity table
-// of rate-limit entries (key hash, idle time, algorithm state) that all worker VMs of an
-// Envoy read and compare-and-swap (docs/ARCHITECTURE.md, The request path).
+// of rate-limit entries (key hash, idle time, algorithm state) plus one overflow state,
+// that all worker VMs of an Envoy read and compare-and-swap.
 //
 // A rule owns a fixed number of buckets; BucketOf maps a key hash (siphash of the
 // client key under the per-Envoy secret) to one of them, and the key takes one entry of
@@ -9,23 +9,30 @@
 //
 // Within a bucket, Lookup scans every entry (a bucket holds at most MaxEntries) and
 // picks, in order: the key's own entry; else the first reusable entry (never used, or
-// idle: its stored idle time has passed, so its state equals a fresh key's); else it
-// evicts the live entry that would become idle soonest and reports Evicted.
+// idle: its stored idle time has passed, so its state equals a fresh key's); else the
+// bucket's overflow state, and reports Overflow.
 //
-// # Full-bucket policy
+// # Full-bucket policy: a shared overflow state, never an eviction
 //
-// When every entry is live, the newcomer takes the entry of the key whose state will
-// be forgotten soonest anyway (smallest idle time, lowest index on ties), and
-// Slot.Evicted is set for the filter to count. Only that evicted key loses exactness:
-// its next request is judged as a fresh key, so it can be admitted up to one extra
-// limit (bucket capacity) beyond the bound, once per eviction; every other key stays
-// exact. The alternatives are worse for a rate limiter: denying the newcomer (fail
-// closed) lets anyone who fills a bucket with live keys lock every other key of that
-// bucket out; not tracking the newcomer (fail open) makes every new key unlimited
-// while buckets are full; evicting the least recently used entry would let a client
-// rotating keys flush the state of the most restricted keys (longest idle time) first,
-// where soonest-idle flushes the cheapest state and keeps the keys being limited
-// hardest. Size buckets × entries above the number of keys live at once.
+// A live entry (one whose state is not yet that of a fresh key) is never taken from
+// its key, so a key's count is never forgotten while it matters. A key that finds
+// every entry live is decided against, and charged to, the bucket's overflow state,
+// which every key without an entry shares (as a count-min sketch shares a counter):
+// the overflow has counted at least everything such a key was admitted, so the key
+// never gets more than its own limit. When a key without an entry later finds an idle
+// entry, the entry starts from the overflow state (fresh if the overflow is idle), not
+// from a fresh one, because part of what the overflow counts may be the key's own.
+// Corrections (Current) of a key without an entry go to the overflow too.
+//
+// The bound: no key is ever admitted beyond its own limit, whatever the number of
+// keys. The price, paid only while a bucket's entries are all live: keys without an
+// entry share one limit between them (and a key taking an entry inherits what the
+// overflow holds until it goes idle), so they may be limited before their own limit.
+// The alternatives were worse: evicting a live entry (even the one that goes idle
+// soonest) let two keys that take turns evicting each other start fresh every time, so
+// neither was ever limited; denying every key without an entry makes a full bucket
+// fail closed for newcomers even when the overflow has room. Size buckets × entries
+// above the number of keys live at once, and watch the overflow counter.
 //
 // # Bucket layout (little-endian)
 //
@@ -38,8 +45,10 @@
 //	  [8:10]   entries uint16
 //	  [10:12]  0
 //	  [12:16]  state size uint32 (limit.Limiter.StateSize)
-//	entries × (16 + state size) bytes, entry i at 16 + i·(16 + state size):
-//	  [0:8]    key hash uint64 (0 = never used; a key hashing to 0 is stored as 1)
+//	(entries + 1) × (16 + state size) bytes, record i at 16 + i·(16 + state size);
+//	records 0..entries-1 are the entries, record `entries` is the overflow:
+//	  [0:8]    key hash uint64 (0 = never used; a key hashing to 0 is stored as 1;
+//	           always 0 in the overflow record)
 //	  [8:16]   idle at int64, Unix ns (limit.Limiter.IdleAt of the state when written)
 //	  [16:]    algorithm state
 //
@@ -60,8 +69,9 @@ import (
 	"github.com/sluice-proxy/sluice/shared/limit"
 )
 
-// FormatVersion is the bucket layout version in byte 1 of the header.
-const FormatVersion = 1
+// FormatVersion is the bucket layout version in byte 1 of the header (2: with the
+// overflow record; buckets of version 1 read as Stale).
+const FormatVersion = 2
 
 const (
 	magic      = 's'
@@ -95,8 +105,8 @@ type Layout struct {
 	header    [headerSize]byte
 }
 
-// New returns the Layout of buckets of entries entries (1..MaxEntries) of l's state.
-// It fails if the bucket would exceed MaxBucketSize bytes.
+// New returns the Layout of buckets of entries entries (1..MaxEntries) of l's state,
+// plus the overflow record. It fails if the bucket would exceed MaxBucketSize bytes.
 func New(l limit.Limiter, entries int) (*Layout, error) {
 	if l == nil {
 		return nil, &layoutError{"table: nil limiter"}
@@ -106,7 +116,7 @@ func New(l limit.Limiter, entries int) (*Layout, error) {
 	}
 	t := &Layout{lim: l, entries: entries, stateSize: l.StateSize()}
 	t.entrySize = entryHead + t.stateSize
-	t.size = headerSize + entries*t.entrySize
+	t.size = headerSize + (entries+1)*t.entrySize
 	if t.size > MaxBucketSize {
 		return nil, &layoutError{"table: bucket of " + strconv.Itoa(entries) + " entries of " +
 			strconv.Itoa(t.stateSize) + "-byte state is " + strconv.Itoa(t.size) + " bytes, more than " + strconv.Itoa(MaxBucketSize)}
@@ -119,10 +129,10 @@ func New(l limit.Limiter, entries int) (*Layout, error) {
 	return t, nil
 }
 
-// Size is the length in bytes of a bucket: 16 + entries·(16 + state size).
+// Size is the length in bytes of a bucket: 16 + (entries+1)·(16 + state size).
 func (t *Layout) Size() int { return t.size }
 
-// Entries is the number of entries in a bucket.
+// Entries is the number of entries in a bucket (the overflow record not included).
 func (t *Layout) Entries() int { return t.entries }
 
 // Limiter is the limiter whose state the entries hold.
@@ -164,18 +174,19 @@ func (s Status) String() string {
 	return "status(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Slot is the entry a key uses in one bucket, as found by Lookup.
+// Slot is the record a key uses in one bucket, as found by Lookup or Current.
 type Slot struct {
-	// Index is the entry index in [0, Entries).
+	// Index is the record index: an entry in [0, Entries), or Entries for the overflow.
 	Index int
-	// State is the key's current state: a read-only subslice of the bucket when Found,
-	// nil otherwise (a Limiter reads nil as a fresh key).
+	// State is the state the key is decided against, a read-only subslice of the
+	// bucket: its own entry's when Found; else the overflow state (nil when that is
+	// idle, or the bucket is not OK: a Limiter reads nil as a fresh key).
 	State []byte
 	// Found reports whether the key already had this entry.
 	Found bool
-	// Evicted reports that Index holds a live entry of another key, which Commit will
-	// overwrite (see the full-bucket policy in the package doc).
-	Evicted bool
+	// Overflow reports that every entry is live and the key has none: Index is the
+	// overflow record, which Commit will update (see the full-bucket policy).
+	Overflow bool
 	// Status describes the bucket bytes.
 	Status Status
 }
@@ -192,7 +203,7 @@ func (t *Layout) check(b []byte) Status {
 	}
 	n := int(binary.LittleEndian.Uint16(b[8:]))
 	ss := int(binary.LittleEndian.Uint32(b[12:]))
-	if ss > MaxBucketSize || len(b) != headerSize+n*(entryHead+ss) {
+	if ss > MaxBucketSize || len(b) != headerSize+(n+1)*(entryHead+ss) {
 		return Corrupt
 	}
 	if [headerSize]byte(b[:headerSize]) != t.header {
@@ -208,40 +219,58 @@ func normKey(k uint64) uint64 {
 	return k
 }
 
-// Lookup finds the entry of keyHash in bucket at now (Unix ns), by the policy in the
-// package doc. It never allocates, never modifies bucket and never panics.
+// Lookup finds the record keyHash uses in bucket at now, by the policy in the package
+// doc. It never allocates, never modifies bucket and never panics.
 func (t *Layout) Lookup(bucket []byte, keyHash uint64, now int64) Slot {
 	st := t.check(bucket)
 	if st != OK {
 		return Slot{Status: st} // index 0 of an empty table
 	}
 	key := normKey(keyHash)
-	free, victim := -1, 0
-	victimIdle := int64(1<<63 - 1)
+	free := -1
 	off := headerSize
 	for i := 0; i < t.entries; i, off = i+1, off+t.entrySize {
 		k := binary.LittleEndian.Uint64(bucket[off:])
 		if k == key {
 			return Slot{Index: i, State: bucket[off+entryHead : off+t.entrySize], Found: true}
 		}
-		idle := int64(binary.LittleEndian.Uint64(bucket[off+8:]))
-		if k == 0 || idle <= now {
-			if free < 0 {
-				free = i
-			}
-		} else if idle < victimIdle {
-			victim, victimIdle = i, idle
+		if free < 0 && (k == 0 || int64(binary.LittleEndian.Uint64(bucket[off+8:])) <= now) {
+			free = i
 		}
 	}
-	if free >= 0 {
-		return Slot{Index: free}
+	var ov []byte // off is the overflow record's
+	if int64(binary.LittleEndian.Uint64(bucket[off+8:])) > now {
+		ov = bucket[off+entryHead : off+t.entrySize]
 	}
-	return Slot{Index: victim, Evicted: true}
+	if free >= 0 {
+		return Slot{Index: free, State: ov}
+	}
+	return Slot{Index: t.entries, State: ov, Overflow: true}
+}
+
+// Current finds where keyHash's charges are counted now, for a correction of an
+// earlier charge (limit.Limiter.Adjust or Release): its own entry (Found), else the
+// overflow record (Overflow), whose State is then always the stored bytes. If bucket
+// is not an OK bucket of this layout it returns neither (there is nothing to correct).
+// It never allocates, never modifies bucket and never panics.
+func (t *Layout) Current(bucket []byte, keyHash uint64) Slot {
+	st := t.check(bucket)
+	if st != OK {
+		return Slot{Status: st}
+	}
+	key := normKey(keyHash)
+	off := headerSize
+	for i := 0; i < t.entries; i, off = i+1, off+t.entrySize {
+		if binary.LittleEndian.Uint64(bucket[off:]) == key {
+			return Slot{Index: i, State: bucket[off+entryHead : off+t.entrySize], Found: true}
+		}
+	}
+	return Slot{Index: t.entries, State: bucket[off+entryHead : off+t.entrySize], Overflow: true}
 }
 
 // Commit writes into dst the bucket to store: bucket (or, unless s.Status is OK, an
-// empty table) with entry s.Index set to keyHash, next[:StateSize] and its idle time
-// (Limiter.IdleAt(next, now)). dst must have capacity >= Size() (it panics otherwise,
+// empty table) with record s.Index set to keyHash (0 for the overflow record),
+// next[:StateSize] and its idle time (Limiter.IdleAt(next, now)). dst must have capacity >= Size() (it panics otherwise,
 // a programming error); it may be bucket itself, to update in place. It returns
 // dst[:Size()] and does not allocate.
 func (t *Layout) Commit(dst, bucket []byte, s Slot, keyHash uint64, next []byte, now int64) []byte {
@@ -253,22 +282,27 @@ func (t *Layout) Commit(dst, bucket []byte, s Slot, keyHash uint64, next []byte,
 		clear(dst[headerSize:])
 	}
 	i := s.Index
-	if i < 0 || i >= t.entries {
+	if i < 0 || i > t.entries || (i == t.entries && !s.Overflow) {
 		i = 0
 	}
 	off := headerSize + i*t.entrySize
 	state := next[:t.stateSize]
-	binary.LittleEndian.PutUint64(dst[off:], normKey(keyHash))
+	if i == t.entries {
+		binary.LittleEndian.PutUint64(dst[off:], 0)
+	} else {
+		binary.LittleEndian.PutUint64(dst[off:], normKey(keyHash))
+	}
 	binary.LittleEndian.PutUint64(dst[off+8:], uint64(t.lim.IdleAt(state, now)))
 	copy(dst[off+entryHead:off+t.entrySize], state)
 	return dst
 }
 
-// Entry returns entry i of a bucket of this layout (for inspection and tests): its key
-// hash (0 if never used), idle time and state (a subslice of bucket). ok is false if
-// bucket is not an OK bucket of this layout or i is out of range.
+// Entry returns record i of a bucket of this layout (for inspection and tests): its
+// key hash (0 if never used, and for the overflow record i = Entries), idle time and
+// state (a subslice of bucket). ok is false if bucket is not an OK bucket of this
+// layout or i is out of range [0, Entries].
 func (t *Layout) Entry(bucket []byte, i int) (keyHash uint64, idleAt int64, state []byte, ok bool) {
-	if t.check(bucket) != OK || i < 0 || i >= t.entries {
+	if t.check(bucket) != OK || i < 0 || i > t.entries {
 		return 0, 0, nil, false
 	}
 	off := headerSize + i*t.entrySize

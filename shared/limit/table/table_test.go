@@ -44,7 +44,7 @@ var tb5 = limit.Config{Algorithm: limit.TokenBucket, Limit: 5, Window: 15 * time
 
 func TestLayoutSizeAndHeader(t *testing.T) {
 	ly := newLayout(t, tb5, 4)
-	if ly.Size() != 16+4*(16+16) || ly.Entries() != 4 {
+	if ly.Size() != 16+5*(16+16) || ly.Entries() != 4 {
 		t.Fatalf("Size = %d", ly.Size())
 	}
 	b, s, _ := hit(t, ly, nil, 42, t0)
@@ -74,7 +74,8 @@ func TestNewErrors(t *testing.T) {
 		{small, 0, "table: entries must be 1..64, got 0"},
 		{small, 65, "table: entries must be 1..64, got 65"},
 		{nil, 1, "table: nil limiter"},
-		{l, 64, "table: bucket of 64 entries of 520-byte state is 34320 bytes, more than 32768"},
+		{l, 64, "table: bucket of 64 entries of 520-byte state is 34856 bytes, more than 32768"},
+		{l, 61, "table: bucket of 61 entries of 520-byte state is 33248 bytes, more than 32768"},
 	}
 	for _, tt := range tests {
 		_, err := New(tt.l, tt.entries)
@@ -108,12 +109,12 @@ func TestIdleEntryReused(t *testing.T) {
 	var b []byte
 	b, _, _ = hit(t, ly, b, 1, t0)                       // idle at t0+3s
 	b, _, _ = hit(t, ly, b, 2, t0+int64(time.Second))    // idle at t0+4s
-	_, s, _ := hit(t, ly, b, 3, t0+int64(2*time.Second)) // both live: evicts key 1
-	if !s.Evicted || s.Index != 0 {
-		t.Fatalf("at 2s: %+v, want eviction of entry 0", s)
+	_, s, _ := hit(t, ly, b, 3, t0+int64(2*time.Second)) // both live: the overflow
+	if !s.Overflow || s.Index != 2 || s.Found || s.State != nil {
+		t.Fatalf("at 2s: %+v, want the (idle) overflow", s)
 	}
 	b2, s, _ := hit(t, ly, b, 3, t0+int64(3500*time.Millisecond)) // key 1 idle since 3s
-	if s.Evicted || s.Index != 0 || s.Found {
+	if s.Overflow || s.Index != 0 || s.Found {
 		t.Fatalf("at 3.5s: %+v, want reuse of idle entry 0", s)
 	}
 	if s := ly.Lookup(b2, 1, t0+int64(3500*time.Millisecond)); s.Found {
@@ -125,9 +126,10 @@ func TestIdleEntryReused(t *testing.T) {
 	}
 }
 
-// TestFullBucketEvictsSoonestIdle: the victim is the live entry that would be forgotten
-// soonest; the most restricted key survives key rotation.
-func TestFullBucketEvictsSoonestIdle(t *testing.T) {
+// TestFullBucketUsesOverflow: with every entry live, no entry changes hands: the most
+// restricted key survives key rotation, the rotating keys share the overflow's limit,
+// and a key that then finds an idle entry starts it from the overflow state.
+func TestFullBucketUsesOverflow(t *testing.T) {
 	ly := newLayout(t, tb5, 3)
 	var b []byte
 	// key 100 is heavily limited: bucket empty, idle in 15s.
@@ -136,30 +138,69 @@ func TestFullBucketEvictsSoonestIdle(t *testing.T) {
 	}
 	b, _, _ = hit(t, ly, b, 1, t0) // idle at 3s
 	b, _, _ = hit(t, ly, b, 2, t0) // idle at 3s
-	evictions := 0
-	for k := uint64(3); k < 50; k++ { // an attacker rotating keys
+	admitted := 0
+	for k := uint64(3); k < 50; k++ { // a client rotating keys
 		var s Slot
-		b, s, _ = hit(t, ly, b, k, t0+int64(k)*int64(time.Millisecond))
-		if s.Evicted {
-			evictions++
-			if s.Index == 0 {
-				t.Fatalf("key %d evicted the restricted key 100", k)
-			}
+		var d limit.Decision
+		b, s, d = hit(t, ly, b, k, t0+int64(k)*int64(time.Millisecond))
+		if !s.Overflow || s.Index != 3 {
+			t.Fatalf("key %d: %+v, want the overflow", k, s)
+		}
+		if d.Allowed {
+			admitted++
 		}
 	}
-	if evictions != 47 {
-		t.Errorf("evictions = %d, want 47", evictions)
+	if admitted != 5 {
+		t.Errorf("rotating keys admitted %d times, want 5 (the overflow's capacity)", admitted)
 	}
 	if _, _, d := hit(t, ly, b, 100, t0+int64(time.Second)); d.Allowed {
 		t.Fatal("restricted key 100 was forgotten")
 	}
-	// Ties go to the lowest index.
-	ly2 := newLayout(t, tb5, 2)
-	var c []byte
-	c, _, _ = hit(t, ly2, c, 7, t0)
-	c, _, _ = hit(t, ly2, c, 8, t0)
-	if s := ly2.Lookup(c, 9, t0); !s.Evicted || s.Index != 0 {
-		t.Fatalf("tie: %+v", s)
+	for i := 0; i < 3; i++ {
+		if k, _, _, _ := ly.Entry(b, i); k != []uint64{100, 1, 2}[i] {
+			t.Fatalf("entry %d holds key %d", i, k)
+		}
+	}
+	// At 3.5s keys 1 and 2 are idle; the overflow (5 taken at 3..7ms, refilled one per
+	// 3s) holds one token. Key 60 takes entry 1 from the overflow state: one admitted.
+	at := t0 + int64(3500*time.Millisecond)
+	s := ly.Lookup(b, 60, at)
+	if s.Overflow || s.Found || s.Index != 1 || s.State == nil {
+		t.Fatalf("key 60 at 3.5s: %+v, want idle entry 1 starting from the overflow", s)
+	}
+	b, _, d := hit(t, ly, b, 60, at)
+	if !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("key 60 first: %+v, want allowed with 0 remaining", d)
+	}
+	if _, _, d := hit(t, ly, b, 60, at); d.Allowed {
+		t.Fatalf("key 60 second: %+v, want denied", d)
+	}
+}
+
+// TestCurrentFindsWhereChargesAre: corrections go to the key's entry, else to the
+// overflow; a malformed bucket has nothing to correct.
+func TestCurrentFindsWhereChargesAre(t *testing.T) {
+	ly := newLayout(t, tb5, 1)
+	b, _, _ := hit(t, ly, nil, 1, t0)
+	if s := ly.Current(b, 1); !s.Found || s.Index != 0 || s.Overflow {
+		t.Fatalf("resident: %+v", s)
+	}
+	if s := ly.Current(b, 2); s.Found || !s.Overflow || s.Index != 1 || len(s.State) != 16 {
+		t.Fatalf("not resident: %+v", s)
+	}
+	if s := ly.Current(nil, 2); s.Found || s.Overflow || s.Status != Empty {
+		t.Fatalf("empty: %+v", s)
+	}
+	// Charging key 2 through Current lands in the overflow, and key 2 then sees it.
+	s := ly.Current(b, 2)
+	next := make([]byte, 16)
+	ly.Limiter().Adjust(s.State, next, t0, 5)
+	b = ly.Commit(make([]byte, ly.Size()), b, s, 2, next, t0)
+	if _, _, d := hit(t, ly, b, 2, t0); d.Allowed {
+		t.Fatalf("key 2 after a charge of 5 in the overflow: %+v, want denied", d)
+	}
+	if _, _, d := hit(t, ly, b, 1, t0); !d.Allowed {
+		t.Fatalf("key 1: %+v, want allowed", d)
 	}
 }
 
@@ -201,7 +242,7 @@ func TestMalformedBuckets(t *testing.T) {
 			if s.Status != tt.want {
 				t.Fatalf("Status = %v, want %v", s.Status, tt.want)
 			}
-			if tt.want != OK && (s.Found || s.State != nil || s.Index != 0 || s.Evicted) {
+			if tt.want != OK && (s.Found || s.State != nil || s.Index != 0 || s.Overflow) {
 				t.Fatalf("malformed bucket not read as empty: %+v", s)
 			}
 			// Committing rewrites a whole, well-formed bucket.
