@@ -12,6 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	jwtv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	extv1alpha1 "istio.io/api/extensions/v1alpha1"
@@ -228,4 +231,130 @@ func startFilter(t *testing.T, pluginConfig, vmConfig []byte) {
 		t.Fatalf("the filter refused the configuration %s: %v %v", pluginConfig, err, logs)
 	}
 	h.Close()
+}
+
+// uncommentBlock returns doc with the lines between "# BEGIN name" and
+// "# END name" uncommented (the first "# " after the indentation removed),
+// and fails if the markers are missing.
+func uncommentBlock(t *testing.T, doc []byte, name string) []byte {
+	t.Helper()
+	lines := strings.Split(string(doc), "\n")
+	begin, end := -1, -1
+	for i, l := range lines {
+		switch strings.TrimSpace(l) {
+		case "# BEGIN " + name:
+			begin = i
+		case "# END " + name:
+			end = i
+		}
+	}
+	if begin < 0 || end < begin {
+		t.Fatalf("no # BEGIN %s ... # END %s block", name, name)
+	}
+	for i := begin + 1; i < end; i++ {
+		l := lines[i]
+		j := len(l) - len(strings.TrimLeft(l, " "))
+		if !strings.HasPrefix(l[j:], "# ") {
+			t.Fatalf("line %d of the %s block is not commented: %q", i+1, name, l)
+		}
+		lines[i] = l[:j] + l[j+2:]
+	}
+	return []byte(strings.Join(lines, "\n"))
+}
+
+// TestTrustedIdentityBlock: the commented-out filters that make x-user-id
+// and x-tenant-id trustworthy decode strictly into Envoy's types, pass
+// Envoy's validation, and run before sluice in the right order: the
+// client's headers dropped, then the JWT's claims copied into them.
+func TestTrustedIdentityBlock(t *testing.T) {
+	doc, err := os.ReadFile("envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := devproxy.ParseBootstrap(uncommentBlock(t, doc, "trusted-identity"))
+	if err != nil {
+		t.Fatalf("the trusted-identity block, uncommented: %v", err)
+	}
+	hcm := &hcmv3.HttpConnectionManager{}
+	if err := b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	removed := map[string]bool{}
+	claims := map[string]string{}
+	for _, f := range hcm.GetHttpFilters() {
+		names = append(names, f.GetName())
+		m, err := f.GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch v := m.(type) {
+		case *headermutationv3.HeaderMutation:
+			for _, rm := range v.GetMutations().GetRequestMutations() {
+				removed[rm.GetRemove()] = true
+			}
+		case *jwtv3.JwtAuthentication:
+			for _, p := range v.GetProviders() {
+				for _, c := range p.GetClaimToHeaders() {
+					claims[c.GetHeaderName()] = c.GetClaimName()
+				}
+			}
+			if len(v.GetRules()) == 0 || v.GetRules()[0].GetRequires() == nil {
+				t.Error("jwt_authn: no rule requiring a token")
+			}
+		}
+	}
+	want := []string{"envoy.filters.http.header_mutation", "envoy.filters.http.jwt_authn", "envoy.filters.http.wasm", "envoy.filters.http.router"}
+	if !slices.Equal(names, want) {
+		t.Errorf("http filters %v, want %v", names, want)
+	}
+	for _, h := range []string{"x-user-id", "x-tenant-id"} {
+		if !removed[h] || claims[h] == "" {
+			t.Errorf("%s: removed %t, set from claim %q", h, removed[h], claims[h])
+		}
+	}
+	// The dev proxy still loads the file (it lists the two filters as
+	// ignored).
+	if _, err := devproxy.ParseEnvoyConfig(uncommentBlock(t, doc, "trusted-identity")); err != nil {
+		t.Errorf("dev proxy: %v", err)
+	}
+}
+
+// TestLoadBalancerComment: the file says how to run behind one load
+// balancer, and what it says (xff_num_trusted_hops: 1 next to
+// use_remote_address) is valid; the plugin configuration has no
+// X-Forwarded-For setting of its own.
+func TestLoadBalancerComment(t *testing.T) {
+	doc, err := os.ReadFile("envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const line = "# xff_num_trusted_hops: 1"
+	if !bytes.Contains(doc, []byte(line)) {
+		t.Fatalf("envoy.yaml lacks %q", line)
+	}
+	c, err := devproxy.ParseEnvoyConfig(bytes.Replace(doc, []byte(line), []byte(line[2:]), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.UseRemoteAddress || c.XffNumTrustedHops != 1 {
+		t.Errorf("use_remote_address %t, xff_num_trusted_hops %d", c.UseRemoteAddress, c.XffNumTrustedHops)
+	}
+	if bytes.Contains(c.Filter.PluginConfig, []byte("trusted_hops")) {
+		t.Error("the plugin configuration still sets trusted_hops")
+	}
+	istio, err := os.ReadFile("istio/wasmplugin.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"numTrustedProxies: 1", `proxy.istio.io/config: '{"gatewayTopology":{"numTrustedProxies":1}}'`} {
+		if !bytes.Contains(istio, []byte(s)) {
+			t.Errorf("istio/wasmplugin.yaml lacks %q", s)
+		}
+	}
+	for _, l := range strings.Split(string(istio), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "trusted_hops") {
+			t.Errorf("istio/wasmplugin.yaml still sets trusted_hops: %q", l)
+		}
+	}
 }

@@ -14,41 +14,6 @@ import (
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
-// TestXFFTrustedHops: with trusted_hops N the client is the N-th address
-// from the right of X-Forwarded-For; what a client writes to the left cannot
-// select another client's key.
-func TestXFFTrustedHops(t *testing.T) {
-	buildWasm(t)
-	pol := `{"policy":"p","rules":[{"id":"ip","key":["client_ip"],"algorithm":"fixed_window","limit":1,"window":"1h"}]}`
-	for _, tc := range []struct {
-		name    string
-		hops    int
-		src     string
-		xff     []string
-		wantKey string
-	}{
-		{"no hops: source.address", 0, "203.0.113.5:1", []string{"198.51.100.1"}, "203.0.113.5"},
-		{"one hop", 1, "10.0.0.1:1", []string{"6.6.6.6, 198.51.100.1"}, "198.51.100.1"},
-		{"spoofed left entries", 1, "10.0.0.1:1", []string{"198.51.100.1, 203.0.113.66"}, "203.0.113.66"},
-		{"two hops", 2, "10.0.0.2:1", []string{"1.1.1.1, 198.51.100.7, 10.0.0.1"}, "198.51.100.7"},
-		{"repeated headers are joined", 1, "10.0.0.1:1", []string{"198.51.100.1", "203.0.113.67"}, "203.0.113.67"},
-		{"too few entries: source.address", 2, "10.0.0.3:1", []string{"198.51.100.1"}, "10.0.0.3"},
-		{"no header: source.address", 1, "10.0.0.4:1", nil, "10.0.0.4"},
-		{"garbage entry: source.address", 1, "10.0.0.5:1", []string{"198.51.100.1, not-an-ip"}, "10.0.0.5"},
-		{"ipv6 with port", 1, "10.0.0.1:1", []string{"[2001:db8::7]:443"}, "2001%3Adb8%3A%3A7"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, `{"tick":"1m","trusted_hops":`+strconv.Itoa(tc.hops)+`,"policy":`+pol+`}`, 1)
-			var hs host.Headers
-			for _, v := range tc.xff {
-				hs = append(hs, [2]string{"x-forwarded-for", v})
-			}
-			r := e.do(0, req{path: "/", src: tc.src, headers: hs})
-			wantState(t, r.FilterState, map[string]string{"sluice.key": "rl:default:p/ip:ip=" + tc.wantKey + ":3600s"})
-		})
-	}
-}
-
 // TestFailModes: without a policy, fail_mode open passes (reason
 // no_policy), closed denies with 503.
 func TestFailModes(t *testing.T) {
@@ -79,7 +44,7 @@ func TestFailModes(t *testing.T) {
 func TestInvalidConfigurationFailsConfigure(t *testing.T) {
 	bin := buildWasm(t)
 	for cfg, field := range map[string]string{
-		`{"trusted_hops":-1}`: "trusted_hops: must be 0..16",
+		`{"trusted_hops":1}`:  "trusted_hops: no longer supported: the client address is Envoy's trusted client address (source.address); set xff_num_trusted_hops",
 		`{"headers":"fancy"}`: "headers: must be",
 		`{"nope":1}`:          "nope: unknown field",
 		`{"policy":{"policy":"p","rules":[{"id":"r","algorithm":"gcra","limit":1}]}}`: "policy.rules[0].window",
@@ -129,7 +94,7 @@ func TestHostileRequests(t *testing.T) {
 		n = 50
 	}
 	for _, pol := range []string{few, many.String()} {
-		e := newEnv(t, `{"tick":"1m","trusted_hops":1,"policy":`+pol+`}`, 1)
+		e := newEnv(t, `{"tick":"1m","policy":`+pol+`}`, 1)
 		rng := rand.New(rand.NewPCG(1, 2))
 		ctx := context.Background()
 		for i := 0; i < n; i++ {

@@ -89,10 +89,10 @@
 // # Requests
 //
 // The filter describes a request with a [Request]: method, path without the query,
-// headers, the client IP and the user and tenant. Working out the client IP (which
-// X-Forwarded-For hop to trust, Envoy's xff_num_trusted_hops) is the filter's job;
-// this package compares whatever address it is given, with IPv4-mapped IPv6 addresses
-// unmapped.
+// headers, the client IP and the user and tenant. The client IP is the filter's
+// business (it takes Envoy's trusted client address, source.address, which Envoy
+// works out from use_remote_address and xff_num_trusted_hops); this package
+// compares whatever address it is given, with IPv4-mapped IPv6 addresses unmapped.
 //
 // # Failure policy
 //

@@ -66,11 +66,14 @@ func (c *Compiled) appendPart(dst []byte, a *keyAlt, r *CompiledRule, req *Reque
 	return appendEscaped(dst, v), true
 }
 
-// Cost returns what the request costs under rule i, in cost units. Without a
-// cost_header it is the rule's cost (default 1) and ok is true. With one, it is the
-// header's value, a decimal integer (see ParseCost), clamped to max_cost; ok is false
-// when the header is missing or malformed, in which case the rule's cost is returned,
-// or when the value was clamped: the caller should log and count that.
+// Cost returns what the request costs under rule i, in cost units, at least
+// [MinCost]. Without a cost_header it is the rule's cost (default 1) and ok is
+// true. With one, it is the header's value, a decimal integer (see ParseCost),
+// clamped to MinCost..max_cost; ok is false when the header is missing or
+// malformed, in which case the rule's cost is returned, or when the value was
+// clamped: the caller should log and count that. A header of 0 thus costs 1: a
+// client cannot make its requests free, nor take an unbounded number of
+// concurrency slots.
 func (c *Compiled) Cost(i int, req *Request) (cost uint64, ok bool) {
 	r := &c.rules[i]
 	if r.costHeader == "" {
@@ -86,6 +89,9 @@ func (c *Compiled) Cost(i int, req *Request) (cost uint64, ok bool) {
 	}
 	if n > r.maxCost {
 		return r.maxCost, false
+	}
+	if n < MinCost {
+		return MinCost, false
 	}
 	return n, true
 }

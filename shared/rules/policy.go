@@ -106,15 +106,17 @@ type Rule struct {
 	// missing or invalid.
 	Cost uint64
 	// CostHeader ["cost_header"] names a request header whose value, a decimal
-	// integer 0 to MaxCost, is the request's cost; see [Compiled.Cost]. Requires
+	// integer, is the request's cost, clamped to [MinCost] (1: a header of 0
+	// does not make a request free) .. MaxCost; see [Compiled.Cost]. Requires
 	// MaxCost.
 	CostHeader string
 	// MaxCost ["max_cost"] is the largest cost CostHeader may set, 1 to [MaxCost];
 	// only with CostHeader. A larger header value is clamped to it.
 	MaxCost uint64
 	// ResponseCostHeader ["response_cost_header"] names a response header whose value,
-	// a decimal integer, is the request's real cost, known only afterwards (tokens an
-	// LLM used, say); the filter then corrects the charge by the difference
+	// a decimal integer clamped to [MinCost]..max_cost, is the request's real cost,
+	// known only afterwards (tokens an LLM used, say); the filter then corrects the
+	// charge by the difference
 	// (limit.Limiter.Adjust). Not allowed for sliding_log and concurrency, whose
 	// state cannot be corrected.
 	ResponseCostHeader string

@@ -49,6 +49,10 @@ const (
 	MaxExemptIDBytes = 256
 	// MaxCost is the largest cost and max_cost, in cost units (= limit.MaxLimit).
 	MaxCost = limit.MaxLimit
+	// MinCost is the least a request costs, in cost units: a cost header or
+	// response cost header below it (0) counts as MinCost, so no request is
+	// free and a concurrency rule's cost header cannot take zero slots.
+	MinCost = 1
 	// MinStatus and MaxStatus bound a rule's status (RFC 9110 §15: client and
 	// server error classes).
 	MinStatus, MaxStatus = 400, 599

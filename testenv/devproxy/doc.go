@@ -11,7 +11,8 @@
 // Bootstrap type (protojson, unknown fields rejected, typed configs
 // resolved) and runs its validation, then takes: the first listener's
 // address; its HTTP connection manager's use_remote_address,
-// preserve_external_request_id and generate_request_id; the first route's
+// xff_num_trusted_hops, skip_xff_append, preserve_external_request_id and
+// generate_request_id (original_ip_detection_extensions are refused); the first route's
 // cluster; the envoy.filters.http.wasm filter (name, root_id, vm_id,
 // configuration, vm_config.configuration, environment variables, the
 // code's filename, failure_policy); STATIC and STRICT_DNS clusters' first
@@ -23,9 +24,14 @@
 // # Behaviour (Envoy is the reference)
 //
 //   - Request headers reach the filter as Envoy's HCM builds them: pseudo
-//     headers first, lower-case, hop-by-hop headers removed, the TCP peer
-//     appended to x-forwarded-for (use_remote_address), x-request-id kept
-//     or generated (a version-4 UUID).
+//     headers first, lower-case, hop-by-hop headers removed, x-request-id
+//     kept or generated (a version-4 UUID).
+//   - The client address is the HCM's trusted client address
+//     (use_remote_address, xff_num_trusted_hops; Envoy's headers doc,
+//     "x-forwarded-for"): the filter's source.address and the access log's
+//     %DOWNSTREAM_REMOTE_ADDRESS%. x-forwarded-for values are joined with
+//     "," and, with use_remote_address and without skip_xff_append, the
+//     TCP peer is appended (Envoy's own local address for a loopback peer).
 //   - A local reply from the filter is sent as is (content-type text/plain
 //     added when it has a body and no content-type); a stream the filter
 //     closes is a closed connection.

@@ -28,9 +28,13 @@ import (
 
 	// Typed configs the bootstrap's Any fields may hold, registered so that
 	// protojson resolves them.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/formatter/cel/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/formatter/req_without_query/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/http/original_ip_detection/custom_header/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/http/original_ip_detection/xff/v3"
 )
 
 // Envoy extension names the dev proxy understands.
@@ -66,6 +70,12 @@ type EnvoyConfig struct {
 	// use_remote_address and preserve_external_request_id; GenerateRequestID
 	// is generate_request_id (default true).
 	UseRemoteAddress, PreserveRequestID, GenerateRequestID bool
+	// XffNumTrustedHops and SkipXffAppend are the HCM's xff_num_trusted_hops
+	// and skip_xff_append: with UseRemoteAddress they decide the trusted
+	// client address (source.address) and what is appended to
+	// x-forwarded-for (see trustedClient).
+	XffNumTrustedHops uint32
+	SkipXffAppend     bool
 	// Honoured and Ignored list, as field paths, what of the file the dev
 	// proxy applies and what it leaves out.
 	Honoured, Ignored []string
@@ -268,10 +278,17 @@ func (c *EnvoyConfig) hcm(h *hcmv3.HttpConnectionManager) error {
 	if g := h.GetGenerateRequestId(); g != nil {
 		c.GenerateRequestID = g.GetValue()
 	}
-	c.Honoured = append(c.Honoured, fmt.Sprintf("%s: use_remote_address %t (x-forwarded-for), x-request-id (generate %t, preserve external %t)",
-		p, c.UseRemoteAddress, c.GenerateRequestID, c.PreserveRequestID))
+	c.XffNumTrustedHops = h.GetXffNumTrustedHops()
+	c.SkipXffAppend = h.GetSkipXffAppend()
+	if len(h.GetOriginalIpDetectionExtensions()) > 0 {
+		// The client address would differ from Envoy's: refuse rather
+		// than key clients on the wrong address.
+		return fmt.Errorf("%w: %s: original_ip_detection_extensions are not supported by the dev proxy (use use_remote_address and xff_num_trusted_hops)", ErrEnvoyConfig, p)
+	}
+	c.Honoured = append(c.Honoured, fmt.Sprintf("%s: use_remote_address %t, xff_num_trusted_hops %d, skip_xff_append %t (client address, x-forwarded-for), x-request-id (generate %t, preserve external %t)",
+		p, c.UseRemoteAddress, c.XffNumTrustedHops, c.SkipXffAppend, c.GenerateRequestID, c.PreserveRequestID))
 	ignoreRest(&c.Ignored, p+".", h, "route_config", "http_filters", "access_log",
-		"use_remote_address", "preserve_external_request_id", "generate_request_id")
+		"use_remote_address", "xff_num_trusted_hops", "skip_xff_append", "preserve_external_request_id", "generate_request_id")
 	vhs := h.GetRouteConfig().GetVirtualHosts()
 	if len(vhs) == 0 || len(vhs[0].GetRoutes()) == 0 || vhs[0].GetRoutes()[0].GetRoute().GetCluster() == "" {
 		return fmt.Errorf("%w: %s: route_config needs a virtual host whose first route has route.cluster", ErrEnvoyConfig, p)

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,6 +65,9 @@ type Proxy struct {
 	next     atomic.Uint64
 	log      *slog.Logger
 	failOpen bool
+	// localAddr is what Envoy appends to x-forwarded-for for a loopback
+	// peer (envoyLocalAddress).
+	localAddr netip.Addr
 }
 
 // New starts the filter's VMs (the canary, then Workers workers, each
@@ -89,7 +93,7 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 1<<20 + 64<<10
 	}
-	p := &Proxy{o: o, log: o.Logger}
+	p := &Proxy{o: o, log: o.Logger, localAddr: envoyLocalAddress()}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -217,7 +221,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st.reply(w, host.LocalReply{Status: http.StatusRequestEntityTooLarge, Body: []byte("Payload Too Large"), Details: "request_payload_too_large"})
 		return
 	}
-	req := p.requestHeaders(r)
+	req, remote := p.requestHeaders(r)
+	e.Remote = remote // %DOWNSTREAM_REMOTE_ADDRESS%: the trusted client address
 	e.RequestHeaders = req
 	bg := context.WithoutCancel(r.Context())
 
@@ -262,14 +267,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // requestHeaders builds Envoy's request header map from r: pseudo-headers
 // first, lower-case keys, hop-by-hop headers dropped, x-forwarded-for and
-// x-request-id as the HCM sets them.
-func (p *Proxy) requestHeaders(r *http.Request) host.Headers {
+// x-request-id as the HCM sets them. remote is the trusted client address
+// the HCM computes, "ip:port" (source.address).
+func (p *Proxy) requestHeaders(r *http.Request) (h host.Headers, remote string) {
 	c := p.o.Config
-	h := host.Headers{{":method", r.Method}, {":path", r.URL.RequestURI()}, {":authority", r.Host}, {":scheme", "http"}}
+	h = host.Headers{{":method", r.Method}, {":path", r.URL.RequestURI()}, {":authority", r.Host}, {":scheme", "http"}}
 	var reqID string
+	var xffs []string
 	for k, vs := range r.Header {
 		k = strings.ToLower(k)
 		if hopByHop[k] || k == "host" {
+			continue
+		}
+		if k == "x-forwarded-for" {
+			xffs = append(xffs, vs...)
 			continue
 		}
 		for _, v := range vs {
@@ -282,17 +293,20 @@ func (p *Proxy) requestHeaders(r *http.Request) host.Headers {
 			h = append(h, [2]string{k, v})
 		}
 	}
+	// The trusted client address and x-forwarded-for
+	// (config_http_conn_man_headers_x-forwarded-for; see trustedClient).
+	remote = r.RemoteAddr
+	if peer, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		xff, hasXFF := strings.Join(xffs, ","), len(xffs) > 0
+		final, out, outHas := c.trustedClient(netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port()), xff, hasXFF, p.localAddr)
+		remote = final.String()
+		if outHas {
+			h = append(h, [2]string{"x-forwarded-for", out})
+		}
+	} else if len(xffs) > 0 {
+		h = append(h, [2]string{"x-forwarded-for", strings.Join(xffs, ",")})
+	}
 	if c.UseRemoteAddress {
-		// config_http_conn_man_headers_x-forwarded-for: the peer is appended.
-		ip, _, err := net.SplitHostPort(r.RemoteAddr)
-		if err != nil {
-			ip = r.RemoteAddr
-		}
-		if i := indexOf(h, "x-forwarded-for"); i >= 0 {
-			h[i][1] += ", " + ip
-		} else {
-			h = append(h, [2]string{"x-forwarded-for", ip})
-		}
 		h = setHeader(h, "x-forwarded-proto", "http")
 	}
 	// config_http_conn_man_headers_x-request-id: an edge Envoy replaces an
@@ -303,7 +317,7 @@ func (p *Proxy) requestHeaders(r *http.Request) host.Headers {
 	} else if c.GenerateRequestID {
 		h = append(h, [2]string{"x-request-id", uuid4()})
 	}
-	return h
+	return h, remote
 }
 
 // requestPhase runs the request through the filter. done means the

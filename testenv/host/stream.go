@@ -11,7 +11,10 @@ import (
 // StreamInfo is the downstream connection a stream arrives on.
 type StreamInfo struct {
 	// SourceAddress is the downstream remote address "ip:port"
-	// (source.address); "" means "127.0.0.1:50000".
+	// (source.address): in Envoy, the trusted client address the HTTP
+	// connection manager computed (use_remote_address,
+	// xff_num_trusted_hops), port 0 when it came from X-Forwarded-For.
+	// "" means "127.0.0.1:50000".
 	SourceAddress string
 	// DestinationAddress is the local address "ip:port"
 	// (destination.address); "" means "127.0.0.1:10000".

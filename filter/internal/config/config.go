@@ -13,7 +13,6 @@
 //	    "wait": "30s", "timeout": "35s", "lease": "2s"
 //	  },
 //	  "tick": "100ms",
-//	  "trusted_hops": 0,
 //	  "buckets_per_rule": 1024,
 //	  "entries_per_bucket": 16,
 //	  "headers": "x-ratelimit",
@@ -30,8 +29,18 @@
 //
 // Parse rejects unknown members, values of the wrong type or out of
 // range, and an invalid policy; the error is an Errors value listing every
-// problem with its JSON path ("trusted_hops: must be 0..16",
+// problem with its JSON path ("tick: must be 10ms..1m",
 // "policy.rules[0].window: must be > 0"). Errors matches ErrInvalid.
+//
+// # The client address
+//
+// The filter takes the client address from source.address, the trusted
+// client address Envoy's HTTP connection manager computes from its
+// use_remote_address and xff_num_trusted_hops (or an original-IP-detection
+// extension) before any filter runs. The old member "trusted_hops", which
+// made the filter parse X-Forwarded-For again with a different count, is
+// accepted only as 0 (which changes nothing); any other value is an error
+// that points to xff_num_trusted_hops.
 //
 // The package imports neither os nor anything that does (it runs inside
 // the wasm filter; docs/ENVOY.md, WASI and the poll_oneoff crash): JSON
@@ -58,8 +67,6 @@ const (
 	DefaultTick = 100 * time.Millisecond
 	// MinTick and MaxTick bound "tick".
 	MinTick, MaxTick = 10 * time.Millisecond, time.Minute
-	// MaxTrustedHops bounds "trusted_hops".
-	MaxTrustedHops = 16
 	// DefaultBucketsPerRule is "buckets_per_rule" when absent: with
 	// DefaultEntriesPerBucket, 16,384 keys live at once per rule.
 	DefaultBucketsPerRule = 1024
@@ -180,12 +187,6 @@ type Config struct {
 	// Tick ["tick"] is the period of proxy_on_tick, MinTick..MaxTick. Default
 	// DefaultTick.
 	Tick time.Duration
-	// TrustedHops ["trusted_hops"] is the number of proxies in front of Envoy
-	// that append to X-Forwarded-For and are trusted, 0..MaxTrustedHops. 0 takes
-	// the client address from source.address; N > 0 takes the N-th address from
-	// the right of X-Forwarded-For (falling back to source.address when the
-	// header has fewer than N addresses).
-	TrustedHops int
 	// BucketsPerRule ["buckets_per_rule"] is the number of shared-data buckets
 	// of each rule, 1..MaxBucketsPerRule. Default DefaultBucketsPerRule. A
 	// rule's shared data is BucketsPerRule × table.Layout.Size() bytes, 16 +
@@ -211,6 +212,11 @@ type Config struct {
 	// request over all its rules, 1..MaxCASRetries. Default DefaultCASRetries.
 	CASRetries int
 }
+
+// trustedHopsRemoved is the error for a non-zero "trusted_hops".
+const trustedHopsRemoved = "no longer supported: the client address is Envoy's trusted client address (source.address); " +
+	"set xff_num_trusted_hops on the HTTP connection manager (Istio: meshConfig.defaultConfig.gatewayTopology.numTrustedProxies) " +
+	"and remove trusted_hops"
 
 // Default returns the configuration of an empty document.
 func Default() Config {
@@ -284,7 +290,12 @@ func Parse(doc []byte) (Config, error) {
 		case "tick":
 			c.Tick = p.duration(c.Tick)
 		case "trusted_hops":
-			c.TrustedHops = p.intIn(c.TrustedHops, 0, MaxTrustedHops)
+			// Removed: see "The client address" in the package doc.
+			if !p.d.Null() {
+				if v, err := p.d.Int64(); err == nil && v != 0 {
+					p.d.Fail(trustedHopsRemoved)
+				}
+			}
 		case "buckets_per_rule":
 			c.BucketsPerRule = p.intIn(c.BucketsPerRule, 1, MaxBucketsPerRule)
 		case "entries_per_bucket":

@@ -20,7 +20,7 @@ func TestParseDefaults(t *testing.T) {
 	}
 	d := Default()
 	if d.Env != "default" || d.Tick != 100*time.Millisecond || d.BucketsPerRule != 1024 || d.EntriesPerBucket != 16 ||
-		d.Headers != HeadersXRateLimit || !d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 8 || d.TrustedHops != 0 || d.Policy != nil {
+		d.Headers != HeadersXRateLimit || !d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 8 || d.Policy != nil {
 		t.Errorf("defaults %+v", d)
 	}
 }
@@ -32,7 +32,7 @@ func TestParseFull(t *testing.T) {
 	    {"id": "r", "key": ["client_ip"], "algorithm": "gcra", "limit": 10, "window": "1s", "description": "a \"quoted\" } ] , text"}]},
 	  "control_plane": {"cluster": "control_plane", "authority": "cp.internal", "policy": "default",
 	                    "token": "s3cret", "wait": "20s", "timeout": "25s", "lease": "3s"},
-	  "tick": "250ms", "trusted_hops": 2, "buckets_per_rule": 128, "entries_per_bucket": 32,
+	  "tick": "250ms", "trusted_hops": 0, "buckets_per_rule": 128, "entries_per_bucket": 32,
 	  "headers": "both", "headers_on_allow": false, "fail_mode": "closed", "cas_retries": 20
 	}`
 	c, err := Parse([]byte(doc))
@@ -47,7 +47,7 @@ func TestParseFull(t *testing.T) {
 		Env: "prod",
 		ControlPlane: ControlPlane{Enabled: true, Cluster: "control_plane", Authority: "cp.internal", Policy: "default",
 			Token: "s3cret", Wait: 20 * time.Second, Timeout: 25 * time.Second, Lease: 3 * time.Second},
-		Tick: 250 * time.Millisecond, TrustedHops: 2, BucketsPerRule: 128, EntriesPerBucket: 32,
+		Tick: 250 * time.Millisecond, BucketsPerRule: 128, EntriesPerBucket: 32,
 		Headers: HeadersBoth, HeadersOnAllow: false, FailMode: FailClosed, CASRetries: 20,
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -79,7 +79,10 @@ func TestParseErrors(t *testing.T) {
 		{`{"env":7}`, "env: must be a string"},
 		{`{"tick":"5ms"}`, "tick: must be 10ms..1m"},
 		{`{"tick":100}`, "tick: "},
-		{`{"trusted_hops":17}`, "trusted_hops: must be 0..16"},
+		{`{"trusted_hops":1}`, "trusted_hops: no longer supported: the client address is Envoy's trusted client address (source.address); set xff_num_trusted_hops"},
+		{`{"trusted_hops":17}`, "trusted_hops: no longer supported"},
+		{`{"trusted_hops":-1}`, "trusted_hops: no longer supported"},
+		{`{"trusted_hops":"1"}`, "trusted_hops: "},
 		{`{"buckets_per_rule":0}`, "buckets_per_rule: must be 1..4096"},
 		{`{"entries_per_bucket":65}`, "entries_per_bucket: must be 1..64"},
 		{`{"headers":"X-RateLimit"}`, `headers: must be "x-ratelimit"`},

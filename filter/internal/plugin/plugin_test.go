@@ -11,33 +11,21 @@ import (
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
-func TestXFFHop(t *testing.T) {
-	for _, tc := range []struct {
-		xff  string
-		n    int
-		want string
-	}{
-		{"203.0.113.7", 1, "203.0.113.7"},
-		{"1.1.1.1, 203.0.113.7", 1, "203.0.113.7"},
-		{"1.1.1.1, 203.0.113.7", 2, "1.1.1.1"},
-		{"spoof, 1.1.1.1,203.0.113.7 , 10.0.0.1", 2, "203.0.113.7"},
-		{"[2001:db8::1]:443, 10.0.0.1", 2, "2001:db8::1"},
-		{"192.0.2.1:8080", 1, "192.0.2.1"},
-		{"::ffff:192.0.2.1", 1, "192.0.2.1"},
+// TestParseAddress: source.address as Envoy's Address::asString writes it
+// ("ip:port", "[ipv6]:port"; port 0 for an address from X-Forwarded-For),
+// IPv4-mapped IPv6 unmapped, anything else unknown.
+func TestParseAddress(t *testing.T) {
+	for in, want := range map[string]string{
+		"203.0.113.7:443": "203.0.113.7", "198.51.100.1:0": "198.51.100.1", "[2001:db8::1]:0": "2001:db8::1",
+		"[::ffff:192.0.2.1]:80": "192.0.2.1", "192.0.2.9": "192.0.2.9", "2001:db8::2": "2001:db8::2", "[2001:db8::3]": "2001:db8::3",
 	} {
-		got, ok := xffHop(tc.xff, tc.n)
-		if !ok || got != netip.MustParseAddr(tc.want) {
-			t.Errorf("xffHop(%q, %d) = %v, %v; want %s", tc.xff, tc.n, got, ok, tc.want)
+		if got := parseAddress(in); got != netip.MustParseAddr(want) {
+			t.Errorf("parseAddress(%q) = %v, want %s", in, got, want)
 		}
 	}
-	for _, tc := range []struct {
-		xff string
-		n   int
-	}{
-		{"", 1}, {"1.1.1.1", 2}, {"1.1.1.1, junk", 1}, {"1.1.1.1,", 1}, {"a,b,c", 3},
-	} {
-		if got, ok := xffHop(tc.xff, tc.n); ok {
-			t.Errorf("xffHop(%q, %d) = %v, want none", tc.xff, tc.n, got)
+	for _, in := range []string{"", "garbage", "1.2.3.4, 5.6.7.8", "/tmp/envoy.sock", "envoy://internal_listener/"} {
+		if got := parseAddress(in); got.IsValid() {
+			t.Errorf("parseAddress(%q) = %v, want unknown", in, got)
 		}
 	}
 }

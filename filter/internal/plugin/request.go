@@ -54,15 +54,11 @@ type charge struct {
 const (
 	headerMethod      = ":method"
 	headerPath        = ":path"
-	headerXFF         = "x-forwarded-for"
 	headerRequestID   = "x-request-id"
 	headerTraceparent = "traceparent"
 )
 
-var (
-	propSourceAddress = []string{"source", "address"}
-	propXFF           = []string{"request", "headers", headerXFF}
-)
+var propSourceAddress = []string{"source", "address"}
 
 // OnHttpRequestHeaders decides the request: exemptions, every matching
 // rule, then commit or deny (see the package doc).
@@ -162,46 +158,21 @@ func (p *pluginContext) readRequest(ps *policyState) *rules.Request {
 	return req
 }
 
-// clientIP returns the client address: source.address with trusted_hops
-// 0, else the trusted_hops-th address from the right of X-Forwarded-For
-// (all its values, comma-joined by Envoy's request.headers attribute),
-// or source.address when the header has fewer addresses. Addresses to
-// the left of the trusted ones are whatever the client sent and are never
-// used, so a spoofed header cannot choose another client's key. The zero
+// clientIP returns the client address: source.address, the trusted client
+// address Envoy's HTTP connection manager computed before any filter ran
+// (use_remote_address, xff_num_trusted_hops, or an original-IP-detection
+// extension; source/common/http/conn_manager_utility.cc) and set as the
+// stream's downstream remote address, which the attribute returns
+// (attributes.rst: "Downstream connection remote address"). X-Forwarded-For
+// is not parsed a second time: Envoy's answer is the only one, so the
+// filter and Envoy (access log, RBAC) agree on who the client is. The zero
 // Addr means unknown.
 func (p *pluginContext) clientIP() netip.Addr {
-	if n := p.cfg.TrustedHops; n > 0 {
-		if xff, err := proxywasm.GetProperty(propXFF); err == nil {
-			if ip, ok := xffHop(viewString(xff), n); ok {
-				return ip
-			}
-		}
-	}
 	src, err := proxywasm.GetProperty(propSourceAddress)
 	if err != nil {
 		return netip.Addr{}
 	}
 	return parseAddress(viewString(src))
-}
-
-// xffHop returns the n-th address (n >= 1) from the right of an
-// X-Forwarded-For value, and false if there are fewer than n entries or
-// that entry is not an IP address (with an optional port or brackets).
-// It does not allocate.
-func xffHop(xff string, n int) (netip.Addr, bool) {
-	end := len(xff)
-	for i := len(xff) - 1; i >= -1; i-- {
-		if i >= 0 && xff[i] != ',' {
-			continue
-		}
-		n--
-		if n == 0 {
-			ip := parseAddress(trimOWS(xff[i+1 : end]))
-			return ip, ip.IsValid()
-		}
-		end = i
-	}
-	return netip.Addr{}, false
 }
 
 // parseAddress parses "ip", "ip:port" or "[ipv6]:port"; the zero Addr if it
@@ -220,16 +191,6 @@ func parseAddress(s string) netip.Addr {
 		return a.Unmap()
 	}
 	return netip.Addr{}
-}
-
-func trimOWS(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // viewString views a host buffer as a string without copying; the binding

@@ -50,7 +50,8 @@ func addNum(p *pluginContext, name string, v uint64) {
 }
 
 // correctCost reads the rule's response cost header (a decimal integer,
-// rules.ParseCost, clamped to the rule's max cost) and adjusts the charge
+// rules.ParseCost, clamped to rules.MinCost..the rule's max cost: a request
+// never becomes free) and adjusts the charge
 // by the difference. A missing or malformed value keeps the charge and is
 // counted.
 func (h *httpContext) correctCost(c *charge) {
@@ -66,7 +67,7 @@ func (h *httpContext) correctCost(c *charge) {
 		proxywasm.LogDebug("sluice: rule " + cr.ID + ": malformed response cost header")
 		return
 	}
-	cost = min(cost, cr.MaxCost())
+	cost = max(min(cost, cr.MaxCost()), rules.MinCost)
 	if cost == c.cost {
 		return
 	}
