@@ -1,0 +1,186 @@
+package policysync
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// The holder's long poll to the control plane: proxy_http_call to the
+// configured cluster, the answer validated, then published (publish.go).
+
+func (s *Syncer) maybePoll(now int64) {
+	if s.inFlight || now < s.nextPoll {
+		return
+	}
+	s.poll(now)
+}
+
+func (s *Syncer) poll(now int64) {
+	headers := [][2]string{
+		{":method", "GET"},
+		{":path", "/v1/policies/" + s.o.Policy + "?wait=" + s.o.Wait.String()},
+		{":authority", s.o.Authority},
+		{"accept", "application/json"},
+	}
+	if s.o.Token != "" {
+		headers = append(headers, [2]string{"authorization", "Bearer " + s.o.Token})
+	}
+	if s.etag != "" {
+		headers = append(headers, [2]string{"if-none-match", s.etag})
+	}
+	s.callSeq++
+	seq := s.callSeq
+	_, err := s.h.DispatchHttpCall(s.o.Cluster, headers, nil, nil, uint32(s.o.Timeout.Milliseconds()),
+		func(numHeaders, bodySize, _ int) { s.onResponse(seq, numHeaders, bodySize) })
+	if err != nil {
+		s.fail(now, FailDispatch, "proxy_http_call to cluster "+strconv.Quote(s.o.Cluster)+": "+err.Error())
+		return
+	}
+	s.inFlight, s.callStart = true, now
+}
+
+// onResponse handles the poll's response, in proxy_on_http_call_response.
+func (s *Syncer) onResponse(seq uint64, numHeaders, bodySize int) {
+	if seq != s.callSeq || !s.inFlight {
+		return
+	}
+	s.inFlight = false
+	now := s.nowNanos()
+	// Drop the result unless this instance still holds the lease (renewing
+	// it if it lapsed unclaimed), so that two holders never publish.
+	s.renewLease(now)
+	if !s.holding {
+		s.log.debug("dropped a poll result: lease lost while it was in flight")
+		return
+	}
+	if numHeaders == 0 {
+		s.fail(now, FailReset, "the call failed without a response (reset)")
+		return
+	}
+	status, _ := s.h.GetHttpCallResponseHeader(":status")
+	switch status {
+	case "304":
+		s.succeed(now)
+		s.pollAgain(now, false)
+	case "200":
+		s.on200(now, bodySize)
+	case "504":
+		body, _ := s.h.GetHttpCallResponseBody(0, len(envoyTimeoutBody))
+		if string(body) == envoyTimeoutBody || now-s.callStart >= int64(s.o.Timeout) {
+			// The call's timeout: the long poll simply ended.
+			s.pollAgain(now, false)
+			return
+		}
+		s.fail(now, FailHTTPStatus, "status 504")
+	default:
+		s.fail(now, FailHTTPStatus, "status "+clip(status))
+	}
+}
+
+func (s *Syncer) on200(now int64, bodySize int) {
+	etag, _ := s.h.GetHttpCallResponseHeader("etag")
+	if bodySize > rules.MaxPolicyBytes {
+		s.etag = etag // wait for the next change rather than refetch
+		s.fail(now, FailTooLarge, "policy of "+strconv.Itoa(bodySize)+" bytes exceeds "+strconv.Itoa(rules.MaxPolicyBytes))
+		return
+	}
+	body, err := s.h.GetHttpCallResponseBody(0, bodySize)
+	if err != nil && bodySize > 0 {
+		s.fail(now, FailReset, "reading the response body: "+err.Error())
+		return
+	}
+	if len(body) != bodySize {
+		s.fail(now, FailInvalidPolicy, "body of "+strconv.Itoa(len(body))+" bytes, announced "+strconv.Itoa(bodySize))
+		return
+	}
+	c, err := s.compile(body)
+	if err != nil {
+		s.etag = etag
+		s.fail(now, FailInvalidPolicy, "invalid policy (etag "+clip(etag)+"), keeping version "+strconv.FormatUint(s.appliedVersion, 10)+": "+err.Error())
+		return
+	}
+	if s.o.Prepare != nil {
+		if err := s.o.Prepare(c); err != nil {
+			s.fail(now, FailReset, "preparing version "+strconv.FormatUint(c.Version, 10)+": "+err.Error())
+			return
+		}
+	}
+	// Compiling and preparing take time; the lease may have lapsed
+	// meanwhile and passed to another worker. Take it again (by
+	// compare-and-swap) before publishing, or leave the publishing to the
+	// new holder. Publication is safe without this (see publish); it saves
+	// the work and keeps one publisher the rule.
+	if s.renewLease(s.nowNanos()); !s.holding {
+		s.log.debug("dropped a poll result: lease lost while preparing version " + strconv.FormatUint(c.Version, 10))
+		return
+	}
+	prevETag := s.etag
+	s.etag = etag
+	published, gen, ok := s.publish(body, c.Version, etag)
+	switch {
+	case ok:
+		defer s.pollAgain(now, true)
+		s.log.info("published policy version " + strconv.FormatUint(c.Version, 10) + " (" + strconv.Itoa(len(body)) + " bytes, generation " + strconv.FormatUint(gen, 10) + ")")
+		if err := s.install(c, gen); err != nil {
+			s.badGen = gen
+			s.log.warn("published version " + strconv.FormatUint(c.Version, 10) + " not applied here: " + clip(err.Error()))
+		}
+	case published >= c.Version:
+		if published > c.Version {
+			s.log.warn("control plane served version " + strconv.FormatUint(c.Version, 10) + " of the same epoch, below the published " + strconv.FormatUint(published, 10) +
+				" (a control-plane replica behind?); keeping " + strconv.FormatUint(published, 10))
+		}
+		defer s.pollAgain(now, false)
+	default:
+		// Not published: fetch it again after the backoff, rather than
+		// have the control plane answer 304 to its ETag.
+		s.etag = prevETag
+		s.fail(now, FailReset, "could not publish version "+strconv.FormatUint(c.Version, 10)+": shared data changed meanwhile")
+		return
+	}
+	s.succeed(now)
+}
+
+func (s *Syncer) succeed(now int64) {
+	s.h.Counter(MetricSyncSuccesses, 1)
+	s.h.Gauge(MetricLastSync, uint64(max(now, 0)/int64(time.Second)))
+	if s.failing {
+		s.log.info("sync recovered after " + strconv.Itoa(s.backoff.Failures()) + " failed polls (last: " + string(s.lastFailure) + ")")
+		s.failing = false
+	}
+	s.backoff.Reset()
+}
+
+// pollAgain starts the next poll right away if the lease is still held.
+// An answer that brought no change (304, timeout, a version already
+// published) less than MinPollSpacing after its poll started defers the
+// next poll until then, to the tick: a control plane or proxy that ignores
+// ?wait costs at most one request per MinPollSpacing, not a busy loop.
+func (s *Syncer) pollAgain(now int64, changed bool) {
+	s.nextPoll = now
+	if !changed && now-s.callStart < int64(MinPollSpacing) && now >= s.callStart {
+		s.nextPoll = s.callStart + int64(MinPollSpacing)
+		return
+	}
+	if s.holding {
+		s.poll(now)
+	}
+}
+
+func (s *Syncer) fail(now int64, kind FailureKind, reason string) {
+	s.h.Counter(MetricSyncFailuresPrefix+string(kind), 1)
+	wait := s.backoff.Next()
+	s.nextPoll = now + int64(wait)
+	s.lastFailure = kind
+	switch {
+	case kind == FailInvalidPolicy || kind == FailTooLarge:
+		// Each rejected document is its own event (the ETag keeps the next
+		// poll from refetching it), so it is always logged.
+		s.log.warn("rejected: " + clip(reason))
+	case !s.failing:
+		s.log.warn("sync failing (" + string(kind) + "): " + clip(reason) + "; retrying with backoff")
+	}
+	s.failing = true
+}
