@@ -170,8 +170,6 @@ func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig 
 
 func cfgErr(param, reason string) error { return &ConfigError{Param: param, Reason: reason} }
 
-func u(v uint64) string { return strconv.FormatUint(v, 10) }
-
 // Validate checks c against the bounds above and returns a *ConfigError naming the
 // first bad parameter, in the order algorithm, limit, window, burst, slots,
 // calendar_day, timezone, lease; nil if c is valid.
@@ -194,7 +192,7 @@ func (c Config) Validate() error {
 		return cfgErr("limit", "must be > 0")
 	}
 	if c.Limit > maxLimit {
-		return cfgErr("limit", "must be <= "+u(maxLimit)+" for "+name+", got "+u(c.Limit))
+		return cfgErr("limit", "must be <= "+strconv.FormatUint(maxLimit, 10)+" for "+name+", got "+strconv.FormatUint(c.Limit, 10))
 	}
 	// window
 	switch {
@@ -217,7 +215,7 @@ func (c Config) Validate() error {
 	switch c.Algorithm {
 	case TokenBucket, GCRA:
 		if c.Burst > MaxLimit {
-			return cfgErr("burst", "must be <= "+u(MaxLimit)+", got "+u(c.Burst))
+			return cfgErr("burst", "must be <= "+strconv.FormatUint(MaxLimit, 10)+", got "+strconv.FormatUint(c.Burst, 10))
 		}
 		if refillTooLong(c.capacity(), c.Window, c.Limit) {
 			return cfgErr("burst", "refill time of the whole bucket (capacity*window/limit) must be <= "+MaxRefill.String())

@@ -80,7 +80,7 @@ func Compile(p *Policy, opts CompileOptions) (*Compiled, error) {
 		env = "default"
 	}
 	if !ValidName(env) {
-		return nil, errors.New("rules: invalid env " + q(env) + ": " + identRule)
+		return nil, errors.New("rules: invalid env " + quoteClipped(env) + ": " + identRule)
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -98,7 +98,7 @@ func Compile(p *Policy, opts CompileOptions) (*Compiled, error) {
 	var errs Errors
 	for i := range p.Rules {
 		if err := c.compileRule(i, &p.Rules[i]); err != nil {
-			errs = append(errs, FieldError{Field: idx("rules", i), Message: err.Error()})
+			errs = append(errs, FieldError{Field: elemPath("rules", i), Message: err.Error()})
 		}
 	}
 	if errs != nil {

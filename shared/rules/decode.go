@@ -158,7 +158,7 @@ func decodePolicyMember(d *strictjson.Decoder, p *Policy, key string) error {
 	case "policy":
 		p.Name = str(d)
 	case "version":
-		p.Version, _ = u64(d)
+		p.Version, _ = readUint64(d)
 	case "identity":
 		if d.Null() {
 			return nil
@@ -225,13 +225,13 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 	case "algorithm":
 		r.Algorithm = str(d)
 	case "limit":
-		r.Limit, _ = u64(d)
+		r.Limit, _ = readUint64(d)
 	case "window":
 		r.Window, _ = dur(d)
 	case "burst":
-		r.Burst, _ = u64(d)
+		r.Burst, _ = readUint64(d)
 	case "slots":
-		if v, err := u64(d); err == nil {
+		if v, err := readUint64(d); err == nil {
 			if v > uint64(limit.MaxSlots) {
 				d.Fail("must be <= " + strconv.Itoa(int(limit.MaxSlots)) + ", got " + strconv.FormatUint(v, 10))
 			} else {
@@ -245,7 +245,7 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 	case "lease":
 		r.Lease, _ = dur(d)
 	case "cost":
-		if v, err := u64(d); err == nil {
+		if v, err := readUint64(d); err == nil {
 			if v == 0 {
 				d.Fail("must be >= 1 (omit it for the default of 1)")
 			}
@@ -254,13 +254,13 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 	case "cost_header":
 		r.CostHeader = str(d)
 	case "max_cost":
-		r.MaxCost, _ = u64(d)
+		r.MaxCost, _ = readUint64(d)
 	case "response_cost_header":
 		r.ResponseCostHeader = str(d)
 	case "shadow":
 		r.Shadow, _ = boolean(d)
 	case "status":
-		if v, err := u64(d); err == nil {
+		if v, err := readUint64(d); err == nil {
 			if v < MinStatus || v > MaxStatus {
 				d.Fail("must be between 400 and 599")
 			} else {
@@ -349,7 +349,7 @@ func str(d *strictjson.Decoder) string {
 	return s
 }
 
-func u64(d *strictjson.Decoder) (uint64, error) {
+func readUint64(d *strictjson.Decoder) (uint64, error) {
 	if d.Null() {
 		return 0, errNull
 	}

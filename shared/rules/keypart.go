@@ -43,11 +43,11 @@ func parseKeyPart(s string) (alts []keyAlt, msg string) {
 			if len(one) > 64 {
 				one = one[:64] + "..."
 			}
-			return nil, "unknown key part " + q(one) + "; " + keyPartRule
+			return nil, "unknown key part " + quoteClipped(one) + "; " + keyPartRule
 		}
 		for _, b := range alts {
 			if b == a {
-				return nil, "duplicate alternative " + q(one)
+				return nil, "duplicate alternative " + quoteClipped(one)
 			}
 		}
 		alts = append(alts, a)

@@ -58,7 +58,7 @@ func (v *validator) scope(r *Rule, field string, cfg limit.Config, ok bool) {
 			}
 		}
 	default:
-		v.add(join(field, "scope"), "must be "+q(ScopeEnvoy)+" or "+q(ScopeFleet)+", got "+q(r.Scope))
+		v.add(join(field, "scope"), "must be "+quoteClipped(ScopeEnvoy)+" or "+quoteClipped(ScopeFleet)+", got "+quoteClipped(r.Scope))
 	}
 }
 

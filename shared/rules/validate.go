@@ -215,9 +215,11 @@ func join(a, b string) string {
 	return a + "." + b
 }
 
-func idx(field string, i int) string { return field + "[" + strconv.Itoa(i) + "]" }
+// elemPath is the JSON path of element i of the array at field: "rules[2]".
+func elemPath(field string, i int) string { return field + "[" + strconv.Itoa(i) + "]" }
 
-func q(s string) string {
+// quoteClipped quotes s for an error message, cut to 64 bytes.
+func quoteClipped(s string) string {
 	if len(s) > 64 {
 		s = s[:64] + "..."
 	}
@@ -271,13 +273,13 @@ func (v *validator) policy(p *Policy) {
 	seen := make(map[string]int, len(p.Rules))
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		field := idx("rules", i)
+		field := elemPath("rules", i)
 		v.rule(r, field, &p.Identity)
 		if r.ID == "" {
 			continue
 		}
 		if j, dup := seen[r.ID]; dup {
-			v.add(field+".id", "duplicate rule id "+q(r.ID)+" (also rules["+strconv.Itoa(j)+"])")
+			v.add(field+".id", "duplicate rule id "+quoteClipped(r.ID)+" (also rules["+strconv.Itoa(j)+"])")
 			continue
 		}
 		seen[r.ID] = i
@@ -290,7 +292,7 @@ func (v *validator) exempt(e *Exempt, field string) {
 	} else {
 		for i, s := range e.CIDRs {
 			if _, msg := parseCIDR(s); msg != "" {
-				v.add(idx(field+".cidrs", i), msg)
+				v.add(elemPath(field+".cidrs", i), msg)
 			}
 		}
 	}
@@ -305,7 +307,7 @@ func (v *validator) idList(list []string, field string) {
 	}
 	for i, s := range list {
 		if s == "" || len(s) > MaxExemptIDBytes || !utf8.ValidString(s) {
-			v.add(idx(field, i), "must be 1 to "+strconv.Itoa(MaxExemptIDBytes)+" bytes of UTF-8")
+			v.add(elemPath(field, i), "must be 1 to "+strconv.Itoa(MaxExemptIDBytes)+" bytes of UTF-8")
 		}
 	}
 }
@@ -415,7 +417,7 @@ func (v *validator) limitConfig(r *Rule, field string) (cfg limit.Config, ok boo
 	case r.Algorithm == "":
 		v.add(f("algorithm"), "required")
 	case !known:
-		v.add(f("algorithm"), "unknown algorithm "+q(r.Algorithm)+"; want token_bucket, time_wheel, fixed_window, gcra, sliding_log or concurrency")
+		v.add(f("algorithm"), "unknown algorithm "+quoteClipped(r.Algorithm)+"; want token_bucket, time_wheel, fixed_window, gcra, sliding_log or concurrency")
 	}
 	cfg = limit.Config{
 		Algorithm: alg,
@@ -448,11 +450,11 @@ func (v *validator) limitConfig(r *Rule, field string) (cfg limit.Config, ok boo
 // local zone is not something a policy can know.
 func loadLocation(name string) (*time.Location, string) {
 	if name == "Local" || len(name) > 64 {
-		return nil, "unknown time zone " + q(name) + " (want an IANA name such as Europe/Berlin)"
+		return nil, "unknown time zone " + quoteClipped(name) + " (want an IANA name such as Europe/Berlin)"
 	}
 	loc, err := time.LoadLocation(name)
 	if err != nil {
-		return nil, "unknown time zone " + q(name) + " (want an IANA name such as Europe/Berlin)"
+		return nil, "unknown time zone " + quoteClipped(name) + " (want an IANA name such as Europe/Berlin)"
 	}
 	return loc, ""
 }
@@ -476,14 +478,14 @@ func (v *validator) match(m *Match, field string) {
 		v.add(f("methods"), "at most "+strconv.Itoa(MaxMethods)+" methods, got "+strconv.Itoa(n))
 	} else {
 		for i, meth := range m.Methods {
-			mf := func() string { return idx(f("methods"), i) }
+			mf := func() string { return elemPath(f("methods"), i) }
 			if !validMethod(meth) {
 				v.add(mf(), "must be an upper-case HTTP method such as GET (RFC 9110 §9, case-sensitive)")
 				continue
 			}
 			for j := 0; j < i; j++ {
 				if m.Methods[j] == meth {
-					v.add(mf(), "duplicate method "+q(meth))
+					v.add(mf(), "duplicate method "+quoteClipped(meth))
 					break
 				}
 			}
@@ -495,7 +497,7 @@ func (v *validator) match(m *Match, field string) {
 	}
 	for i := range m.Headers {
 		h := &m.Headers[i]
-		hf := func() string { return idx(f("headers"), i) }
+		hf := func() string { return elemPath(f("headers"), i) }
 		if h.Name == "" {
 			v.add(hf()+".name", "required")
 		} else if !ValidHeaderName(h.Name) {
@@ -570,7 +572,7 @@ func (v *validator) key(parts []string, field string, id *Identity) {
 		return
 	}
 	for i, s := range parts {
-		pf := func() string { return idx(field, i) }
+		pf := func() string { return elemPath(field, i) }
 		alts, msg := parseKeyPart(s)
 		if msg != "" {
 			v.add(pf(), msg)
@@ -578,7 +580,7 @@ func (v *validator) key(parts []string, field string, id *Identity) {
 		}
 		for j := 0; j < i; j++ {
 			if parts[j] == s {
-				v.add(pf(), "duplicate key part "+q(s))
+				v.add(pf(), "duplicate key part "+quoteClipped(s))
 				break
 			}
 		}

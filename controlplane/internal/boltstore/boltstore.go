@@ -318,14 +318,14 @@ func epoch(tx *bolt.Tx) string {
 	return ""
 }
 
-func u64(b []byte) uint64 {
+func decodeUint64(b []byte) uint64 {
 	if len(b) != 8 {
 		return 0
 	}
 	return binary.BigEndian.Uint64(b)
 }
 
-func be(v uint64) []byte {
+func encodeUint64(v uint64) []byte {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], v)
 	return b[:]
@@ -349,7 +349,7 @@ func (s *Store) Get(_ context.Context, name string) (store.Record, error) {
 		if b == nil {
 			return nil
 		}
-		r.Version = u64(b.Get(keyVersion))
+		r.Version = decodeUint64(b.Get(keyVersion))
 		r.Doc = clone(b.Get(keyDoc))
 		r.Sum = store.Sum(r.Doc)
 		if r.Version > 0 {
@@ -371,7 +371,7 @@ func (s *Store) List(_ context.Context) ([]store.Record, error) {
 		return tx.Bucket(bucketPolicies).ForEachBucket(func(k []byte) error {
 			b := tx.Bucket(bucketPolicies).Bucket(k)
 			if b.Get(keyDoc) != nil {
-				out = append(out, store.Record{Name: string(k), Version: u64(b.Get(keyVersion)), Epoch: e})
+				out = append(out, store.Record{Name: string(k), Version: decodeUint64(b.Get(keyVersion)), Epoch: e})
 			}
 			return nil
 		})
@@ -392,7 +392,7 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 		if err != nil {
 			return err
 		}
-		cur := u64(b.Get(keyVersion))
+		cur := decodeUint64(b.Get(keyVersion))
 		if cur != c.Base {
 			if c.ID != "" && cur == c.Base+1 && string(b.Get(keyWriteID)) == c.ID {
 				r.Version, r.Doc = cur, clone(b.Get(keyDoc))
@@ -401,7 +401,7 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 			return store.ErrConflict
 		}
 		next := cur + 1
-		if err := b.Put(keyVersion, be(next)); err != nil {
+		if err := b.Put(keyVersion, encodeUint64(next)); err != nil {
 			return err
 		}
 		if err := b.Put(keyWriteID, []byte(c.ID)); err != nil {
@@ -434,14 +434,14 @@ func (s *Store) Commit(_ context.Context, c store.Change) (store.Record, error) 
 		}
 		if d := b.Get(keyDeleted); d != nil {
 			// Re-created: the deletion becomes the first history entry.
-			if err := h.Put(be(cur), bytes.Clone(d)); err != nil {
+			if err := h.Put(encodeUint64(cur), bytes.Clone(d)); err != nil {
 				return err
 			}
 			if err := b.Delete(keyDeleted); err != nil {
 				return err
 			}
 		}
-		if err := h.Put(be(next), entry); err != nil {
+		if err := h.Put(encodeUint64(next), entry); err != nil {
 			return err
 		}
 		var drop [][]byte
@@ -479,7 +479,7 @@ func (s *Store) Rotate(ctx context.Context, name, from string) (store.Record, er
 	rotated := false
 	err := s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPolicies).Bucket([]byte(name))
-		if b == nil || u64(b.Get(keyVersion)) == 0 || epoch(tx) != from {
+		if b == nil || decodeUint64(b.Get(keyVersion)) == 0 || epoch(tx) != from {
 			return nil
 		}
 		m, err := tx.CreateBucketIfNotExists(bucketMeta)
