@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 // The benchmarks measure the service on loopback with a real Redis (started
@@ -72,7 +72,7 @@ func put(b *testing.B, c *http.Client, url string, body []byte) int {
 // stall is not hidden by the sender waiting (no coordinated omission).
 // Reports p50/p99/max in milliseconds. Use -benchtime=5000x (5 s).
 func BenchmarkPollGET(b *testing.B) {
-	be := redisBackend(b, redistest.Options{})
+	be := redisBackend(b, redisproc.Options{})
 	r := startReplica(b, be)
 	c := rawClient(64)
 	if put(b, c, r.ts.URL+"/v1/policies/p", policyDoc("p", 1)) != 201 {
@@ -113,7 +113,7 @@ func BenchmarkPollGET(b *testing.B) {
 func BenchmarkWake1000(b *testing.B) {
 	for _, mode := range []string{"local", "replica"} {
 		b.Run(mode, func(b *testing.B) {
-			be := redisBackend(b, redistest.Options{})
+			be := redisBackend(b, redisproc.Options{})
 			pollers := startReplica(b, be)
 			writer := pollers
 			if mode == "replica" {
@@ -186,7 +186,7 @@ func waitWatchersB(b *testing.B, r *replica, n int) {
 func BenchmarkWrites(b *testing.B) {
 	for _, mode := range []string{"serial", "parallel"} {
 		b.Run(mode, func(b *testing.B) {
-			r := startReplica(b, redisBackend(b, redistest.Options{}))
+			r := startReplica(b, redisBackend(b, redisproc.Options{}))
 			c := rawClient(64)
 			var mu sync.Mutex
 			next := 0

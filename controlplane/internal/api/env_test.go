@@ -15,9 +15,9 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/boltstore"
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 const (
@@ -31,13 +31,13 @@ const (
 type backend struct {
 	name  string
 	open  func(t testing.TB) store.Store
-	redis *redistest.Server
+	redis *redisproc.Server
 }
 
 func init() { redisstore.SetLogger(slog.New(slog.NewTextHandler(io.Discard, nil))) }
 
-func redisBackend(t testing.TB, opts redistest.Options) backend {
-	srv := redistest.Start(t, opts)
+func redisBackend(t testing.TB, opts redisproc.Options) backend {
+	srv := redisproc.Start(t, opts)
 	return backend{name: "redis", redis: srv, open: func(t testing.TB) store.Store {
 		st, err := redisstore.Open(redisstore.Options{URL: srv.URL(), HistoryDepth: depth, OpTimeout: time.Second})
 		if err != nil {
@@ -60,7 +60,7 @@ func boltBackend(t testing.TB) backend {
 
 // backends returns both stores, for tests that must hold on each.
 func backends(t *testing.T) []backend {
-	return []backend{redisBackend(t, redistest.Options{}), boltBackend(t)}
+	return []backend{redisBackend(t, redisproc.Options{}), boltBackend(t)}
 }
 
 type replica struct {

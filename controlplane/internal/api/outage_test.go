@@ -8,7 +8,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/api"
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 func waitStatus(t *testing.T, c *apitest.Client, path string, status int) {
@@ -28,7 +28,7 @@ func waitStatus(t *testing.T, c *apitest.Client, path string, status int) {
 // everything recovers by itself and no acknowledged write is lost (Redis
 // runs with appendonly + appendfsync always, so a restart keeps its data).
 func TestRedisOutage(t *testing.T) {
-	b := redisBackend(t, redistest.Options{AppendOnly: true})
+	b := redisBackend(t, redisproc.Options{AppendOnly: true})
 	short := func(o *api.Options) { o.StoreTimeout = time.Second }
 	a, other := startReplica(t, b, short), startReplica(t, b, short)
 
@@ -149,7 +149,7 @@ func waitETag(t *testing.T, c *apitest.Client, path, tag string) {
 // TestRedisDownAtStart: a replica whose store is unreachable at start serves
 // 503 (nothing to serve yet), then recovers by itself.
 func TestRedisDownAtStart(t *testing.T) {
-	b := redisBackend(t, redistest.Options{})
+	b := redisBackend(t, redisproc.Options{})
 	seed := startReplica(t, b)
 	expect(t, seed.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
 	b.redis.Kill()

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/api"
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 // guard bounds how long a test waits for something that should happen
@@ -138,7 +138,7 @@ func TestDrainAnswersLongPolls(t *testing.T) {
 // TestReplicasShareRedis: a write through one replica wakes long polls on
 // another (pub/sub), and both serve the same versions.
 func TestReplicasShareRedis(t *testing.T) {
-	b := redisBackend(t, redistest.Options{})
+	b := redisBackend(t, redisproc.Options{})
 	a, c := startReplica(t, b), startReplica(t, b)
 	v1 := a.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1))
 	expect(t, v1, 201, "create on a")
@@ -170,7 +170,7 @@ func TestReplicasShareRedis(t *testing.T) {
 // TestIfMatchRace: two writers with the same ETag; exactly one wins, the
 // other gets 412. Repeated, and across two replicas on Redis.
 func TestIfMatchRace(t *testing.T) {
-	b := redisBackend(t, redistest.Options{})
+	b := redisBackend(t, redisproc.Options{})
 	r1, r2 := startReplica(t, b), startReplica(t, b)
 	expect(t, r1.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
 	clients := []*apitest.Client{r1.admin, r2.admin}
@@ -216,7 +216,7 @@ func TestIfMatchRace(t *testing.T) {
 // TestConcurrentWritersWithoutIfMatch: all succeed (retried), versions are
 // distinct and consecutive.
 func TestConcurrentWritersWithoutIfMatch(t *testing.T) {
-	r := startReplica(t, redisBackend(t, redistest.Options{}))
+	r := startReplica(t, redisBackend(t, redisproc.Options{}))
 	expect(t, r.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 1)), 201, "create")
 	const n = 6
 	var wg sync.WaitGroup

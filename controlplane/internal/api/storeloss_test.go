@@ -7,7 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 // limitOf returns the limit of rule r1 of a policy response.
@@ -46,7 +46,7 @@ func awaitLimit(t *testing.T, c *apitest.Client, limit int, what string) *apites
 func TestWritesAfterRedisLostDataAreServed(t *testing.T) {
 	for _, loss := range []string{"restart", "flushall"} {
 		t.Run(loss, func(t *testing.T) {
-			b := redisBackend(t, redistest.Options{})
+			b := redisBackend(t, redisproc.Options{})
 			a, other := startReplica(t, b), startReplica(t, b)
 
 			var lost []string // ETags of v1..v3 before the loss

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/config"
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 func TestMainRefusesToStartWithoutTokens(t *testing.T) {
@@ -117,7 +117,7 @@ func TestEmbeddedDurableAndGracefulShutdown(t *testing.T) {
 }
 
 func TestRedisStore(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := redisproc.Start(t, redisproc.Options{})
 	c, stop := server(t, []string{"--redis-url", srv.URL()}, map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_READ_TOKEN": "rd"})
 	if r := c.Do("PUT", "/v1/policies/p", []byte(doc)); r.Status != 201 {
 		t.Fatalf("PUT → %d %s", r.Status, r.Body)

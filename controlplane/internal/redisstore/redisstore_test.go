@@ -9,13 +9,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store/storetest"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 func TestConformance(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := redisproc.Start(t, redisproc.Options{})
 	storetest.Run(t, func(t *testing.T) store.Store {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 		if err := c.FlushAll(t.Context()).Err(); err != nil {
@@ -79,7 +79,7 @@ func TestUniversalOptions(t *testing.T) {
 // version conflict is still ErrConflict.
 func TestWaitReplicas(t *testing.T) {
 	ctx := t.Context()
-	master := redistest.Start(t, redistest.Options{})
+	master := redisproc.Start(t, redisproc.Options{})
 	s, err := Open(Options{URL: master.URL(), HistoryDepth: 3, WaitReplicas: 1, WaitTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestWaitReplicas(t *testing.T) {
 		t.Fatalf("the master did not apply the unconfirmed commit: %+v", r)
 	}
 
-	replica := redistest.Start(t, redistest.Options{})
+	replica := redisproc.Start(t, redisproc.Options{})
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr()})
 	defer rc.Close()
 	host, port, _ := net.SplitHostPort(master.Addr())

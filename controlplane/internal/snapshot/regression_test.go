@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
-	"github.com/sluice-proxy/sluice/controlplane/internal/redistest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 )
 
 // TestOtherEpochReplacesUnlessOlderRead: a record of another epoch replaces
@@ -49,7 +49,7 @@ func TestOtherEpochReplacesUnlessOlderRead(t *testing.T) {
 // document and gives the policy a new epoch, so its lower version is not
 // mistaken for a replica that is behind.
 func TestStaleReplicaPromotedGetsNewEpoch(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := redisproc.Start(t, redisproc.Options{})
 	st, err := redisstore.Open(redisstore.Options{URL: srv.URL(), HistoryDepth: 5})
 	if err != nil {
 		t.Fatal(err)
