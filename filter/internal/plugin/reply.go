@@ -14,6 +14,7 @@ import (
 const (
 	detailsLimited         = "sluice_rate_limited"
 	detailsNoPolicy        = "sluice_no_policy"
+	detailsCASExhausted    = "sluice_cas_exhausted"
 	messageLimited         = "rate limit exceeded"
 	messageConcurrency     = "too many concurrent requests"
 	messageNoPolicy        = "no rate-limit policy loaded"
@@ -57,7 +58,9 @@ func ceilSeconds(d time.Duration) uint64 {
 	return uint64((d + time.Second - 1) / time.Second)
 }
 
-// deny answers the request with the reported rule's local reply.
+// deny answers the request with the reported rule's local reply; a rule
+// that ran out of CAS retries (cas_fail_mode "closed") answers the same
+// way with details sluice_cas_exhausted and reason cas_exhausted.
 func (h *httpContext) deny(ps *policyState, ev *eval) {
 	h.denied = true
 	r := &h.report
@@ -65,8 +68,12 @@ func (h *httpContext) deny(ps *policyState, ev *eval) {
 	if ev.rule.concurrency {
 		msg = messageConcurrency
 	}
-	h.sendReply(ev.rule.cr.Status, detailsLimited, msg, ev.rule.cr.ID, r.limit, r.remaining, r.resetSeconds, r.retryAfterSeconds, true)
-	h.setState(ps, "")
+	details, reason := detailsLimited, ""
+	if ev.exhausted {
+		details, reason = detailsCASExhausted, reasonCASExhausted
+	}
+	h.sendReply(ev.rule.cr.Status, details, msg, ev.rule.cr.ID, r.limit, r.remaining, r.resetSeconds, r.retryAfterSeconds, true)
+	h.setState(ps, reason)
 }
 
 // denyNoPolicy answers 503 under fail_mode "closed" when there is no policy.
