@@ -89,7 +89,9 @@ func (h *httpContext) denyNoPolicy() {
 //	 "timestamp":"<RFC 3339>","trace_id":"..."}
 //
 // with Content-Type, Retry-After (whole seconds, rounded up) and, when
-// withLimits, the configured rate-limit headers.
+// withLimits, the configured rate-limit headers. A non-empty trace_id is
+// also written to filter state sluice.trace_id (the access log's
+// trace_id), before the reply is sent.
 func (h *httpContext) sendReply(status int, details, msg, rule string, lim, remaining, reset, retryAfter uint64, withLimits bool) {
 	p := h.p
 	w := strictjson.NewWriter(p.s.body[:0])
@@ -113,8 +115,15 @@ func (h *httpContext) sendReply(status int, details, msg, rule string, lim, rema
 	var ts [64]byte
 	w.AppendString(viewString(time.Now().UTC().AppendFormat(ts[:0], time.RFC3339)))
 	w.AppendKey("trace_id")
-	w.AppendString(traceID())
+	id := traceID()
+	w.AppendString(id)
 	w.EndObject()
+	if id != "" {
+		// The access log's trace_id reads this, so that the body and the log
+		// show the same id. Only a local reply writes it: it costs one
+		// hostcall, and an allowed request has no body to agree with.
+		setProp(propTraceID, bytesOf(id))
+	}
 	body := w.Bytes()
 
 	headers := make([][2]string, 0, 7)
