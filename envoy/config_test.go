@@ -260,9 +260,9 @@ func TestAccessLogTraceIDMatchesReply(t *testing.T) {
 	defer srv.Close()
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	for i, tc := range []struct {
-		headers   map[string]string
-		status    int
-		traceID   any // the log's trace_id; for a 429 also the body's
+		headers  map[string]string
+		status   int
+		traceID  any // the log's trace_id; for a 429 also the body's
 		loggedTP any
 	}{
 		{map[string]string{"X-Request-Id": "r-1", "Traceparent": tp}, 200, nil, tp},
