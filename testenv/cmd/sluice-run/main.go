@@ -167,7 +167,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err := waitPolicy(ctx, proxy, accessLog, version, workers, 30*time.Second, sup); err != nil {
 		return fmt.Errorf("the dev proxy does not enforce the policy: %w (see %s/devproxy.log)", err, s.runDir)
 	}
-	printTry(s, cp, proxy, up, accessLog, store)
+	printTry(s, cp, proxy, up, accessLog, store, created)
 	return nil
 }
 
@@ -310,7 +310,7 @@ func lastLine(b []byte) []byte {
 	return b
 }
 
-func printTry(s settings, cp, proxy, up, accessLog, store string) {
+func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nsluice is running.\n")
 	fmt.Fprintf(&b, "  dev proxy      http://%s  (%s, %s/sluice.wasm, %s workers)\n", proxy, s.envoy, s.binDir, s.workers)
@@ -324,6 +324,9 @@ func printTry(s settings, cp, proxy, up, accessLog, store string) {
 		fmt.Fprintf(&b, "Tokens (from the environment). In another terminal:\n")
 	}
 	fmt.Fprintf(&b, "  export SLUICE_ADMIN_TOKEN=%s\n  export SLUICE_READ_TOKEN=%s\n\n", s.admin, s.read)
+	if !demo {
+		fmt.Fprintf(&b, "The policy \"default\" is the stored one, not the demo; the steps below assume the demo (%s).\n", s.policy)
+	}
 	fmt.Fprintf(&b, "1. Trip a limit (5 requests a minute per user on /api/): five 200s, then 429s\n")
 	fmt.Fprintf(&b, "  for i in $(seq 8); do curl -s -o /dev/null -w '%%{http_code} ' -H 'x-user-id: alice' http://%s/api/hello; done; echo\n", proxy)
 	fmt.Fprintf(&b, "2. See a rejection, its headers and JSON body\n")
