@@ -5,11 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	headermutationv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
@@ -357,4 +361,99 @@ func TestLoadBalancerComment(t *testing.T) {
 			t.Errorf("istio/wasmplugin.yaml still sets trusted_hops: %q", l)
 		}
 	}
+}
+
+// TestAccessLogTraceIDMatchesReply runs envoy.yaml's access log and the
+// real filter in the dev proxy, with a static one-request policy in place
+// of the control plane: a request that carries only x-request-id and gets
+// a 429 shows the same trace id in the reply body and in the access log;
+// a request with a traceparent and an x-request-id too; an allowed request
+// has no trace_id (there is no body to agree with) and its traceparent is
+// logged as is.
+func TestAccessLogTraceIDMatchesReply(t *testing.T) {
+	c, err := devproxy.LoadEnvoyConfig("envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Filter.PluginConfig = []byte(`{"env":"t","policy":{"policy":"p","rules":[
+	  {"id":"one","algorithm":"fixed_window","limit":1,"window":"1h"}]}}`)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer up.Close()
+	var log syncLines
+	p, err := devproxy.New(context.Background(), devproxy.Options{Config: c, Wasm: wasmBin, Workers: 1,
+		Upstream: up.Listener.Addr().String(), AccessLog: &log, LogLevel: host.LogWarn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for i, tc := range []struct {
+		headers  map[string]string
+		status   int
+		traceID  any // the log's trace_id; for a 429 also the body's
+		loggedTP any
+	}{
+		{map[string]string{"X-Request-Id": "r-1", "Traceparent": tp}, 200, nil, tp},
+		{map[string]string{"X-Request-Id": "r-2"}, 429, "r-2", nil},
+		{map[string]string{"X-Request-Id": "r-3", "Traceparent": tp}, 429, "r-3", tp},
+	} {
+		req, _ := http.NewRequest("GET", srv.URL+"/x", nil)
+		for k, v := range tc.headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Fatalf("request %d: status %d, want %d", i+1, resp.StatusCode, tc.status)
+		}
+		lines := log.get()
+		if len(lines) != i+1 {
+			t.Fatalf("request %d: %d log lines", i+1, len(lines))
+		}
+		var e map[string]any
+		if err := json.Unmarshal([]byte(lines[i]), &e); err != nil {
+			t.Fatal(err)
+		}
+		if e["trace_id"] != tc.traceID || e["traceparent"] != tc.loggedTP {
+			t.Errorf("request %d: log trace_id %#v traceparent %#v, want %#v %#v", i+1, e["trace_id"], e["traceparent"], tc.traceID, tc.loggedTP)
+		}
+		if tc.status == 429 {
+			var b struct {
+				TraceID string `json:"trace_id"`
+			}
+			if err := json.Unmarshal(body, &b); err != nil {
+				t.Fatalf("request %d: body %s: %v", i+1, body, err)
+			}
+			if b.TraceID != tc.traceID {
+				t.Errorf("request %d: body trace_id %q, log trace_id %#v", i+1, b.TraceID, e["trace_id"])
+			}
+		}
+	}
+}
+
+// syncLines collects access-log lines written from the proxy's goroutines.
+type syncLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (s *syncLines) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		s.lines = append(s.lines, l)
+	}
+	return len(b), nil
+}
+
+func (s *syncLines) get() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.lines...)
 }

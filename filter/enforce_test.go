@@ -111,6 +111,7 @@ func checkDecision(t *testing.T, i int, resp host.Response, cr *rules.CompiledRu
 		}
 		want["retry-after"] = ""
 		state["sluice.rate_limited"] = "false"
+		state["sluice.trace_id"] = "" // written only with a local reply
 		wantHeaders(t, resp.Headers, want)
 		wantState(t, resp.FilterState, state)
 		return
@@ -126,6 +127,7 @@ func checkDecision(t *testing.T, i int, resp host.Response, cr *rules.CompiledRu
 	want["content-type"] = "application/json"
 	wantHeaders(t, resp.Headers, want)
 	state["sluice.rate_limited"] = "true"
+	state["sluice.trace_id"] = "req-" + strconv.Itoa(i) // the body's trace_id, for the access log
 	wantState(t, resp.FilterState, state)
 	b := decodeReply(t, resp)
 	if b.Code != 429 || b.Message != "rate limit exceeded" || b.Data.Rule != cr.ID ||

@@ -173,6 +173,9 @@ func checkLogLine(t *testing.T, m map[string]any, i int, v uint64) {
 		"rate_limit_limit": "5", "rate_limit_remaining": strconv.Itoa(remaining), "rate_limit_shadow": "false",
 		"rate_limit_policy_version": strconv.FormatUint(v, 10), "rate_limit_reason": nil,
 	}
+	if limited {
+		want["trace_id"] = fmt.Sprintf("wt-%d", i) // the 429 body's trace_id
+	}
 	for k, w := range want {
 		if g, ok := m[k]; !ok || g != w {
 			t.Errorf("request %d: %s = %#v, want %#v", i, k, g, w)

@@ -18,7 +18,8 @@
 //	  "headers": "x-ratelimit",
 //	  "headers_on_allow": true,
 //	  "fail_mode": "open",
-//	  "cas_retries": 8
+//	  "cas_retries": 16,
+//	  "cas_fail_mode": "closed"
 //	}
 //
 // Every member is optional and described on the Config field that holds it,
@@ -75,7 +76,7 @@ const (
 	// DefaultEntriesPerBucket is "entries_per_bucket" when absent.
 	DefaultEntriesPerBucket = 16
 	// DefaultCASRetries is "cas_retries" when absent.
-	DefaultCASRetries = 8
+	DefaultCASRetries = 16
 	// MaxCASRetries bounds "cas_retries".
 	MaxCASRetries = 1000
 	// DefaultWait, DefaultTimeout and DefaultLease are the control plane's
@@ -133,7 +134,8 @@ const (
 	FailOpen FailMode = iota
 	// FailClosed ("closed"): requests are denied with 503 while there is no
 	// policy (neither a static one nor one from the control plane). Trouble
-	// while serving (CAS exhaustion, bad shared data) still fails open.
+	// while serving (bad shared data) still fails open; CAS exhaustion
+	// follows CASFailMode.
 	FailClosed
 )
 
@@ -208,9 +210,17 @@ type Config struct {
 	HeadersOnAllow bool
 	// FailMode ["fail_mode"]: "open" or "closed". Default FailOpen.
 	FailMode FailMode
-	// CASRetries ["cas_retries"] bounds the compare-and-swap retries of one
-	// request over all its rules, 1..MaxCASRetries. Default DefaultCASRetries.
+	// CASRetries ["cas_retries"] bounds the compare-and-swap re-reads of
+	// each rule a request is counted by, 1..MaxCASRetries: a request
+	// matching n rules makes at most n×(CASRetries+1) writes. Default
+	// DefaultCASRetries.
 	CASRetries int
+	// CASFailMode ["cas_fail_mode"] is what a request whose rule ran out of
+	// CAS retries gets: FailClosed ("closed", the default) denies it with
+	// the rule's status and Retry-After 1 (a shadow rule drops its charge
+	// instead), FailOpen ("open") lets it pass uncounted. Either way it is
+	// counted in sluice.cas_exhausted with reason "cas_exhausted".
+	CASFailMode FailMode
 }
 
 // trustedHopsRemoved is the error for a non-zero "trusted_hops".
@@ -227,6 +237,7 @@ func Default() Config {
 		EntriesPerBucket: DefaultEntriesPerBucket,
 		HeadersOnAllow:   true,
 		CASRetries:       DefaultCASRetries,
+		CASFailMode:      FailClosed,
 	}
 }
 
@@ -316,14 +327,9 @@ func Parse(doc []byte) (Config, error) {
 				c.HeadersOnAllow, _ = p.d.Bool()
 			}
 		case "fail_mode":
-			switch s := p.str(); s {
-			case "", "open":
-				c.FailMode = FailOpen
-			case "closed":
-				c.FailMode = FailClosed
-			default:
-				p.d.Fail(`must be "open" or "closed"`)
-			}
+			c.FailMode = p.failMode(FailOpen)
+		case "cas_fail_mode":
+			c.CASFailMode = p.failMode(FailClosed)
 		case "cas_retries":
 			c.CASRetries = p.intIn(c.CASRetries, 1, MaxCASRetries)
 		default:
@@ -385,6 +391,21 @@ func (p *parser) str() string {
 	}
 	s, _ := p.d.String()
 	return s
+}
+
+// failMode reads "open" or "closed"; null or "" is def.
+func (p *parser) failMode(def FailMode) FailMode {
+	switch s := p.str(); s {
+	case "":
+		return def
+	case "open":
+		return FailOpen
+	case "closed":
+		return FailClosed
+	default:
+		p.d.Fail(`must be "open" or "closed"`)
+		return def
+	}
 }
 
 func (p *parser) duration(def time.Duration) time.Duration {

@@ -20,7 +20,7 @@ func TestParseDefaults(t *testing.T) {
 	}
 	d := Default()
 	if d.Env != "default" || d.Tick != 100*time.Millisecond || d.BucketsPerRule != 1024 || d.EntriesPerBucket != 16 ||
-		d.Headers != HeadersXRateLimit || !d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 8 || d.Policy != nil {
+		d.Headers != HeadersXRateLimit || !d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 16 || d.CASFailMode != FailClosed || d.Policy != nil {
 		t.Errorf("defaults %+v", d)
 	}
 }
@@ -33,7 +33,8 @@ func TestParseFull(t *testing.T) {
 	  "control_plane": {"cluster": "control_plane", "authority": "cp.internal", "policy": "default",
 	                    "token": "s3cret", "wait": "20s", "timeout": "25s", "lease": "3s"},
 	  "tick": "250ms", "trusted_hops": 0, "buckets_per_rule": 128, "entries_per_bucket": 32,
-	  "headers": "both", "headers_on_allow": false, "fail_mode": "closed", "cas_retries": 20
+	  "headers": "both", "headers_on_allow": false, "fail_mode": "closed", "cas_retries": 20,
+	  "cas_fail_mode": "open"
 	}`
 	c, err := Parse([]byte(doc))
 	if err != nil {
@@ -48,7 +49,7 @@ func TestParseFull(t *testing.T) {
 		ControlPlane: ControlPlane{Enabled: true, Cluster: "control_plane", Authority: "cp.internal", Policy: "default",
 			Token: "s3cret", Wait: 20 * time.Second, Timeout: 25 * time.Second, Lease: 3 * time.Second},
 		Tick: 250 * time.Millisecond, BucketsPerRule: 128, EntriesPerBucket: 32,
-		Headers: HeadersBoth, HeadersOnAllow: false, FailMode: FailClosed, CASRetries: 20,
+		Headers: HeadersBoth, HeadersOnAllow: false, FailMode: FailClosed, CASRetries: 20, CASFailMode: FailOpen,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)
@@ -89,6 +90,7 @@ func TestParseErrors(t *testing.T) {
 		{`{"headers_on_allow":"yes"}`, "headers_on_allow: must be true or false"},
 		{`{"fail_mode":"maybe"}`, `fail_mode: must be "open" or "closed"`},
 		{`{"cas_retries":0}`, "cas_retries: must be 1..1000"},
+		{`{"cas_fail_mode":"deny"}`, `cas_fail_mode: must be "open" or "closed"`},
 		{`{"policy":[]}`, "policy: must be an object"},
 		{`{"policy":{"policy":"p","rules":[{"id":"r","algorithm":"nope","limit":1}]}}`, "policy.rules[0].algorithm"},
 		{`{"policy":{"policy":"p","rules":[],"extra":1}}`, "policy.extra: unknown field"},

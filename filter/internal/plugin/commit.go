@@ -3,6 +3,7 @@ package plugin
 import (
 	"errors"
 
+	"github.com/sluice-proxy/sluice/filter/internal/config"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/limit/table"
@@ -22,6 +23,7 @@ type eval struct {
 	nextOff        int // the next state in scratch.next
 	dec            limit.Decision
 	written        bool
+	exhausted      bool // denied for want of CAS retries (cas_fail_mode "closed")
 }
 
 // Fail-open reasons, the values of filter state sluice.reason.
@@ -133,19 +135,19 @@ func (p *pluginContext) enforcedDenial() *eval {
 }
 
 // commit writes every allowed rule's bucket by CAS, in commit order,
-// re-deciding a rule whose bucket changed since it was read. See the
-// package doc.
+// re-deciding a rule whose bucket changed since it was read. Each rule
+// gets cas_retries re-reads; a rule that runs out of them is handled by
+// exhausted. See the package doc.
 func (h *httpContext) commit(now int64) outcome {
 	p := h.p
 	s := &p.s
-	retries := 0
 	for class := 0; class < 3; class++ {
 		for k := range s.evals {
 			ev := &s.evals[k]
 			if ev.rule.order != class {
 				continue
 			}
-			for ev.dec.Allowed {
+			for retries := 0; ev.dec.Allowed; {
 				lim := ev.rule.layout.Limiter()
 				size := ev.rule.layout.Size()
 				if cap(s.bucket) < size {
@@ -167,11 +169,10 @@ func (h *httpContext) commit(now int64) outcome {
 				retries++
 				p.m.casRetries.Increment(1)
 				if retries > p.cfg.CASRetries {
-					p.m.casExhausted.Increment(1)
-					proxywasm.LogDebug("sluice: rule " + ev.rule.cr.ID + ": CAS retries exhausted; request passes")
-					h.failOpenRules(reasonCASExhausted)
-					h.finishAllowed()
-					return outcome{failed: reasonCASExhausted}
+					if out, done := h.exhausted(ev, now); done {
+						return out
+					}
+					break // a shadow rule: go on without its charge
 				}
 				if !p.readDecide(ev, now) {
 					h.failOpenRules(reasonSharedDataError)
@@ -188,6 +189,36 @@ func (h *httpContext) commit(now int64) outcome {
 	}
 	h.finishAllowed()
 	return outcome{}
+}
+
+// exhausted handles ev's rule running out of CAS retries (counted in
+// sluice.cas_exhausted, reason cas_exhausted). With cas_fail_mode "closed"
+// (the default) an enforced rule denies the request: the charges already
+// written are compensated and the rule answers with its status and
+// Retry-After 1, so a contended key never admits a request it did not
+// count. A shadow rule never denies: its charge is dropped and done is
+// false (the commit goes on). With cas_fail_mode "open" the request passes
+// uncounted by the remaining rules.
+func (h *httpContext) exhausted(ev *eval, now int64) (out outcome, done bool) {
+	p := h.p
+	p.m.casExhausted.Increment(1)
+	switch {
+	case ev.rule.cr.Shadow:
+		proxywasm.LogDebug("sluice: shadow rule " + ev.rule.cr.ID + ": CAS retries exhausted; its charge is dropped")
+		return outcome{}, false
+	case p.cfg.CASFailMode == config.FailClosed:
+		proxywasm.LogDebug("sluice: rule " + ev.rule.cr.ID + ": CAS retries exhausted; request denied")
+		h.compensate(now)
+		ev.exhausted = true
+		ev.rule.m.limited.Increment(1)
+		h.recordDenial(ev)
+		return outcome{deny: ev, failed: reasonCASExhausted}, true
+	default:
+		proxywasm.LogDebug("sluice: rule " + ev.rule.cr.ID + ": CAS retries exhausted; request passes")
+		h.failOpenRules(reasonCASExhausted)
+		h.finishAllowed()
+		return outcome{failed: reasonCASExhausted}, true
+	}
 }
 
 // compensate undoes every bucket written so far for this request.
@@ -221,11 +252,19 @@ func (p *pluginContext) undo(rs *ruleState, bucket int, hash, cost uint64, acqui
 	})
 }
 
+// minModifyRetries is the least CAS retry budget of modify. modify takes
+// back or corrects a charge already written (compensation of a denied
+// request, concurrency release, response-cost correction); losing one
+// leaves a count the request did not earn, so it gets a larger budget than
+// a fresh decision, which can simply be denied. The path is rare (at most
+// once per rule per request) and each retry is one read and one write.
+const minModifyRetries = 64
+
 // modify applies f to the key's entry in a bucket (or, if the key has none,
 // to the bucket's overflow state: see table.Layout.Current) by read → f →
-// CAS write, retrying up to cas_retries times. It returns true when the
-// change was written or there was nothing to change (the rule's state was
-// reset), false when f refused or the write failed.
+// CAS write, retrying up to max(cas_retries, minModifyRetries) times. It
+// returns true when the change was written or there was nothing to change
+// (the rule's state was reset), false when f refused or the write failed.
 func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64, f func(state, next []byte) bool) bool {
 	key := rs.keys[bucket]
 	lim := rs.layout.Limiter()
@@ -258,7 +297,7 @@ func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64
 			return false
 		}
 		p.m.casRetries.Increment(1)
-		if attempt >= p.cfg.CASRetries {
+		if attempt >= max(p.cfg.CASRetries, minModifyRetries) {
 			p.m.casExhausted.Increment(1)
 			return false
 		}

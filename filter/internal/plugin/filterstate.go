@@ -19,6 +19,7 @@ var (
 	propShadow        = []string{"sluice.shadow"}
 	propPolicyVersion = []string{"sluice.policy_version"}
 	propReason        = []string{"sluice.reason"}
+	propTraceID       = []string{"sluice.trace_id"}
 
 	valTrue  = []byte("true")
 	valFalse = []byte("false")

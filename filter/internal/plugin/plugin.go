@@ -30,7 +30,7 @@
 // rule denies, nothing is written: a denied request consumes nothing.
 // Otherwise each bucket is written with compare-and-swap against the cas
 // it was read with; on a mismatch that bucket is re-read and its rule
-// re-decided (at most cas_retries re-reads per request in total). If a
+// re-decided (at most cas_retries re-reads per rule). If a
 // re-decision now denies, the rules already written are compensated
 // (limit.Limiter.Adjust with the negative cost, or Release for concurrency,
 // each again by CAS), and the request is denied, so a denied request takes
@@ -55,11 +55,17 @@
 // fails with an error log naming the field, and Envoy refuses the filter.
 // Trouble while serving a request is logged (at debug level, since it can
 // be frequent), counted in a metric, recorded in filter state
-// (sluice.reason), and the request passes: CAS retries exhausted
-// ("cas_exhausted"), shared data unreadable ("shared_data_error"), no hash
-// key ("no_hash_key"), no policy with fail_mode "open" ("no_policy"). With
-// fail_mode "closed" and no policy at all the filter denies with 503 (reason
-// "no_policy"). Nothing a client sends can make the filter panic; a panic
+// (sluice.reason), and the request passes: shared data unreadable
+// ("shared_data_error"), no hash key ("no_hash_key"), no policy with
+// fail_mode "open" ("no_policy"). With fail_mode "closed" and no policy at
+// all the filter denies with 503 (reason "no_policy"). A rule that runs out
+// of CAS retries ("cas_exhausted") denies the request with its status under
+// cas_fail_mode "closed" (the default: a flood makes its key the most
+// contended one, and passing there would weaken the rule exactly when it
+// matters), after compensating the charges already written; under "open"
+// the request passes. Compensations, releases and response-cost
+// corrections retry at least minModifyRetries times, since a lost one
+// leaves a charge behind. Nothing a client sends can make the filter panic; a panic
 // that happened anyway is recovered by filter/proxywasm, which fails open.
 package plugin
 

@@ -14,6 +14,7 @@ import (
 const (
 	detailsLimited         = "sluice_rate_limited"
 	detailsNoPolicy        = "sluice_no_policy"
+	detailsCASExhausted    = "sluice_cas_exhausted"
 	messageLimited         = "rate limit exceeded"
 	messageConcurrency     = "too many concurrent requests"
 	messageNoPolicy        = "no rate-limit policy loaded"
@@ -57,7 +58,9 @@ func ceilSeconds(d time.Duration) uint64 {
 	return uint64((d + time.Second - 1) / time.Second)
 }
 
-// deny answers the request with the reported rule's local reply.
+// deny answers the request with the reported rule's local reply; a rule
+// that ran out of CAS retries (cas_fail_mode "closed") answers the same
+// way with details sluice_cas_exhausted and reason cas_exhausted.
 func (h *httpContext) deny(ps *policyState, ev *eval) {
 	h.denied = true
 	r := &h.report
@@ -65,8 +68,12 @@ func (h *httpContext) deny(ps *policyState, ev *eval) {
 	if ev.rule.concurrency {
 		msg = messageConcurrency
 	}
-	h.sendReply(ev.rule.cr.Status, detailsLimited, msg, ev.rule.cr.ID, r.limit, r.remaining, r.resetSeconds, r.retryAfterSeconds, true)
-	h.setState(ps, "")
+	details, reason := detailsLimited, ""
+	if ev.exhausted {
+		details, reason = detailsCASExhausted, reasonCASExhausted
+	}
+	h.sendReply(ev.rule.cr.Status, details, msg, ev.rule.cr.ID, r.limit, r.remaining, r.resetSeconds, r.retryAfterSeconds, true)
+	h.setState(ps, reason)
 }
 
 // denyNoPolicy answers 503 under fail_mode "closed" when there is no policy.
@@ -82,7 +89,9 @@ func (h *httpContext) denyNoPolicy() {
 //	 "timestamp":"<RFC 3339>","trace_id":"..."}
 //
 // with Content-Type, Retry-After (whole seconds, rounded up) and, when
-// withLimits, the configured rate-limit headers.
+// withLimits, the configured rate-limit headers. A non-empty trace_id is
+// also written to filter state sluice.trace_id (the access log's
+// trace_id), before the reply is sent.
 func (h *httpContext) sendReply(status int, details, msg, rule string, lim, remaining, reset, retryAfter uint64, withLimits bool) {
 	p := h.p
 	w := strictjson.NewWriter(p.s.body[:0])
@@ -106,8 +115,15 @@ func (h *httpContext) sendReply(status int, details, msg, rule string, lim, rema
 	var ts [64]byte
 	w.AppendString(viewString(time.Now().UTC().AppendFormat(ts[:0], time.RFC3339)))
 	w.AppendKey("trace_id")
-	w.AppendString(traceID())
+	id := traceID()
+	w.AppendString(id)
 	w.EndObject()
+	if id != "" {
+		// The access log's trace_id reads this, so that the body and the log
+		// show the same id. Only a local reply writes it: it costs one
+		// hostcall, and an allowed request has no body to agree with.
+		setProp(propTraceID, bytesOf(id))
+	}
 	body := w.Bytes()
 
 	headers := make([][2]string, 0, 7)

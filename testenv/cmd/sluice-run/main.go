@@ -1,5 +1,6 @@
 // Command sluice-run is `make run`: it starts the control plane, applies the
-// demo policy, starts the demo upstream and the dev proxy, waits until the
+// demo policy as "default" unless a policy "default" is already stored (a
+// previous run's, possibly changed by the user, is kept), starts the demo upstream and the dev proxy, waits until the
 // filter enforces the policy, prints what to try, and on SIGINT (Ctrl-C) or
 // SIGTERM stops every process it started (each in its own process group,
 // SIGTERM then SIGKILL after 5s), leaving none behind.
@@ -13,7 +14,7 @@
 //	SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens; generated and printed when empty
 //	BIN_DIR        where the binaries and sluice.wasm are (build)
 //	RUN_DIR        data, logs and access.log (build/run)
-//	POLICY         the policy applied as "default" (examples/default-policy.json)
+//	POLICY         the policy applied as "default" when there is none (examples/default-policy.json)
 //	ENVOY_CONFIG   the Envoy bootstrap the dev proxy follows (envoy/envoy.yaml)
 //	WORKERS        dev proxy worker VMs (2)
 package main
@@ -132,10 +133,14 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err := waitHTTP(ctx, "http://"+cp+"/readyz", 20*time.Second, sup); err != nil {
 		return fmt.Errorf("control plane not ready: %w (see %s/controlplane.log)", err, s.runDir)
 	}
-	step("applying %s as policy \"default\"", s.policy)
-	version, err := putPolicy(ctx, cp, s.admin, policy)
+	version, created, err := applyDemo(ctx, cp, s.admin, policy)
 	if err != nil {
 		return err
+	}
+	if created {
+		step("applied %s as policy \"default\" (version %d)", s.policy, version)
+	} else {
+		step("keeping the stored policy \"default\" (version %d); %s is applied only when there is none (delete the policy to get it back)", version, s.policy)
 	}
 	up := "127.0.0.1:" + s.upPort
 	step("starting the demo upstream on http://%s", up)
@@ -154,7 +159,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err := waitHTTP(ctx, "http://"+up+"/", 20*time.Second, sup); err != nil {
 		return fmt.Errorf("demo upstream not ready: %w", err)
 	}
-	step("waiting for the filter to pull policy version %d", version)
+	step("waiting for the filter to pull policy version %d or later", version)
 	workers, err := strconv.Atoi(s.workers)
 	if err != nil || workers < 1 {
 		return fmt.Errorf("WORKERS=%q: want a positive number", s.workers)
@@ -162,7 +167,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err := waitPolicy(ctx, proxy, accessLog, version, workers, 30*time.Second, sup); err != nil {
 		return fmt.Errorf("the dev proxy does not enforce the policy: %w (see %s/devproxy.log)", err, s.runDir)
 	}
-	printTry(s, cp, proxy, up, accessLog, store)
+	printTry(s, cp, proxy, up, accessLog, store, created)
 	return nil
 }
 
@@ -170,24 +175,62 @@ func step(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "==> "+format+"\n", args...)
 }
 
-func putPolicy(ctx context.Context, cp, admin string, doc []byte) (uint64, error) {
+// applyDemo creates policy "default" from doc unless it exists: a PUT with
+// If-None-Match: * (create only). It returns the version created, or on
+// 412 (the policy exists) the stored version, read back with a GET; created
+// says which.
+func applyDemo(ctx context.Context, cp, admin string, doc []byte) (version uint64, created bool, err error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+cp+"/v1/policies/default", bytes.NewReader(doc))
 	req.Header.Set("Authorization", "Bearer "+admin)
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("If-None-Match", "*")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("applying the policy: %w", err)
+		return 0, false, fmt.Errorf("applying the policy: %w", err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated {
-		return 0, fmt.Errorf("applying the policy: %s: %s", resp.Status, body)
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusCreated:
+		v, err := versionOf(body)
+		if err != nil {
+			return 0, false, fmt.Errorf("applying the policy: %w", err)
+		}
+		return v, true, nil
+	case http.StatusPreconditionFailed:
+		v, err := storedVersion(ctx, cp, admin)
+		if err != nil {
+			return 0, false, fmt.Errorf("reading the stored policy: %w", err)
+		}
+		return v, false, nil
+	default:
+		return 0, false, fmt.Errorf("applying the policy: %s: %s", resp.Status, body)
 	}
+}
+
+// storedVersion returns the version of policy "default".
+func storedVersion(ctx context.Context, cp, token string) (uint64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+cp+"/v1/policies/default", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	return versionOf(body)
+}
+
+// versionOf reads the "version" member of a policy document.
+func versionOf(body []byte) (uint64, error) {
 	var v struct {
 		Version uint64 `json:"version"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil || v.Version == 0 {
-		return 0, fmt.Errorf("applying the policy: no version in %s", body)
+		return 0, fmt.Errorf("no version in %s", body)
 	}
 	return v.Version, nil
 }
@@ -214,20 +257,22 @@ func waitHTTP(ctx context.Context, url string, limit time.Duration, sup *supervi
 	}
 }
 
-// waitPolicy probes the dev proxy until policy version is in use on every
-// worker. The dev proxy spreads requests round robin and a worker may trail
-// a publication by one tick, so it takes 2×workers consecutive probes that
-// the access log shows under version.
+// waitPolicy probes the dev proxy until policy version, or a later one,
+// is in use on every worker: someone may change the policy while make run
+// starts (a script that starts it and applies its own), and the filter
+// then pulls the newer version only. The dev proxy spreads requests round
+// robin and a worker may trail a publication by one tick, so it takes
+// 2×workers consecutive probes that the access log shows under version or
+// later.
 func waitPolicy(ctx context.Context, proxy, accessLog string, version uint64, workers int, limit time.Duration, sup *supervisor) error {
 	deadline := time.Now().Add(limit)
-	want := fmt.Sprintf(`"rate_limit_policy_version":"%d"`, version)
 	run := 0
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+proxy+"/sluice-run/ready", nil)
 		req.Header.Set("User-Agent", "sluice-run readiness probe")
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
-			if b, err := os.ReadFile(accessLog); err == nil && bytes.Contains(lastLine(b), []byte(want)) {
+			if b, err := os.ReadFile(accessLog); err == nil && loggedVersion(lastLine(b)) >= version {
 				if run++; run >= 2*workers {
 					return nil
 				}
@@ -236,12 +281,25 @@ func waitPolicy(ctx context.Context, proxy, accessLog string, version uint64, wo
 		}
 		run = 0
 		if time.Now().After(deadline) {
-			return fmt.Errorf("policy version %d not in use after %s", version, limit)
+			return fmt.Errorf("policy version %d (or later) not in use after %s", version, limit)
 		}
 		if err := sup.pause(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
 	}
+}
+
+// loggedVersion is the rate_limit_policy_version of an access-log line, 0
+// if it has none.
+func loggedVersion(line []byte) uint64 {
+	var e struct {
+		Version string `json:"rate_limit_policy_version"`
+	}
+	if json.Unmarshal(line, &e) != nil {
+		return 0
+	}
+	v, _ := strconv.ParseUint(e.Version, 10, 64)
+	return v
 }
 
 func lastLine(b []byte) []byte {
@@ -252,7 +310,7 @@ func lastLine(b []byte) []byte {
 	return b
 }
 
-func printTry(s settings, cp, proxy, up, accessLog, store string) {
+func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nsluice is running.\n")
 	fmt.Fprintf(&b, "  dev proxy      http://%s  (%s, %s/sluice.wasm, %s workers)\n", proxy, s.envoy, s.binDir, s.workers)
@@ -266,6 +324,9 @@ func printTry(s settings, cp, proxy, up, accessLog, store string) {
 		fmt.Fprintf(&b, "Tokens (from the environment). In another terminal:\n")
 	}
 	fmt.Fprintf(&b, "  export SLUICE_ADMIN_TOKEN=%s\n  export SLUICE_READ_TOKEN=%s\n\n", s.admin, s.read)
+	if !demo {
+		fmt.Fprintf(&b, "The policy \"default\" is the stored one, not the demo; the steps below assume the demo (%s).\n", s.policy)
+	}
 	fmt.Fprintf(&b, "1. Trip a limit (5 requests a minute per user on /api/): five 200s, then 429s\n")
 	fmt.Fprintf(&b, "  for i in $(seq 8); do curl -s -o /dev/null -w '%%{http_code} ' -H 'x-user-id: alice' http://%s/api/hello; done; echo\n", proxy)
 	fmt.Fprintf(&b, "2. See a rejection, its headers and JSON body\n")
