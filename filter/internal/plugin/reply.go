@@ -72,15 +72,31 @@ func (h *httpContext) deny(ps *policyState, ev *eval) {
 	if ev.exhausted {
 		details, reason = detailsCASExhausted, reasonCASExhausted
 	}
-	h.sendReply(ev.rule.cr.Status, details, msg, ev.rule.cr.ID, r.limit, r.remaining, r.resetSeconds, r.retryAfterSeconds, true)
+	h.sendReply(localReply{
+		status: ev.rule.cr.Status, details: details, message: msg, rule: ev.rule.cr.ID,
+		limit: r.limit, remaining: r.remaining, resetSeconds: r.resetSeconds,
+		retryAfterSeconds: r.retryAfterSeconds, withLimits: true,
+	})
 	h.setState(ps, reason)
 }
 
 // denyNoPolicy answers 503 under fail_mode "closed" when there is no policy.
 func (h *httpContext) denyNoPolicy() {
 	h.denied = true
-	h.sendReply(503, detailsNoPolicy, messageNoPolicy, "", 0, 0, 0, noPolicyRetryAfterSecs, false)
+	h.sendReply(localReply{status: 503, details: detailsNoPolicy, message: messageNoPolicy, retryAfterSeconds: noPolicyRetryAfterSecs})
 	h.setFailClosedState()
+}
+
+// localReply is what a local reply says.
+type localReply struct {
+	status            int    // HTTP status: the rule's (429 or 503), or 503
+	details           string // Envoy's %RESPONSE_CODE_DETAILS%
+	message           string // the body's "message"
+	rule              string // the body's data.rule; "" when no rule decided
+	limit, remaining  uint64 // the body's data.limit and data.remaining, in the rule's units
+	resetSeconds      uint64 // the body's data.reset: seconds until the rule is back to full
+	retryAfterSeconds uint64 // Retry-After, whole seconds
+	withLimits        bool   // add the configured rate-limit headers of h.report
 }
 
 // sendReply sends the JSON local reply
@@ -92,24 +108,24 @@ func (h *httpContext) denyNoPolicy() {
 // withLimits, the configured rate-limit headers. A non-empty trace_id is
 // also written to filter state sluice.trace_id (the access log's
 // trace_id), before the reply is sent.
-func (h *httpContext) sendReply(status int, details, msg, rule string, lim, remaining, reset, retryAfter uint64, withLimits bool) {
+func (h *httpContext) sendReply(lr localReply) {
 	p := h.p
 	w := strictjson.NewWriter(p.s.body[:0])
 	w.BeginObject()
 	w.AppendKey("code")
-	w.AppendInt(int64(status))
+	w.AppendInt(int64(lr.status))
 	w.AppendKey("message")
-	w.AppendString(msg)
+	w.AppendString(lr.message)
 	w.AppendKey("data")
 	w.BeginObject()
 	w.AppendKey("rule")
-	w.AppendString(rule)
+	w.AppendString(lr.rule)
 	w.AppendKey("limit")
-	w.AppendUint(lim)
+	w.AppendUint(lr.limit)
 	w.AppendKey("remaining")
-	w.AppendUint(remaining)
+	w.AppendUint(lr.remaining)
 	w.AppendKey("reset")
-	w.AppendUint(reset)
+	w.AppendUint(lr.resetSeconds)
 	w.EndObject()
 	w.AppendKey("timestamp")
 	var ts [64]byte
@@ -129,11 +145,11 @@ func (h *httpContext) sendReply(status int, details, msg, rule string, lim, rema
 	headers := make([][2]string, 0, 7)
 	headers = append(headers,
 		[2]string{headerContentType, contentTypeJSON},
-		[2]string{headerRetryAfter, strconv.FormatUint(retryAfter, 10)})
-	if withLimits {
+		[2]string{headerRetryAfter, strconv.FormatUint(lr.retryAfterSeconds, 10)})
+	if lr.withLimits {
 		headers = h.appendLimitHeaders(headers)
 	}
-	if err := proxywasm.SendHttpResponseWithDetails(uint32(status), details, headers, body, proxywasm.GrpcStatusNone); err != nil {
+	if err := proxywasm.SendHttpResponseWithDetails(uint32(lr.status), lr.details, headers, body, proxywasm.GrpcStatusNone); err != nil {
 		proxywasm.LogWarn("sluice: sending the local reply: " + err.Error())
 	}
 	if cap(body) <= maxKeepBytes {
