@@ -446,9 +446,7 @@ type syncLines struct {
 func (s *syncLines) Write(b []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, l := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
-		s.lines = append(s.lines, l)
-	}
+	s.lines = append(s.lines, strings.Split(strings.TrimRight(string(b), "\n"), "\n")...)
 	return len(b), nil
 }
 

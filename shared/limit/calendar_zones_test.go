@@ -4,7 +4,6 @@ import (
 	"archive/zip"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -17,14 +16,11 @@ import (
 // the data time/tzdata embeds).
 func zoneNames(t *testing.T) []string {
 	t.Helper()
-	root := runtime.GOROOT()
-	if root == "" {
-		out, err := exec.Command("go", "env", "GOROOT").Output()
-		if err != nil {
-			t.Fatalf("go env GOROOT: %v", err)
-		}
-		root = strings.TrimSpace(string(out))
+	out, err := exec.Command("go", "env", "GOROOT").Output()
+	if err != nil {
+		t.Fatalf("go env GOROOT: %v", err)
 	}
+	root := strings.TrimSpace(string(out))
 	z, err := zip.OpenReader(filepath.Join(root, "lib", "time", "zoneinfo.zip"))
 	if err != nil {
 		t.Fatalf("zone list: %v", err)

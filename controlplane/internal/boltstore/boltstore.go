@@ -43,7 +43,7 @@
 // makes the operation fail with [ErrDamaged] instead of panicking.
 //
 // Only one process may open the file; a second one fails after
-// Options.LockTimeout with an error that says so and wraps bbolt.ErrTimeout.
+// Options.LockTimeout with an error that says so and wraps bberrors.ErrTimeout.
 package boltstore
 
 import (
@@ -62,6 +62,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 )
@@ -116,7 +117,7 @@ var _ store.Store = (*Store)(nil)
 // Open opens the store in o.Dir, creating the directory (mode 0700) and an
 // empty store only if no store file exists there. Errors name the file:
 // ErrDamaged for an existing file that is not a valid store (see
-// Options.ResetDamaged), an error wrapping bbolt.ErrTimeout when another
+// Options.ResetDamaged), an error wrapping bberrors.ErrTimeout when another
 // process holds the file's lock, and the operating system's error otherwise.
 func Open(o Options) (*Store, error) {
 	if o.HistoryDepth < 1 {
@@ -222,7 +223,7 @@ func (s *Store) boltOpen(o Options, readOnly bool) (*bolt.DB, error) {
 	switch {
 	case err == nil:
 		return db, nil
-	case errors.Is(err, bolt.ErrTimeout):
+	case errors.Is(err, berrors.ErrTimeout):
 		return nil, fmt.Errorf("boltstore: %s is locked by another process (another sluice-controlplane on the same data directory?); gave up waiting after %s: %w",
 			s.path, o.LockTimeout, err)
 	case errors.Is(err, ErrDamaged):

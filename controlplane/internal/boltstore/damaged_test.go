@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 )
@@ -164,7 +164,7 @@ func TestSecondOpenNamesTheLock(t *testing.T) {
 	}
 	defer s.Close()
 	_, err = Open(Options{Dir: dir, HistoryDepth: 1, LockTimeout: 50 * time.Millisecond})
-	if err == nil || !errors.Is(err, bolt.ErrTimeout) || !strings.Contains(err.Error(), "another process") ||
+	if err == nil || !errors.Is(err, berrors.ErrTimeout) || !strings.Contains(err.Error(), "another process") ||
 		!strings.Contains(err.Error(), filepath.Join(dir, FileName)) {
 		t.Fatalf("second Open = %v; want a lock error naming the file and the other process", err)
 	}

@@ -97,7 +97,7 @@ func TestWaitReplicas(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr()})
 	defer rc.Close()
 	host, port, _ := net.SplitHostPort(master.Addr())
-	if err := rc.SlaveOf(ctx, host, port).Err(); err != nil {
+	if err := rc.ReplicaOf(ctx, host, port).Err(); err != nil {
 		t.Fatal(err)
 	}
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr()})
