@@ -13,7 +13,8 @@ import (
 
 // Sizing and ledger constants (see the README, "Fleet-wide limits").
 const (
-	// DefaultValidity is the longest lease of a token_bucket or gcra key.
+	// DefaultValidity is the longest lease of a token_bucket or gcra key, unless one
+	// unit refills more slowly: then a lease lasts one unit's refill time.
 	DefaultValidity = 10 * time.Second
 	// Headroom is the sizing factor: a grant covers the Envoy's recent rate for
 	// Headroom × its report interval (5/4: a little more than one report period).

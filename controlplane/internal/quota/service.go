@@ -61,7 +61,8 @@ type Options struct {
 	// Limits bound a request (defaults shared/quota's).
 	Limits quota.Limits
 	// Validity is the longest lease of a token_bucket or gcra key (default
-	// DefaultValidity).
+	// DefaultValidity), unless one unit refills more slowly: then a lease lasts one
+	// unit's refill time.
 	Validity time.Duration
 	// MaxAttempts bounds the compare-and-swap rounds per request (default 8).
 	MaxAttempts int
