@@ -13,7 +13,8 @@ import (
 
 // Sizing and ledger constants (see the README, "Fleet-wide limits").
 const (
-	// DefaultValidity is the longest lease of a token_bucket or gcra key.
+	// DefaultValidity is the longest lease of a token_bucket or gcra key, unless one
+	// unit refills more slowly: then a lease lasts one unit's refill time.
 	DefaultValidity = 10 * time.Second
 	// Headroom is the sizing factor: a grant covers the Envoy's recent rate for
 	// Headroom × its report interval (5/4: a little more than one report period).
@@ -28,6 +29,9 @@ const (
 	// much the moment it becomes equivalent to an absent one, so clock differences
 	// between replicas and the store never drop a live state.
 	ttlSlack = 10 * time.Second
+	// maxSkew is how far a key's clock may run ahead of a replica's: the largest
+	// difference between replicas' clocks that is absorbed (see decide).
+	maxSkew = ttlSlack
 )
 
 // fleetLimiter is a fleet rule's global algorithm: the rule's Limiter for the window
@@ -150,6 +154,16 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 	if err != nil || v.state == nil {
 		v.state = make([]byte, size)
 		v.entries = v.entries[:0]
+	}
+	// The key's clock never goes back: a replica whose clock is behind the one that
+	// last wrote the key decides at that replica's time (the latest report in the
+	// ledger), at most maxSkew ahead of its own. Deciding at a time earlier than the
+	// state's would let one replica read the other's buckets as refilled (or as
+	// implausible, hence fresh) and grant again, every time.
+	for _, e := range v.entries {
+		if e.last > now {
+			now = min(e.last, now+int64(maxSkew))
+		}
 	}
 	cur := make([]byte, size)
 	tmp := make([]byte, size)

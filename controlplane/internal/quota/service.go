@@ -61,7 +61,8 @@ type Options struct {
 	// Limits bound a request (defaults shared/quota's).
 	Limits quota.Limits
 	// Validity is the longest lease of a token_bucket or gcra key (default
-	// DefaultValidity).
+	// DefaultValidity), unless one unit refills more slowly: then a lease lasts one
+	// unit's refill time.
 	Validity time.Duration
 	// MaxAttempts bounds the compare-and-swap rounds per request (default 8).
 	MaxAttempts int
@@ -338,10 +339,16 @@ func (s *Service) decideAll(ctx context.Context, req *quota.Request, resp *quota
 		now := s.o.Now()
 		resp.Now = now
 		ops := make([]Op, 0, len(pending))
+		opOf := make([]int, len(pending)) // index in ops, -1 for an unchanged key
 		outs := make([]outcome, len(pending))
 		for j, w := range pending {
 			outs[j] = w.f.decide(vals[j], now, req.Envoy, &req.Keys[w.idx], req.Interval)
-			ops = append(ops, Op{Key: w.skey, Old: vals[j], New: outs[j].next, TTL: outs[j].ttl})
+			opOf[j] = -1
+			if outs[j].changed {
+				// An unchanged key is not written: its value keeps its own expiry.
+				opOf[j] = len(ops)
+				ops = append(ops, Op{Key: w.skey, Old: vals[j], New: outs[j].next, TTL: outs[j].ttl})
+			}
 		}
 		var applied []bool
 		if len(ops) > 0 {
@@ -351,7 +358,7 @@ func (s *Service) decideAll(ctx context.Context, req *quota.Request, resp *quota
 		}
 		next := pending[:0:0]
 		for j, w := range pending {
-			if !outs[j].changed || applied[j] {
+			if opOf[j] < 0 || applied[opOf[j]] {
 				resp.Keys[w.idx] = outs[j].res
 				continue
 			}
