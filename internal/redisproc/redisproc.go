@@ -79,16 +79,30 @@ type Options struct {
 	// (--appendonly yes --appendfsync always), so that Restart keeps every
 	// acknowledged write. Off by default: nothing is persisted.
 	AppendOnly bool
+	// Port is the loopback port to listen on; 0 picks a free one.
+	Port int
+	// Dir holds the server's files (its log, and the append-only file with
+	// AppendOnly); "" is a new directory of the test's.
+	Dir string
 }
 
-// Start starts a standalone redis-server for t and registers its cleanup.
+// Start starts a standalone redis-server on 127.0.0.1 for t, waits until it
+// answers PING, and registers its cleanup. It fails the test when redis-server
+// is missing or does not start.
 func Start(t testing.TB, opts ...Options) *Server {
 	t.Helper()
-	s := &Server{t: t, bin: need(t, "redis-server"), dir: t.TempDir(), port: freePort(t)}
+	s := &Server{t: t, bin: need(t, "redis-server")}
 	for _, o := range opts {
 		if o.AppendOnly {
 			s.extra = append(s.extra, "--appendonly", "yes", "--appendfsync", "always")
 		}
+		s.port, s.dir = o.Port, o.Dir
+	}
+	if s.port == 0 {
+		s.port = freePort(t)
+	}
+	if s.dir == "" {
+		s.dir = t.TempDir()
 	}
 	t.Cleanup(s.Kill)
 	s.start()

@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -68,14 +71,18 @@ func startProc(t testing.TB, name, bin string, args, env []string) *proctest.Pro
 	return proctest.Start(t, proctest.Spec{Name: name, Bin: bin, Args: args, Env: env, Dir: repo})
 }
 
-// startRedis runs redis-server on addr with an append-only file in dir
-// (fsync always), so a restart keeps what was acknowledged. Without
-// redis-server on PATH the test fails.
-func startRedis(t testing.TB, addr, dir string) *proctest.Proc {
+// startRedis runs redis-server on addr ("127.0.0.1:port") with an
+// append-only file in dir (fsync always), so a restart keeps what was
+// acknowledged. Without redis-server on PATH the test fails.
+func startRedis(t testing.TB, addr, dir string) *redisproc.Server {
 	t.Helper()
-	bin, err := proctest.LookRedis()
+	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return proctest.StartRedis(t, bin, addr, dir, "--appendonly", "yes", "--appendfsync", "always")
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return redisproc.Start(t, redisproc.Options{AppendOnly: true, Port: p, Dir: dir})
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -32,7 +33,7 @@ type stack struct {
 	cpAddr, proxyAddr   string
 	accessLog           string
 	redisAddr, redisDir string
-	redis               *proctest.Proc
+	redis               *redisproc.Server
 }
 
 // startStack starts the processes; withRedis selects a redis-server store

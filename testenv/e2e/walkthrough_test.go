@@ -59,8 +59,7 @@ func TestWalkthrough(t *testing.T) {
 	}
 	enforced(t, s, "carol", 100, v2)
 	// Redis back (same data): writes work again.
-	s.redis.Start()
-	proctest.AwaitRedis(t, s.redisAddr, s.redis)
+	s.redis.Restart()
 	var v3 uint64
 	if !proctest.WaitFor(20*time.Second, func() bool {
 		code, b := s.put("/v1/policies/default/rules/api-per-user", fmt.Sprintf(raiseRule, 3))

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -64,16 +65,10 @@ func setup(m *testing.M, dir string) (int, error) {
 
 // startRedis runs redis-server on a free loopback port without persistence
 // and returns its address; it is killed when the test ends. Without
-// redis-server on PATH the test is skipped.
+// redis-server on PATH the test fails.
 func startRedis(t testing.TB) string {
 	t.Helper()
-	bin, err := proctest.LookRedis()
-	if err != nil {
-		t.Skip(err)
-	}
-	addr := proctest.FreeAddr(t)
-	proctest.StartRedis(t, bin, addr, t.TempDir(), "--appendonly", "no")
-	return addr
+	return redisproc.Start(t).Addr()
 }
 
 const (

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -48,13 +49,8 @@ func (c *controlPlane) putUntilAcknowledged(doc string) uint64 {
 // and then restarts empty. The writes made afterwards get versions 1..3
 // again; every worker enforces each of them, not the lost version 3.
 func TestFilterFollowsStoreThatLostWrites(t *testing.T) {
-	bin, err := proctest.LookRedis()
-	if err != nil {
-		t.Skip(err)
-	}
-	addr := proctest.FreeAddr(t)
-	redis := proctest.StartRedis(t, bin, addr, t.TempDir(), "--appendonly", "no")
-	cp := startControlPlane(t, addr)
+	redis := redisproc.Start(t)
+	cp := startControlPlane(t, redis.Addr())
 	e := startEnvoy(t, cp.addr, nil, 30*time.Second)
 
 	for i, la := range []int{100, 101, 102} {
@@ -67,9 +63,7 @@ func TestFilterFollowsStoreThatLostWrites(t *testing.T) {
 		t.Fatalf("before the loss rule b admitted %d of 3, want 1", got)
 	}
 
-	redis.Kill()
-	redis.Start() // no persistence: empty
-	proctest.AwaitRedis(t, addr, redis)
+	redis.Restart() // no persistence: empty
 
 	for i, lb := range []int{2, 3, 5} {
 		v := cp.putUntilAcknowledged(twoRules(100, lb))
