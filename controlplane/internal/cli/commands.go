@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
+	"go.yaml.in/yaml/v3"
 )
 
 // loadFiles reads -f files; an invalid file exits 2 naming each problem.
@@ -204,7 +204,7 @@ func checkOutput(o string) error {
 // printDoc prints a JSON document as yaml or indented json.
 func printDoc(env *Env, output string, doc []byte) error {
 	if output == "yaml" {
-		y, err := yaml.JSONToYAML(doc)
+		y, err := jsonToYAML(doc)
 		if err != nil {
 			return withCode(ExitServer, err)
 		}
@@ -476,4 +476,38 @@ func deleteCmd(g *globals, env *Env) *cobra.Command {
 		ValidArgsFunction: policyCompletion(g, env),
 	}
 	return cmd
+}
+
+// jsonToYAML renders a JSON document as block-style YAML, keeping the
+// order of object members (the server's document order: "policy", then
+// each rule's "id" first), so that it reads like a hand-written file and
+// applies back unchanged.
+func jsonToYAML(doc []byte) ([]byte, error) {
+	var n yaml.Node
+	if err := yaml.Unmarshal(doc, &n); err != nil {
+		return nil, err
+	}
+	var plain func(*yaml.Node)
+	plain = func(n *yaml.Node) {
+		n.Style = 0
+		if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+			// Plain unless that would read as another type ("true", "5").
+			var v any
+			if yaml.Unmarshal([]byte(n.Value), &v) != nil || v != n.Value || strings.ContainsAny(n.Value, "\n#:") {
+				n.Style = yaml.DoubleQuotedStyle
+			}
+		}
+		for _, c := range n.Content {
+			plain(c)
+		}
+	}
+	plain(&n)
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(&n); err != nil {
+		return nil, err
+	}
+	_ = enc.Close()
+	return buf.Bytes(), nil
 }
