@@ -108,6 +108,12 @@ type globals struct {
 }
 
 func (g *globals) client(env *Env) (*client, error) {
+	if g.token == "" {
+		g.token = env.Getenv("SLUICE_ADMIN_TOKEN")
+	}
+	if g.readToken == "" {
+		g.readToken = env.Getenv("SLUICE_READ_TOKEN")
+	}
 	base := strings.TrimRight(g.server, "/")
 	if !strings.HasPrefix(base, "http://") && !strings.HasPrefix(base, "https://") {
 		return nil, withCode(ExitUsage, fmt.Errorf("--server %q: want an http:// or https:// URL", g.server))
@@ -141,8 +147,10 @@ concurrently between read and write).`,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.server, "server", server, "control plane URL (env SLUICE_SERVER)")
-	pf.StringVar(&g.token, "token", env.Getenv("SLUICE_ADMIN_TOKEN"), "admin bearer token, for writes (env SLUICE_ADMIN_TOKEN; the flag is visible in ps)")
-	pf.StringVar(&g.readToken, "read-token", env.Getenv("SLUICE_READ_TOKEN"), "read bearer token, for reads (env SLUICE_READ_TOKEN; default: the admin token)")
+	// Tokens from the environment are read after parsing, so that help
+	// never prints them as defaults.
+	pf.StringVar(&g.token, "token", "", "admin bearer token, for writes (default $SLUICE_ADMIN_TOKEN; the flag is visible in ps)")
+	pf.StringVar(&g.readToken, "read-token", "", "read bearer token, for reads (default $SLUICE_READ_TOKEN, else the admin token)")
 	pf.StringVar(&g.actor, "actor", actor, "who makes the change, recorded in the history (X-Sluice-Actor)")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "timeout of each request")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, err) })

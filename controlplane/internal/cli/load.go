@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -152,15 +153,29 @@ func parsePolicyFile(file string, data []byte) (policyFile, []Problem) {
 		return []Problem{{File: file, Field: field, Message: msg, Line: line}}
 	}
 	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
 		return pf, prob("", "not valid YAML or JSON: "+strings.TrimPrefix(err.Error(), "yaml: "), yamlErrLine(err))
+	}
+	var second yaml.Node
+	if err := dec.Decode(&second); !errors.Is(err, io.EOF) {
+		line := second.Line
+		if err != nil {
+			line = yamlErrLine(err)
+		}
+		return pf, prob("", "more than one YAML document: a file holds one policy (split the documents after \"---\" into files)", line)
 	}
 	if root.Kind == 0 || len(root.Content) == 0 {
 		return pf, prob("", "empty document", 0)
 	}
 	var v any
 	if err := root.Decode(&v); err != nil {
-		return pf, prob("", err.Error(), 0)
+		// e.g. "yaml: unmarshal errors:\n  line 3: mapping key "rules" already defined at line 2"
+		msg := strings.TrimSpace(strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:"))
+		if i := strings.Index(msg, ": "); strings.HasPrefix(msg, "line ") && i > 0 {
+			msg = msg[i+2:]
+		}
+		return pf, prob("", msg, yamlErrLine(err))
 	}
 	if _, ok := v.(map[string]any); !ok {
 		return pf, prob("", "the document must be an object (a mapping) with \"policy\" and \"rules\"", root.Content[0].Line)

@@ -37,3 +37,18 @@ func TestYAMLOutputAppliesBack(t *testing.T) {
 		t.Fatalf("round trip:\n%s\n%s", pf.Doc, rules.EncodePolicy(p))
 	}
 }
+
+func TestOneDocumentPerFile(t *testing.T) {
+	_, probs := parsePolicyFile("two.yaml", []byte("policy: a\nrules: []\n---\npolicy: b\nrules: []\n"))
+	if len(probs) != 1 || probs[0].Line != 3 || !bytes.Contains([]byte(probs[0].Message), []byte("more than one YAML document")) {
+		t.Fatalf("problems %v", probs)
+	}
+	_, probs = parsePolicyFile("dup.yaml", []byte("policy: a\nrules: []\nrules: []\n"))
+	if len(probs) != 1 || probs[0].Line != 3 {
+		t.Fatalf("duplicate key: %v", probs)
+	}
+	_, probs = parsePolicyFile("empty.yaml", nil)
+	if len(probs) != 1 {
+		t.Fatalf("empty file: %v", probs)
+	}
+}
