@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,6 +113,13 @@ func TestStatusFollowsThePollingEnvoys(t *testing.T) {
 	if s := getStatus(t, r.read, "p"); s.Envoys[1].Status != api.StatusStale || s.Synced != 0 {
 		t.Fatalf("after StaleAfter: %+v", s)
 	}
+	// Metrics: Envoys per policy and version they run.
+	m := r.anon.Do("GET", "/metrics", nil)
+	for _, want := range []string{`sluice_controlplane_envoys{policy="p",version="2"} 1`, `sluice_controlplane_envoys{policy="p",version="none"} 1`} {
+		if !bytes.Contains(m.Body, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 	// A plain GET (no wait) is never recorded.
 	expect(t, r.read.Do("GET", "/v1/policies/p", nil, "X-Sluice-Node", "curl"), 200, "plain GET")
 	if s := getStatus(t, r.read, "p"); len(s.Envoys) != 2 {
@@ -153,5 +162,26 @@ func TestDryRunWritesNothing(t *testing.T) {
 	}
 	if h := c.Do("GET", "/v1/policies/p/versions", nil); !bytes.Contains(h.Body, []byte(`"current":1`)) {
 		t.Fatalf("history %s", h.Body)
+	}
+}
+
+// TestEnvoyMetricsAreBounded: at most 4 version series per policy (the most
+// common), the rest summed as "other".
+func TestEnvoyMetricsAreBounded(t *testing.T) {
+	reg := registry.New(registry.Options{})
+	r := startReplica(t, boltBackend(t), func(o *api.Options) { o.Envoys = reg })
+	for v := 1; v <= 6; v++ {
+		for n := 0; n < 7-v; n++ {
+			reg.Begin(registry.Entry{Policy: "p", Node: fmt.Sprintf("n%d-%d", v, n), Version: fmt.Sprintf(`"v%d.e.s"`, v)})()
+		}
+	}
+	m := string(r.anon.Do("GET", "/metrics", nil).Body)
+	if got := strings.Count(m, "sluice_controlplane_envoys{"); got != 5 {
+		t.Fatalf("%d series, want 5:\n%s", got, m)
+	}
+	for _, want := range []string{`{policy="p",version="1"} 6`, `{policy="p",version="4"} 3`, `{policy="p",version="other"} 3`} {
+		if !strings.Contains(m, "sluice_controlplane_envoys"+want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }
