@@ -21,15 +21,14 @@ type policyStatus struct {
 	Synced            int     `json:"synced"`
 	Stale             int     `json:"stale"`
 	Envoys            []struct {
-		Node       string    `json:"node"`
-		Status     string    `json:"status"`
-		ETag       string    `json:"etag"`
-		Version    uint64    `json:"version"`
-		Build      string    `json:"build"`
-		Address    string    `json:"address"`
-		LastSeen   time.Time `json:"last_seen"`
-		AgeSeconds float64   `json:"age_seconds"`
-		Polling    bool      `json:"polling"`
+		Node       string  `json:"node"`
+		Status     string  `json:"status"`
+		ETag       string  `json:"etag"`
+		Version    uint64  `json:"version"`
+		Build      string  `json:"build"`
+		Address    string  `json:"address"`
+		AgeSeconds float64 `json:"age_seconds"`
+		Polling    bool    `json:"polling"`
 	} `json:"envoys"`
 }
 
