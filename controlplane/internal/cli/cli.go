@@ -54,9 +54,13 @@ func withCode(code int, err error) error { return &exitError{code: code, err: er
 
 // Env is what Main needs from the process.
 type Env struct {
-	Stdin          io.Reader
+	// Stdin is read by -f -; nil means os.Stdin.
+	Stdin io.Reader
+	// Stdout receives results, Stderr errors (both required).
 	Stdout, Stderr io.Writer
-	Getenv         func(string) string
+	// Getenv reads SLUICE_SERVER, SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN
+	// and USER; nil means os.Getenv.
+	Getenv func(string) string
 	// beforeWrite, if set, runs between apply's read of a policy and its
 	// write (tests use it to change the policy concurrently).
 	beforeWrite func(policy string)

@@ -192,7 +192,7 @@ func tagVersion(tag string) uint64 {
 	return n
 }
 
-// age formats how long ago t was, rounded to the second.
+// age formats a duration rounded to the second ("0s" below one).
 func age(d time.Duration) string {
 	if d < time.Second {
 		return "0s"

@@ -12,27 +12,44 @@ import (
 // FieldChange is one changed leaf: its path inside the rule or policy, the
 // old and new values as compact JSON ("" when absent).
 type FieldChange struct {
-	Field, Old, New string
+	// Field is the path, e.g. "limit" or "match.path".
+	Field string
+	// Old and New are compact JSON, "" when absent.
+	Old, New string
 }
 
 // RuleChange is what happens to one rule: added, removed or changed.
 type RuleChange struct {
-	ID     string
-	Kind   string // "added", "removed", "changed"
+	// ID is the rule's id.
+	ID string
+	// Kind is "added", "removed" or "changed".
+	Kind string
+	// Fields are the rule's leaves that differ (every leaf for an added or
+	// removed rule).
 	Fields []FieldChange
 }
 
-// PolicyDiff is the rule-level difference between the server's policy
-// (Old, nil if it does not exist) and a file's.
+// PolicyDiff is the rule-level difference between the server's policy and
+// a file's.
 type PolicyDiff struct {
-	Name         string
-	Exists       bool
-	Rules        []RuleChange
-	Policy       []FieldChange // identity, exempt and other top-level members
-	OrderOld     []string      // rule ids in order, when only the order changed
-	OrderNew     []string
-	OldVersion   uint64
-	OldETag      string
+	// Name is the policy's name; Exists is false when the server has no
+	// such policy (everything in the file is new).
+	Name   string
+	Exists bool
+	// Rules are the added, changed and removed rules: the file's order,
+	// then the removed ones in the server's order.
+	Rules []RuleChange
+	// Policy are the changed top-level members other than rules
+	// (identity, exempt), as paths such as "identity.user_header".
+	Policy []FieldChange
+	// OrderOld and OrderNew are the rule ids in the server's and the
+	// file's order, set only when the rules both have are in another order
+	// (rules are checked in order).
+	OrderOld, OrderNew []string
+	// OldVersion and OldETag are the server's version and entity tag.
+	OldVersion uint64
+	OldETag    string
+	// RuleCountNew is the number of rules in the file.
 	RuleCountNew int
 }
 

@@ -30,8 +30,14 @@ type policyFile struct {
 // field (a JSON path such as "rules[1].limit"; "" for the document) and
 // message.
 type Problem struct {
-	File, Field, Message string
-	Line                 int
+	// File is the path as given ("-" for standard input).
+	File string
+	// Field is the JSON path; "" for the document as a whole.
+	Field string
+	// Message says what is wrong.
+	Message string
+	// Line is the 1-based line of the field, 0 when unknown.
+	Line int
 }
 
 // String is "file:line: field: message", parts left out when unknown.
