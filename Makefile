@@ -18,6 +18,8 @@ wasm:
 build: wasm
 	@echo "==> building $(BUILD)/sluice-controlplane"
 	$(GO) build -trimpath -o $(BUILD)/sluice-controlplane ./controlplane/cmd/sluice-controlplane
+	@echo "==> building $(BUILD)/sluicectl"
+	$(GO) build -trimpath -o $(BUILD)/sluicectl ./controlplane/cmd/sluicectl
 	@for cmd in sluice-devproxy sluice-echo sluice-run; do \
 		echo "==> building $(BUILD)/$$cmd"; \
 		$(GO) build -trimpath -o $(BUILD)/$$cmd ./testenv/cmd/$$cmd || exit 1; done

@@ -119,6 +119,9 @@ func TestParseEnvoyConfig(t *testing.T) {
 	if !c.UseRemoteAddress || !c.PreserveRequestID || !c.GenerateRequestID {
 		t.Errorf("request ids / xff: %+v", c)
 	}
+	if c.NodeID != "sluice-dev" {
+		t.Errorf("node id %q, want the file's node.id sluice-dev", c.NodeID)
+	}
 	for _, want := range []string{"admin", "envoy.filters.http.wasm.vm_config.runtime"} {
 		found := false
 		for _, ig := range c.Ignored {

@@ -54,6 +54,8 @@ const (
 type EnvoyConfig struct {
 	// Listen is the listener's socket address, "host:port".
 	Listen string
+	// NodeID is node.id, the filter's xds.node.id property.
+	NodeID string
 	// Filter is the envoy.filters.http.wasm configuration; nil if the
 	// listener has none (the proxy then forwards without a filter).
 	Filter *WasmFilter
@@ -197,7 +199,14 @@ func ParseEnvoyConfig(doc []byte) (*EnvoyConfig, error) {
 	}
 	c := &EnvoyConfig{Clusters: map[string]string{}, GenerateRequestID: true}
 	sr := b.GetStaticResources()
-	ignoreRest(&c.Ignored, "", b, "static_resources")
+	ignoreRest(&c.Ignored, "", b, "static_resources", "node")
+	c.NodeID = b.GetNode().GetId()
+	if c.NodeID != "" {
+		c.Honoured = append(c.Honoured, "node.id "+strconv.Quote(c.NodeID)+" (property xds.node.id)")
+	}
+	if b.GetNode() != nil {
+		ignoreRest(&c.Ignored, "node.", b.GetNode(), "id")
+	}
 	ignoreRest(&c.Ignored, "static_resources.", sr, "listeners", "clusters")
 	for _, cl := range sr.GetClusters() {
 		if err := c.cluster(cl); err != nil {

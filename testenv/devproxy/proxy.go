@@ -38,6 +38,9 @@ type Options struct {
 	// configuration (the file carries a placeholder; Envoy would get the
 	// real token from a templating step).
 	ReadToken string
+	// NodeID, if not empty, overrides the file's node.id (Envoy's
+	// --service-node): the filter's xds.node.id property.
+	NodeID string
 	// AccessLog receives the JSON access-log lines; nil writes none.
 	AccessLog io.Writer
 	// Logger receives the guest's logs and the proxy's own; nil discards.
@@ -141,8 +144,12 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 			return nil, err
 		}
 	}
+	nodeID := c.NodeID
+	if o.NodeID != "" {
+		nodeID = o.NodeID
+	}
 	h, err := host.New(ctx, host.Config{
-		Wasm: o.Wasm, VMID: f.VMID, PluginName: f.Name, RootID: f.RootID,
+		Wasm: o.Wasm, VMID: f.VMID, PluginName: f.Name, RootID: f.RootID, NodeID: nodeID,
 		VMConfig: f.VMConfig, PluginConfig: cfg, Env: f.Env,
 		Workers: o.Workers, Clock: host.SystemClock, Clusters: clusters,
 		Logger: o.Logger, LogLevel: o.LogLevel,

@@ -15,7 +15,7 @@ import (
 
 // Built once per test binary by TestMain, into a temporary directory.
 var (
-	binDir  string // sluice-controlplane, sluice-devproxy, sluice-echo, sluice-run, sluice.wasm
+	binDir  string // sluice-controlplane, sluice-devproxy, sluice-echo, sluice-run, sluicectl, sluice.wasm
 	wasmBin []byte
 	repo    string // the repository root
 )
@@ -54,6 +54,7 @@ func setup(m *testing.M) (int, error) {
 		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-devproxy"), "./testenv/cmd/sluice-devproxy"}},
 		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-echo"), "./testenv/cmd/sluice-echo"}},
 		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-run"), "./testenv/cmd/sluice-run"}},
+		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluicectl"), "./controlplane/cmd/sluicectl"}},
 	)
 	if err != nil {
 		return 1, err

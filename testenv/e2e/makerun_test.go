@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -46,8 +47,8 @@ func TestMakeRun(t *testing.T) {
 		t.Skip("curl not found (Debian package curl): the walkthrough uses it")
 	}
 	cmds := walkthroughCommands(t)
-	if len(cmds) != 6 {
-		t.Fatalf("README walkthrough: %d commands, want 6", len(cmds))
+	if len(cmds) != 11 {
+		t.Fatalf("README walkthrough: %d commands, want 11", len(cmds))
 	}
 	runDir := t.TempDir()
 	cp, proxy, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
@@ -81,17 +82,30 @@ func TestMakeRun(t *testing.T) {
 		}
 	}
 
-	sh := func(c string) string {
+	// shCode runs a walkthrough command in the repository root (where
+	// build/sluicectl is) and returns its output and exit code.
+	shCode := func(c string) (string, int) {
 		t.Helper()
 		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:8080", cp, "build/run/", runDir+"/").Replace(c)
 		sh := exec.Command("bash", "-c", c)
-		// The user has pasted the two export lines make run printed.
-		sh.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
+		sh.Dir = repo
+		// The user has pasted the two export lines make run printed, and
+		// pointed sluicectl at the control plane's port.
+		sh.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken, "SLUICE_SERVER=http://"+cp)
 		b, err := sh.CombinedOutput()
-		if err != nil {
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
 			t.Fatalf("%s: %v\n%s", c, err, b)
 		}
-		return strings.TrimSpace(string(b))
+		return strings.TrimSpace(string(b)), sh.ProcessState.ExitCode()
+	}
+	sh := func(c string) string {
+		t.Helper()
+		out, code := shCode(c)
+		if code != 0 {
+			t.Fatalf("%s: exit %d\n%s", c, code, out)
+		}
+		return out
 	}
 	if got := sh(cmds[0]); got != "200 200 200 200 200 429 429 429" {
 		t.Errorf("step 1: %q", got)
@@ -99,20 +113,39 @@ func TestMakeRun(t *testing.T) {
 	if got := sh(cmds[1]); !strings.HasPrefix(got, "HTTP/1.1 429") || !strings.Contains(got, `"rule":"api-per-user"`) {
 		t.Errorf("step 2: %q", got)
 	}
-	if got := sh(cmds[2]); got != "200" {
-		t.Errorf("step 3 (PUT): %q", got)
+	// Step 3: export, edit, diff (exit 1: one rule, one field), apply.
+	sh(cmds[2])
+	sh(cmds[3])
+	if got, code := shCode(cmds[4]); code != 1 || !strings.Contains(got, "~ rule api-per-user") ||
+		!strings.Contains(got, "limit: 5 → 100") || strings.Count(got, "→") != 1 {
+		t.Errorf("step 3 (diff): exit %d, %q", code, got)
+	}
+	if got := sh(cmds[5]); !strings.Contains(got, "policy default configured (v1 → v2)") {
+		t.Errorf("step 3 (apply): %q", got)
 	}
 	start := time.Now()
-	if !proctest.WaitFor(10*time.Second, func() bool { return sh(cmds[3]) == "200" }) {
+	if !proctest.WaitFor(10*time.Second, func() bool { return sh(cmds[6]) == "200" }) {
 		t.Errorf("step 3: the raised limit is not enforced after 10s")
 	}
-	t.Logf("raised limit enforced %s after the PUT", time.Since(start))
+	t.Logf("raised limit enforced %s after the apply", time.Since(start))
 	var line map[string]any
-	if err := json.Unmarshal([]byte(sh(cmds[4])), &line); err != nil || line["rate_limit_rule"] != "api-per-user" || line["rate_limited"] != "false" {
+	if err := json.Unmarshal([]byte(sh(cmds[7])), &line); err != nil || line["rate_limit_rule"] != "api-per-user" || line["rate_limited"] != "false" {
 		t.Errorf("step 4: %v %v", line, err)
 	}
-	if got := sh(cmds[5]); !strings.Contains(got, `"version"`) {
-		t.Errorf("step 5: %q", got)
+	if got := sh(cmds[8]); !strings.Contains(got, "2 (current)") {
+		t.Errorf("step 5 (history): %q", got)
+	}
+	if got := sh(cmds[9]); !strings.Contains(got, `"version"`) {
+		t.Errorf("step 5 (curl): %q", got)
+	}
+	// The dev proxy reports itself (envoy.yaml's node.id) at the new version.
+	var status string
+	if !proctest.WaitFor(30*time.Second, func() bool {
+		var code int
+		status, code = shCode(cmds[10])
+		return code == 0
+	}) || !strings.Contains(status, "sluice-dev") || !strings.Contains(status, "SYNCED") {
+		t.Errorf("step 5 (status): %q", status)
 	}
 
 	// Ctrl-C: SIGINT to the foreground process group.

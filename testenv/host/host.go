@@ -27,6 +27,11 @@ type Config struct {
 	PluginName string
 	// RootID is PluginConfig.root_id, the plugin_root_id property.
 	RootID string
+	// NodeID is the bootstrap's node.id (Envoy's --service-node), served
+	// as the property xds.node.id in every context (Envoy's attributes
+	// doc: xds.node is the local node, known without a stream); empty
+	// makes it NOT_FOUND.
+	NodeID string
 	// VMConfig is vm_config.configuration, buffer 6, readable only during
 	// proxy_on_vm_start.
 	VMConfig []byte

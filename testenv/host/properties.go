@@ -14,6 +14,9 @@ import (
 // use Envoy's encodings (§1.5): strings raw, integers 8 bytes
 // little-endian, maps as pairs.
 func (v *vm) property(path []string) ([]byte, status) {
+	if len(path) == 3 && path[0] == "xds" && path[1] == "node" && path[2] == "id" && v.h.cfg.NodeID != "" {
+		return []byte(v.h.cfg.NodeID), statusOK
+	}
 	st := v.effectiveStream()
 	if st != nil {
 		if val, ok, handled := st.attribute(path); handled {

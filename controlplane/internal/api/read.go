@@ -92,6 +92,9 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, _ role) {
 		return rec.Exists() && !inm.matchWeak(rec) ||
 			!rec.Exists() && (existed || inm.namesOther(rec))
 	}
+	if wait > 0 {
+		defer s.register(r, name)()
+	}
 	if wait > 0 && !settled(rec) {
 		rec = s.longPoll(r.Context(), name, wait, settled)
 		if r.Context().Err() != nil {

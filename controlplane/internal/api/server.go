@@ -52,6 +52,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/registry"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 )
@@ -83,7 +84,18 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Now is the clock for history timestamps; nil means time.Now.
 	Now func() time.Time
+	// Envoys, if set, records the Envoys whose long polls identify them
+	// (x-sluice-node) and answers GET /v1/policies/{policy}/status.
+	Envoys *registry.Registry
+	// StaleAfter is how long after it was last seen an Envoy that is not
+	// polling counts as STALE; 0 means MaxWait + DefaultStaleMargin.
+	StaleAfter time.Duration
 }
+
+// DefaultStaleMargin is added to MaxWait for the default StaleAfter: an
+// Envoy reconnects within its poll timeout (wait plus at most 10%) after
+// a poll ends, so one that has not polled for longer is gone or cut off.
+const DefaultStaleMargin = 15 * time.Second
 
 // Server is the API's http.Handler.
 type Server struct {
@@ -122,11 +134,15 @@ func New(o Options) *Server {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.StaleAfter <= 0 {
+		o.StaleAfter = o.MaxWait + DefaultStaleMargin
+	}
 	s := &Server{o: o, mux: http.NewServeMux(), log: o.Logger, draining: make(chan struct{})}
 	s.authOn = o.AdminToken != "" || o.ReadToken != ""
 	s.adminSum = sha256.Sum256([]byte(o.AdminToken))
 	s.readSum = sha256.Sum256([]byte(o.ReadToken))
 	s.metrics = newMetrics(o.Registry, o.Snapshot)
+	o.Registry.MustRegister(envoyCollector{reg: o.Envoys, snap: o.Snapshot})
 	s.routes()
 	return s
 }
@@ -333,6 +349,8 @@ func (s *Server) routes() {
 		map[string]access{http.MethodGet: read, http.MethodPut: write, http.MethodDelete: write})
 	s.route("/v1/policies/{policy}/versions",
 		map[string]handler{http.MethodGet: s.listVersions}, map[string]access{http.MethodGet: read})
+	s.route("/v1/policies/{policy}/status",
+		map[string]handler{http.MethodGet: s.policyStatus}, map[string]access{http.MethodGet: read})
 	s.route("/v1/policies/{policy}/rollback",
 		map[string]handler{http.MethodPost: s.rollback}, map[string]access{http.MethodPost: write})
 	s.route("/healthz", map[string]handler{http.MethodGet: s.healthz}, nil)

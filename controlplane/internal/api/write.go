@@ -33,6 +33,9 @@ type writeOpts struct {
 	location string
 	// createOnly honours If-None-Match: * (PUT of a whole policy).
 	createOnly bool
+	// dryRun runs every check (validation, preconditions, the policy
+	// count) and answers what would be stored, without writing.
+	dryRun bool
 }
 
 // readBody reads a JSON request body: 415 for a Content-Type other than
@@ -130,6 +133,9 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			}
 			if o.op == store.OpPutPolicy && rec.Exists() && bytes.Equal(rules.EncodePolicy(next), rec.Doc) {
 				// Declarative apply of what is already there: no new version.
+				if o.dryRun {
+					w.Header().Set("X-Sluice-Dry-Run", "true")
+				}
 				w.Header().Set("ETag", etag(rec))
 				writeRaw(w, o.ok, rec.Doc)
 				return
@@ -151,6 +157,10 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 				e.write(w)
 				return
 			}
+		}
+		if o.dryRun {
+			s.answerDryRun(w, rec, ch.Doc, o)
+			return
 		}
 		ctx, cancel = context.WithTimeout(r.Context(), s.o.StoreTimeout)
 		ticket := s.o.Snapshot.Ticket()
@@ -279,12 +289,17 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, who role) {
 		aerr.write(w)
 		return
 	}
+	dryRun, aerr := parseDryRun(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
 	p, aerr := parsePolicyBody(body, name)
 	if aerr != nil {
 		aerr.write(w)
 		return
 	}
-	s.write(w, r, who, name, writeOpts{op: store.OpPutPolicy, created: http.StatusCreated, ok: http.StatusOK, createOnly: true},
+	s.write(w, r, who, name, writeOpts{op: store.OpPutPolicy, created: http.StatusCreated, ok: http.StatusOK, createOnly: true, dryRun: dryRun},
 		func(*rules.Policy, store.Record) (*rules.Policy, string, *apiError) {
 			next := *p
 			return &next, "", nil
@@ -392,4 +407,41 @@ func (s *Server) deleteRule(w http.ResponseWriter, r *http.Request, who role) {
 			cur.Rules = append(cur.Rules[:i], cur.Rules[i+1:]...)
 			return cur, id, nil
 		})
+}
+
+// parseDryRun reads ?dry_run= of a PUT: "true" or "1" asks for a dry run,
+// "false", "0" or absent for a write; anything else is 400.
+func parseDryRun(r *http.Request) (bool, *apiError) {
+	q := r.URL.Query()
+	if !q.Has("dry_run") {
+		return false, nil
+	}
+	switch v := q.Get("dry_run"); v {
+	case "true", "1", "":
+		return true, nil
+	case "false", "0":
+		return false, nil
+	default:
+		return false, errf(http.StatusBadRequest, "invalid_parameter", "dry_run: want true or false, got "+strconv.Quote(v))
+	}
+}
+
+// answerDryRun answers a dry run that passed every check: the status the
+// write would have had (201 for a creation, 200 otherwise), the header
+// X-Sluice-Dry-Run: true, the ETag of the current version (the tag an
+// If-Match write would need; none when the policy does not exist), and the
+// document as it would be stored (its "version" the one it would get).
+func (s *Server) answerDryRun(w http.ResponseWriter, rec store.Record, doc []byte, o writeOpts) {
+	w.Header().Set("X-Sluice-Dry-Run", "true")
+	status := o.ok
+	if rec.Exists() {
+		w.Header().Set("ETag", etag(rec))
+	} else {
+		status = o.created
+	}
+	if doc == nil {
+		writeJSON(w, status, deleted{Policy: rec.Name, Version: rec.Version + 1, Deleted: true})
+		return
+	}
+	writeRaw(w, status, doc)
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/config"
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
+	"github.com/sluice-proxy/sluice/controlplane/internal/registry"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 
@@ -115,6 +116,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken,
 		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
 		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
+		Envoys: registry.New(registry.Options{ExpireAfter: s.EnvoyExpireAfter}), StaleAfter: s.EnvoyStaleAfter,
 	})
 	qsvc, closeQuota, err := NewQuota(s, snap, reg, log)
 	if err != nil {

@@ -68,6 +68,12 @@ type Settings struct {
 	StoreTimeout time.Duration
 	// ShutdownTimeout bounds the graceful shutdown (default 15s).
 	ShutdownTimeout time.Duration
+	// EnvoyStaleAfter is how long after its last poll an Envoy counts as
+	// STALE in GET /v1/policies/{policy}/status (default 0: --max-wait + 15s).
+	EnvoyStaleAfter time.Duration
+	// EnvoyExpireAfter is how long an Envoy stays in the status registry
+	// after its last poll (default 10m).
+	EnvoyExpireAfter time.Duration
 	// LogLevel is debug, info, warn or error (default info).
 	LogLevel string
 	// LogFormat is json or text (default json).
@@ -105,6 +111,8 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.DurationVar(&s.ResyncInterval, "resync-interval", 2*time.Second, "interval of the store version re-read and health check")
 	fs.DurationVar(&s.StoreTimeout, "store-timeout", 5*time.Second, "timeout of each store operation")
 	fs.DurationVar(&s.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "graceful shutdown limit")
+	fs.DurationVar(&s.EnvoyStaleAfter, "envoy-stale-after", 0, "an Envoy not polling for longer counts as STALE in policy status; 0: --max-wait + 15s")
+	fs.DurationVar(&s.EnvoyExpireAfter, "envoy-expire-after", 10*time.Minute, "an Envoy not polling for longer is dropped from policy status")
 	fs.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&s.LogFormat, "log-format", "json", "log format: json or text")
 	if err := fs.Parse(args); err != nil {
@@ -185,6 +193,10 @@ func (s Settings) Check() error {
 		return fmt.Errorf("config: --history-depth %d: want 1 to 10000", s.HistoryDepth)
 	case s.MaxBodyBytes < 1024:
 		return fmt.Errorf("config: --max-body-bytes %d: want ≥ 1024", s.MaxBodyBytes)
+	case s.EnvoyStaleAfter < 0:
+		return fmt.Errorf("config: --envoy-stale-after %s: want ≥ 0", s.EnvoyStaleAfter)
+	case s.EnvoyExpireAfter < time.Second:
+		return fmt.Errorf("config: --envoy-expire-after %s: want ≥ 1s", s.EnvoyExpireAfter)
 	case s.MaxWait < time.Second:
 		return fmt.Errorf("config: --max-wait %s: want ≥ 1s", s.MaxWait)
 	case s.ResyncInterval < 10*time.Millisecond:

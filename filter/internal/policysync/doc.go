@@ -20,7 +20,11 @@
 //     the lease key keeps exactly one GET /v1/policies/{policy}?wait=<Wait>
 //     in flight through proxy_http_call to Options.Cluster, with
 //     If-None-Match (the ETag of what it last saw) and the read token, and a
-//     call timeout a little above the wait. A 304, or the timeout, starts
+//     call timeout a little above the wait. The poll also names its Envoy
+//     for the control plane's status (identify, poll.go): x-sluice-node
+//     (the node id, property xds.node.id or node.id, read once),
+//     x-sluice-version (the ETag of the published policy this instance
+//     applied) and x-sluice-build (Build); requests carry none of them. A 304, or the timeout, starts
 //     the next poll at once (but no sooner than MinPollSpacing after the
 //     previous one started, so a server that ignores ?wait cannot make the
 //     holder spin). A 200 is size-limited (rules.MaxPolicyBytes),

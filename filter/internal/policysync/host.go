@@ -86,3 +86,6 @@ func (h *proxyWasmHost) Gauge(name string, value uint64) {
 	}
 	_ = m.Record(value)
 }
+
+// GetProperty makes the ProxyWasm host a PropertyReader.
+func (*proxyWasmHost) GetProperty(path []string) ([]byte, error) { return proxywasm.GetProperty(path) }

@@ -30,6 +30,7 @@ func (s *Syncer) poll(now int64) {
 	if s.etag != "" {
 		headers = append(headers, [2]string{"if-none-match", s.etag})
 	}
+	headers = s.identify(headers)
 	s.callSeq++
 	seq := s.callSeq
 	_, err := s.h.DispatchHttpCall(s.o.Cluster, headers, nil, nil, uint32(s.o.Timeout.Milliseconds()),
@@ -183,4 +184,62 @@ func (s *Syncer) fail(now int64, kind FailureKind, reason string) {
 		s.log.warn("sync failing (" + string(kind) + "): " + clip(reason) + "; retrying with backoff")
 	}
 	s.failing = true
+}
+
+// Build names this filter build in the poll's x-sluice-build header; set
+// it at link time (go build -ldflags "-X <package path>.Build=v1.2.3").
+var Build = "dev"
+
+// PropertyReader is implemented by a Host that can read Envoy properties
+// (proxy_get_property); ProxyWasm's does. Without it the poll does not
+// name its Envoy.
+type PropertyReader interface {
+	// GetProperty is proxywasm.GetProperty.
+	GetProperty(path []string) ([]byte, error)
+}
+
+// nodeIDPaths are where the Envoy's node id is read, first found wins:
+// the xds attributes (Envoy ≥ 1.33 serves only these; Envoy's attributes
+// doc, docs/root/intro/arch_overview/advanced/attributes.rst), then the
+// top-level node of older Envoys.
+var nodeIDPaths = [][]string{{"xds", "node", "id"}, {"node", "id"}}
+
+// identify appends the headers by which the control plane's status knows
+// this Envoy: x-sluice-node (its node id, read once), x-sluice-version
+// (the entity tag of the published policy this worker applied, if any) and
+// x-sluice-build (Build). Without a node id none is sent.
+func (s *Syncer) identify(headers [][2]string) [][2]string {
+	if !s.nodeRead {
+		s.nodeRead = true
+		if pr, ok := s.h.(PropertyReader); ok {
+			for _, path := range nodeIDPaths {
+				if v, err := pr.GetProperty(path); err == nil && len(v) > 0 {
+					s.node = headerSafe(string(v))
+					break
+				}
+			}
+		}
+	}
+	if s.node == "" {
+		return headers
+	}
+	headers = append(headers, [2]string{"x-sluice-node", s.node}, [2]string{"x-sluice-build", Build})
+	if s.appliedGen != 0 {
+		if m, _, ok := s.readMeta(); ok && m.Generation == s.appliedGen && m.ETag != "" {
+			headers = append(headers, [2]string{"x-sluice-version", m.ETag})
+		}
+	}
+	return headers
+}
+
+// headerSafe keeps at most 128 bytes of visible ASCII of v, so that a node
+// id is a valid header value (RFC 9110 §5.5).
+func headerSafe(v string) string {
+	b := make([]byte, 0, min(len(v), 128))
+	for i := 0; i < len(v) && len(b) < 128; i++ {
+		if c := v[i]; c > 0x20 && c < 0x7f {
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }

@@ -84,7 +84,9 @@ type Syncer struct {
 	nextPoll    int64  // Unix ns; a poll may start at or after it
 	etag        string // If-None-Match of the next poll
 	backoff     Backoff
-	failing     bool // for logging once per state change
+	node        string // the Envoy's node id, for x-sluice-node
+	nodeRead    bool   // node was looked up
+	failing     bool   // for logging once per state change
 	lastFailure FailureKind
 }
 

@@ -1,0 +1,246 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/app"
+	"github.com/sluice-proxy/sluice/controlplane/internal/config"
+)
+
+const (
+	adminTok = "admin-token-for-tests"
+	readTok  = "read-token-for-tests"
+)
+
+// startControlPlane runs the real control plane (app.Run, embedded store)
+// on a free loopback port and returns its URL.
+func startControlPlane(t *testing.T) string {
+	t.Helper()
+	s, err := config.Parse([]string{"--listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
+		"--admin-token", adminTok, "--read-token", readTok}, func(string) string { return "" }, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(ctx, s, slog.New(slog.NewTextHandler(io.Discard, nil)), func(a net.Addr) { addr <- a })
+	}()
+	var a net.Addr
+	select {
+	case a = <-addr:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the control plane did not start listening")
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return "http://" + a.String()
+}
+
+// ctl runs sluicectl as a user would, against server.
+type ctl struct {
+	t           *testing.T
+	server      string
+	beforeWrite func(string)
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (c *ctl) run(stdin string, args ...string) result {
+	c.t.Helper()
+	var out, errb bytes.Buffer
+	env := map[string]string{"SLUICE_SERVER": c.server, "SLUICE_ADMIN_TOKEN": adminTok, "SLUICE_READ_TOKEN": readTok, "USER": "tester"}
+	code := Main(args, Env{Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb,
+		Getenv: func(k string) string { return env[k] }, beforeWrite: c.beforeWrite})
+	return result{code, out.String(), errb.String()}
+}
+
+func (c *ctl) must(want int, args ...string) result {
+	c.t.Helper()
+	r := c.run("", args...)
+	if r.code != want {
+		c.t.Fatalf("sluicectl %s: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, want, r.stdout, r.stderr)
+	}
+	return r
+}
+
+const demoV1 = `# the demo policy
+policy: demo
+identity:
+  user_header: x-user-id
+rules:
+  - id: per-user
+    algorithm: token_bucket
+    key: [user]
+    limit: 5
+    window: 1m
+  - id: login
+    algorithm: fixed_window
+    match: {path: /login, methods: [POST]}
+    limit: 3
+    window: 1m
+`
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustContain(t *testing.T, what, s string, parts ...string) {
+	t.Helper()
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			t.Fatalf("%s lacks %q:\n%s", what, p, s)
+		}
+	}
+}
+
+// TestApplyDiffHistoryRollback drives sluicectl against a real control
+// plane: apply a YAML file, change one rule, diff shows exactly that change
+// and exits 1, apply applies it, history lists it, rollback restores it.
+func TestApplyDiffHistoryRollback(t *testing.T) {
+	c := &ctl{t: t, server: startControlPlane(t)}
+	dir := t.TempDir()
+	f := writeFile(t, dir, "demo.yaml", demoV1)
+
+	r := c.must(0, "apply", "-f", f)
+	mustContain(t, "first apply", r.stdout, "policy demo: new", "policy demo created (v1)")
+	r = c.must(0, "diff", "-f", f)
+	mustContain(t, "diff after apply", r.stdout, "policy demo: unchanged (server v1)")
+	r = c.must(0, "apply", "-f", f)
+	if strings.Contains(r.stdout, "configured") {
+		t.Fatalf("an unchanged policy was written:\n%s", r.stdout)
+	}
+
+	// One rule changed: the diff names exactly that rule and field.
+	writeFile(t, dir, "demo.yaml", strings.Replace(demoV1, "limit: 5", "limit: 10", 1))
+	r = c.must(1, "diff", "-f", f)
+	mustContain(t, "diff", r.stdout, "1 rule(s) changed, 0 added, 0 removed", "~ rule per-user", "limit: 5 → 10")
+	if strings.Contains(r.stdout, "login") || strings.Count(r.stdout, "→") != 1 {
+		t.Fatalf("the diff shows more than the change:\n%s", r.stdout)
+	}
+	r = c.must(0, "apply", "--dry-run", "-f", f)
+	mustContain(t, "dry run", r.stdout, "server dry run passed; would be v2")
+	c.must(1, "diff", "-f", f) // the dry run wrote nothing
+	r = c.must(0, "apply", "-f", f)
+	mustContain(t, "apply", r.stdout, "limit: 5 → 10", "policy demo configured (v1 → v2)")
+	c.must(0, "diff", "-f", f)
+
+	r = c.must(0, "get", "demo", "per-user", "-o", "json")
+	mustContain(t, "get rule", r.stdout, `"limit": 10`)
+	r = c.must(0, "get")
+	mustContain(t, "get", r.stdout, "POLICY", "demo", "2")
+	r = c.must(0, "get", "demo", "-o", "yaml")
+	mustContain(t, "get -o yaml", r.stdout, "policy: demo", "version: 2")
+
+	r = c.must(0, "history", "demo")
+	mustContain(t, "history", r.stdout, "2 (current)", "sluicectl:tester", "put_policy")
+	r = c.must(0, "rollback", "demo", "--to", "1")
+	mustContain(t, "rollback", r.stdout, "rolled back to v1 (now v3)")
+	r = c.must(0, "get", "demo", "per-user", "-o", "json")
+	mustContain(t, "after rollback", r.stdout, `"limit": 5`)
+	r = c.must(1, "diff", "-f", f) // the file still says 10
+	mustContain(t, "diff after rollback", r.stdout, "limit: 5 → 10")
+
+	// Rules added and removed, and a policy from standard input.
+	r = c.run("policy: demo\nrules:\n  - {id: login, algorithm: fixed_window, match: {path: /login, methods: [POST]}, limit: 3, window: 1m}\n  - {id: new, algorithm: gcra, limit: 2, window: 1s}\n", "diff", "-f", "-")
+	if r.code != 1 {
+		t.Fatalf("diff from stdin: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	mustContain(t, "diff stdin", r.stdout, "+ rule new", "- rule per-user", "algorithm: \"gcra\"")
+
+	c.must(0, "delete", "demo", "login")
+	c.must(0, "delete", "demo")
+	c.must(3, "get", "demo")
+}
+
+// TestInvalidFileChangesNothing: an invalid file fails with file, line and
+// field named, exit 2, and nothing is written, not even the valid files
+// applied with it.
+func TestInvalidFileChangesNothing(t *testing.T) {
+	c := &ctl{t: t, server: startControlPlane(t)}
+	dir := t.TempDir()
+	writeFile(t, dir, "a-good.yaml", demoV1)
+	writeFile(t, dir, "b-bad.yaml", "policy: bad\nrules:\n  - id: r\n    algorithm: fixed_window\n    limit: 3\n    window: soon\n")
+	r := c.run("", "apply", "-f", dir)
+	if r.code != ExitUsage {
+		t.Fatalf("exit %d, want 2:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	mustContain(t, "stderr", r.stderr, filepath.Join(dir, "b-bad.yaml")+":6: rules[0].window:")
+	c.must(3, "get", "demo")
+	c.must(3, "get", "bad")
+
+	r = c.run("", "validate", "-f", writeFile(t, dir, "c.json", `{"policy":"c","rules":[{"id":"r","algorithm":"nope","limit":1,"window":"1m"}],"extra":1}`))
+	if r.code != ExitUsage {
+		t.Fatalf("validate: exit %d", r.code)
+	}
+	mustContain(t, "validate", r.stderr, "c.json:1: rules[0].algorithm:", "extra")
+	r = c.run("", "validate", "-f", writeFile(t, dir, "d.yaml", "policy: d\nrules: [\n"))
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "d.yaml") {
+		t.Fatalf("broken YAML: exit %d %s", r.code, r.stderr)
+	}
+	// The name comes from the file when "policy" is absent.
+	r = c.must(0, "validate", "-f", writeFile(t, dir, "from-name.yaml", "rules: []\n"))
+	mustContain(t, "validate", r.stdout, "policy from-name is valid")
+	c.must(2, "rollback", "demo")
+	c.must(2, "get", "-o", "xml")
+	c.must(2, "apply")
+}
+
+// TestConcurrentChangeIsReported: a change made between apply's read (the
+// diff) and its write is refused by If-Match and reported, not overwritten.
+func TestConcurrentChangeIsReported(t *testing.T) {
+	c := &ctl{t: t, server: startControlPlane(t)}
+	dir := t.TempDir()
+	f := writeFile(t, dir, "demo.yaml", demoV1)
+	c.must(0, "apply", "-f", f)
+	writeFile(t, dir, "demo.yaml", strings.Replace(demoV1, "limit: 5", "limit: 10", 1))
+	c.beforeWrite = func(policy string) {
+		// Someone else changes the policy meanwhile, with plain HTTP.
+		req, _ := http.NewRequest(http.MethodPut, c.server+"/v1/policies/"+policy,
+			strings.NewReader(`{"rules":[{"id":"per-user","algorithm":"token_bucket","limit":7,"window":"1m"}]}`))
+		req.Header.Set("Authorization", "Bearer "+adminTok)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Errorf("concurrent PUT: %v %v", err, resp)
+		}
+		resp.Body.Close()
+	}
+	r := c.run("", "apply", "-f", f)
+	if r.code != ExitServer {
+		t.Fatalf("exit %d, want 3:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	mustContain(t, "stderr", r.stderr, "policy demo changed on the server since it was read", "nothing was written")
+	c.beforeWrite = nil
+	r = c.must(0, "get", "demo", "per-user", "-o", "json")
+	mustContain(t, "the concurrent change", r.stdout, `"limit": 7`)
+}
+
+func TestUnreachableServerExits3(t *testing.T) {
+	c := &ctl{t: t, server: "http://127.0.0.1:1"}
+	c.must(3, "get")
+	c.must(2, "get", "--server", "ftp://x")
+}

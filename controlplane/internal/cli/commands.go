@@ -1,0 +1,513 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+)
+
+// loadFiles reads -f files; an invalid file exits 2 naming each problem.
+func loadFiles(env *Env, files []string) ([]policyFile, error) {
+	if len(files) == 0 {
+		return nil, withCode(ExitUsage, errors.New("-f FILE|DIR|- is required"))
+	}
+	pfs, err := loadPolicies(files, env.Stdin)
+	var inv invalidFiles
+	switch {
+	case errors.As(err, &inv):
+		return nil, withCode(ExitUsage, fmt.Errorf("invalid policy file (nothing was sent to the server):\n%s", inv.Error()))
+	case err != nil:
+		return nil, withCode(ExitUsage, err)
+	}
+	return pfs, nil
+}
+
+func validateCmd(env *Env) *cobra.Command {
+	var files []string
+	cmd := &cobra.Command{
+		Use:   "validate -f FILE|DIR|-",
+		Short: "Check policy files offline, with the control plane's own validation",
+		Long: `Check policy files (YAML or JSON) without contacting the server, with the same
+validation the control plane runs (shared/rules). Problems name the file, the line and the
+field. A file without "policy" takes its name from the file name (without extension).`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pfs, err := loadFiles(env, files)
+			if err != nil {
+				return err
+			}
+			for _, pf := range pfs {
+				fmt.Fprintf(env.Stdout, "%s: policy %s is valid (%d rule(s))\n", pf.File, pf.Name, len(pf.Policy.Rules))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, "policy file, directory of *.yaml/*.yml/*.json files, or - for standard input (repeatable)")
+	return cmd
+}
+
+// planned is one policy file compared with the server.
+type planned struct {
+	pf   policyFile
+	diff *PolicyDiff
+	etag string // the server's ETag when read; "" if the policy does not exist
+}
+
+// plan loads the files and diffs each against the server.
+func plan(cmd *cobra.Command, g *globals, env *Env, files []string) (*client, []planned, error) {
+	pfs, err := loadFiles(env, files)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := g.client(env)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []planned
+	for _, pf := range pfs {
+		doc, etag, err := c.getPolicy(ctxOf(cmd), pf.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		d, err := diffPolicies(pf.Name, doc, pf.Doc)
+		if err != nil {
+			return nil, nil, withCode(ExitServer, err)
+		}
+		d.OldETag = etag
+		out = append(out, planned{pf: pf, diff: d, etag: etag})
+	}
+	return c, out, nil
+}
+
+func diffCmd(g *globals, env *Env) *cobra.Command {
+	var files []string
+	cmd := &cobra.Command{
+		Use:   "diff -f FILE|DIR|-",
+		Short: "Show what apply would change, rule by rule; exit 1 if anything differs",
+		Long: `Compare policy files with the server, rule by rule: added (+), removed (-) and changed (~)
+rules with each changed field as old → new. Exits 0 when the server agrees with every
+file, 1 when anything differs (as kubectl diff does), so CI can gate on it.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, plans, err := plan(cmd, g, env, files)
+			if err != nil {
+				return err
+			}
+			differ := false
+			for _, p := range plans {
+				p.diff.print(env.Stdout)
+				differ = differ || !p.diff.Empty()
+			}
+			if differ {
+				return withCode(ExitDiff, nil)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, "policy file, directory, or - for standard input (repeatable)")
+	return cmd
+}
+
+func applyCmd(g *globals, env *Env) *cobra.Command {
+	var files []string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "apply -f FILE|DIR|-",
+		Short: "Make the server's policies what the files say, showing the diff first",
+		Long: `Apply policy files (YAML or JSON; one policy per file). Every file is validated
+offline first: if any is invalid nothing is written. For each policy the rule-level diff
+against the server is printed, then the policy is written with If-Match: the ETag read for
+the diff (If-None-Match: * for a new policy), so a change made by someone else in between
+is reported (exit 3) and not overwritten. An unchanged policy is not written.
+
+The policy name is the document's "policy" member, or else the file name without its
+extension. With --dry-run the server validates each changed policy without writing it.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, plans, err := plan(cmd, g, env, files)
+			if err != nil {
+				return err
+			}
+			for _, p := range plans {
+				p.diff.print(env.Stdout)
+				if p.diff.Empty() {
+					continue
+				}
+				if env.beforeWrite != nil {
+					env.beforeWrite(p.pf.Name)
+				}
+				r, err := c.putPolicy(ctxOf(cmd), p.pf.Name, p.pf.Doc, p.etag, dryRun)
+				var se *serverError
+				if errors.As(err, &se) && se.Status == http.StatusPreconditionFailed {
+					now := "was created"
+					if p.etag != "" {
+						now = "changed"
+					}
+					return withCode(ExitServer, fmt.Errorf("policy %s %s on the server since it was read (ETag read %s, now %s); nothing was written: run diff and apply again",
+						p.pf.Name, now, orDash(p.etag), orDash(se.Header.Get("ETag"))))
+				}
+				if err != nil {
+					return err
+				}
+				newTag := r.Header.Get("ETag")
+				switch {
+				case dryRun:
+					var body struct {
+						Version uint64 `json:"version"`
+					}
+					_ = json.Unmarshal(r.Body, &body)
+					fmt.Fprintf(env.Stdout, "policy %s: server dry run passed; would be v%d (nothing written)\n", p.pf.Name, body.Version)
+				case p.etag == "":
+					fmt.Fprintf(env.Stdout, "policy %s created (v%d)\n", p.pf.Name, tagVersion(newTag))
+				default:
+					fmt.Fprintf(env.Stdout, "policy %s configured (v%d → v%d)\n", p.pf.Name, tagVersion(p.etag), tagVersion(newTag))
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, "policy file, directory, or - for standard input (repeatable)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate on the server (PUT ?dry_run=true) without writing")
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+func outputFlag(cmd *cobra.Command, o *string) {
+	cmd.Flags().StringVarP(o, "output", "o", "table", "output format: table, yaml or json")
+	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "yaml", "json"}, cobra.ShellCompDirectiveNoFileComp))
+}
+
+func checkOutput(o string) error {
+	switch o {
+	case "table", "yaml", "json":
+		return nil
+	}
+	return withCode(ExitUsage, fmt.Errorf("--output %q: want table, yaml or json", o))
+}
+
+// printDoc prints a JSON document as yaml or indented json.
+func printDoc(env *Env, output string, doc []byte) error {
+	if output == "yaml" {
+		y, err := jsonToYAML(doc)
+		if err != nil {
+			return withCode(ExitServer, err)
+		}
+		_, _ = env.Stdout.Write(y)
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, doc, "", "  "); err != nil {
+		return withCode(ExitServer, err)
+	}
+	buf.WriteByte('\n')
+	_, _ = env.Stdout.Write(buf.Bytes())
+	return nil
+}
+
+// policyCompletion completes policy names from the server.
+func policyCompletion(g *globals, env *Env) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		c, err := g.client(env)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodGet, "/v1/policies", nil, false))
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		var list policyList
+		_ = json.Unmarshal(r.Body, &list)
+		var names []string
+		for _, p := range list.Policies {
+			names = append(names, p.Policy)
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+type policyList struct {
+	Policies []struct {
+		Policy  string `json:"policy"`
+		Version uint64 `json:"version"`
+		Rules   int    `json:"rules"`
+	} `json:"policies"`
+}
+
+func getCmd(g *globals, env *Env) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "get [POLICY [RULE]]",
+		Short: "List policies, or show one policy or one rule",
+		Args:  usageArgs(cobra.MaximumNArgs(2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			c, err := g.client(env)
+			if err != nil {
+				return err
+			}
+			path := "/v1/policies"
+			for _, a := range args {
+				path += "/" + url.PathEscape(a)
+			}
+			if len(args) == 2 {
+				path = "/v1/policies/" + url.PathEscape(args[0]) + "/rules/" + url.PathEscape(args[1])
+			}
+			r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodGet, path, nil, false))
+			if err != nil {
+				return err
+			}
+			if output != "table" {
+				return printDoc(env, output, r.Body)
+			}
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			defer tw.Flush()
+			switch len(args) {
+			case 0:
+				var list policyList
+				if err := json.Unmarshal(r.Body, &list); err != nil {
+					return withCode(ExitServer, err)
+				}
+				fmt.Fprintln(tw, "POLICY\tVERSION\tRULES")
+				for _, p := range list.Policies {
+					fmt.Fprintf(tw, "%s\t%d\t%d\n", p.Policy, p.Version, p.Rules)
+				}
+			case 1:
+				var p struct {
+					Policy  string           `json:"policy"`
+					Version uint64           `json:"version"`
+					Rules   []map[string]any `json:"rules"`
+				}
+				if err := json.Unmarshal(r.Body, &p); err != nil {
+					return withCode(ExitServer, err)
+				}
+				fmt.Fprintf(env.Stdout, "policy %s, version %d, %d rule(s)\n", p.Policy, p.Version, len(p.Rules))
+				ruleTable(tw, p.Rules)
+			default:
+				var rule map[string]any
+				if err := json.Unmarshal(r.Body, &rule); err != nil {
+					return withCode(ExitServer, err)
+				}
+				ruleTable(tw, []map[string]any{rule})
+			}
+			return nil
+		},
+		ValidArgsFunction: policyCompletion(g, env),
+	}
+	outputFlag(cmd, &output)
+	return cmd
+}
+
+func ruleTable(tw *tabwriter.Writer, rules []map[string]any) {
+	fmt.Fprintln(tw, "RULE\tALGORITHM\tLIMIT\tWINDOW\tKEY\tMATCH")
+	for _, r := range rules {
+		window := r["window"]
+		if window == nil {
+			window = r["lease"]
+		}
+		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%s\t%s\n", r["id"], r["algorithm"], r["limit"], orEmpty(window), joinKey(r["key"]), compactOrDash(r["match"]))
+	}
+}
+
+func orEmpty(v any) any {
+	if v == nil {
+		return "-"
+	}
+	return v
+}
+
+func joinKey(v any) string {
+	list, _ := v.([]any)
+	if len(list) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(list))
+	for i, p := range list {
+		parts[i] = fmt.Sprint(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+func compactOrDash(v any) string {
+	if v == nil {
+		return "-"
+	}
+	return compact(v)
+}
+
+func historyCmd(g *globals, env *Env) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "history POLICY",
+		Short: "List a policy's retained versions, newest first",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			c, err := g.client(env)
+			if err != nil {
+				return err
+			}
+			r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodGet, "/v1/policies/"+url.PathEscape(args[0])+"/versions", nil, false))
+			if err != nil {
+				return err
+			}
+			if output != "table" {
+				return printDoc(env, output, r.Body)
+			}
+			var h struct {
+				Current  uint64 `json:"current"`
+				Exists   bool   `json:"exists"`
+				Versions []struct {
+					Version uint64    `json:"version"`
+					Time    time.Time `json:"time"`
+					Actor   string    `json:"actor"`
+					Op      string    `json:"op"`
+					Detail  string    `json:"detail"`
+					Deleted bool      `json:"deleted"`
+				} `json:"versions"`
+			}
+			if err := json.Unmarshal(r.Body, &h); err != nil {
+				return withCode(ExitServer, err)
+			}
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			defer tw.Flush()
+			fmt.Fprintln(tw, "VERSION\tTIME\tACTOR\tOP\tDETAIL")
+			for _, v := range h.Versions {
+				mark := ""
+				if v.Version == h.Current && h.Exists {
+					mark = " (current)"
+				}
+				detail := v.Detail
+				if v.Deleted {
+					detail = strings.TrimSpace(detail + " deleted")
+				}
+				fmt.Fprintf(tw, "%d%s\t%s\t%s\t%s\t%s\n", v.Version, mark, v.Time.UTC().Format(time.RFC3339), v.Actor, v.Op, orDashStr(detail))
+			}
+			return nil
+		},
+		ValidArgsFunction: policyCompletion(g, env),
+	}
+	outputFlag(cmd, &output)
+	return cmd
+}
+
+func orDashStr(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func rollbackCmd(g *globals, env *Env) *cobra.Command {
+	var to uint64
+	cmd := &cobra.Command{
+		Use:   "rollback POLICY --to VERSION",
+		Short: "Make an earlier version current again (as a new version)",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if to == 0 {
+				return withCode(ExitUsage, errors.New("--to VERSION is required (see sluicectl history "+args[0]+")"))
+			}
+			c, err := g.client(env)
+			if err != nil {
+				return err
+			}
+			body := []byte(`{"version":` + strconv.FormatUint(to, 10) + `}`)
+			r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodPost, "/v1/policies/"+url.PathEscape(args[0])+"/rollback", body, true))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(env.Stdout, "policy %s rolled back to v%d (now v%d)\n", args[0], to, tagVersion(r.Header.Get("ETag")))
+			return nil
+		},
+		ValidArgsFunction: policyCompletion(g, env),
+	}
+	cmd.Flags().Uint64Var(&to, "to", 0, "the version to restore (from sluicectl history)")
+	return cmd
+}
+
+func deleteCmd(g *globals, env *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "delete POLICY [RULE]",
+		Short: "Delete a policy, or one rule of it",
+		Args:  usageArgs(cobra.RangeArgs(1, 2)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client(env)
+			if err != nil {
+				return err
+			}
+			path := "/v1/policies/" + url.PathEscape(args[0])
+			if len(args) == 2 {
+				path += "/rules/" + url.PathEscape(args[1])
+			}
+			r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodDelete, path, nil, true))
+			if err != nil {
+				return err
+			}
+			if len(args) == 2 {
+				fmt.Fprintf(env.Stdout, "rule %s deleted from policy %s (now v%d)\n", args[1], args[0], tagVersion(r.Header.Get("ETag")))
+			} else {
+				fmt.Fprintf(env.Stdout, "policy %s deleted\n", args[0])
+			}
+			return nil
+		},
+		ValidArgsFunction: policyCompletion(g, env),
+	}
+	return cmd
+}
+
+// jsonToYAML renders a JSON document as block-style YAML, keeping the
+// order of object members (the server's document order: "policy", then
+// each rule's "id" first), so that it reads like a hand-written file and
+// applies back unchanged.
+func jsonToYAML(doc []byte) ([]byte, error) {
+	var n yaml.Node
+	if err := yaml.Unmarshal(doc, &n); err != nil {
+		return nil, err
+	}
+	var plain func(*yaml.Node)
+	plain = func(n *yaml.Node) {
+		n.Style = 0
+		if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+			// Plain unless that would read as another type ("true", "5").
+			var v any
+			if yaml.Unmarshal([]byte(n.Value), &v) != nil || v != n.Value || strings.ContainsAny(n.Value, "\n#:") {
+				n.Style = yaml.DoubleQuotedStyle
+			}
+		}
+		for _, c := range n.Content {
+			plain(c)
+		}
+	}
+	plain(&n)
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(&n); err != nil {
+		return nil, err
+	}
+	_ = enc.Close()
+	return buf.Bytes(), nil
+}
