@@ -4,7 +4,7 @@ BUILD     := build
 WASM      := $(BUILD)/sluice.wasm
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: all wasm build run test bench check lint clean image push
+.PHONY: all wasm build run test bench check lint clean
 
 all: build
 
@@ -70,6 +70,7 @@ REVISION        ?= $(shell git rev-parse HEAD 2>/dev/null)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_SOURCE    ?= https://github.com/sluice-proxy/sluice
 IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
+.PHONY: image push
 image: wasm
 	@bins=; for p in $(IMAGE_PLATFORMS); do os=$${p%%/*}; arch=$${p#*/}; out=$(BUILD)/$$os-$$arch/sluice-controlplane; \
 		echo "==> building $$out"; \
