@@ -62,5 +62,33 @@ lint:
 	$(BUILD)/staticcheck ./...
 	GOOS=wasip1 GOARCH=wasm $(BUILD)/staticcheck -checks inherit,-U1000 ./filter/... ./shared/...
 
+## image: the release images as OCI image layouts, with no Docker daemon
+## (internal/ociimage): $(OCI)/sluice-wasm (the filter, Wasm "compat" image) and
+## $(OCI)/sluice-controlplane (static control plane for $(IMAGE_PLATFORMS), non-root,
+## no shell). Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the commit time).
+OCI             ?= $(BUILD)/oci
+VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION        ?= $(shell git rev-parse HEAD 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+IMAGE_SOURCE    ?= https://github.com/sluice-proxy/sluice
+IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
+.PHONY: image push
+image: wasm
+	@bins=; for p in $(IMAGE_PLATFORMS); do os=$${p%%/*}; arch=$${p#*/}; out=$(BUILD)/$$os-$$arch/sluice-controlplane; \
+		echo "==> building $$out"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags='-s -w' -o $$out ./controlplane/cmd/sluice-controlplane || exit 1; \
+		bins=$$bins$${bins:+,}$$p=$$out; done; \
+	echo "==> writing $(OCI)/sluice-wasm and $(OCI)/sluice-controlplane"; \
+	$(GO) run ./internal/cmd/sluice-image build -out $(OCI) -wasm $(WASM) -controlplane $$bins \
+		-version '$(VERSION)' -source '$(IMAGE_SOURCE)' -revision '$(REVISION)' -epoch '$(SOURCE_DATE_EPOCH)'
+
+## push: make image, then push both to $(IMAGE_REPO)/sluice-wasm:$(VERSION) and
+## $(IMAGE_REPO)/sluice-controlplane:$(VERSION) with the Docker config's credentials;
+## prints the @sha256 references the manifests should use.
+##   make push IMAGE_REPO=registry.example.com/sluice VERSION=v0.1.0
+push: image
+	@test -n "$(IMAGE_REPO)" || { echo "make push: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }
+	$(GO) run ./internal/cmd/sluice-image push -out $(OCI) -repo '$(IMAGE_REPO)' -version '$(VERSION)'
+
 clean:
 	rm -rf $(BUILD)

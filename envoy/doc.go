@@ -6,7 +6,14 @@
 //     dev proxy (testenv/devproxy) follows the same file;
 //   - istio/wasmplugin.yaml: the filter as an Istio WasmPlugin;
 //   - istio/controlplane.yaml: the ServiceEntry and DestinationRule that
-//     let the filter reach the control plane from the mesh.
+//     let the filter reach the control plane from the mesh;
+//   - kubernetes/controlplane.yaml: the control plane's Deployment,
+//     Service, PodDisruptionBudget and ConfigMap (deploy_test.go decodes
+//     them with k8s.io/api);
+//   - gateway/sluice.yaml: the filter on Envoy Gateway, an
+//     EnvoyExtensionPolicy with a Wasm image source and the EnvoyPatchPolicy
+//     adding the control plane's cluster (decoded with Envoy Gateway's
+//     api/v1alpha1).
 //
 // config_test.go parses every file with Envoy's and Istio's own API
 // definitions (go-control-plane and istio.io/api generated types, unknown

@@ -1,0 +1,344 @@
+package envoy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/google/go-containerregistry/pkg/name"
+	"google.golang.org/protobuf/encoding/protojson"
+	extv1alpha1 "istio.io/api/extensions/v1alpha1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-proxy/sluice/internal/ociimage"
+)
+
+// decodeStrict decodes one YAML document into out with the upstream API
+// type's JSON tags as the API server does with fieldValidation=Strict
+// (sigs.k8s.io/json UnmarshalStrict): field names are case-sensitive, and
+// unknown and duplicate fields are errors.
+func decodeStrict(t *testing.T, name string, doc []byte, out any) {
+	t.Helper()
+	if err := unmarshalStrict(doc, out); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+}
+
+func unmarshalStrict(doc []byte, out any) error {
+	js, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return err
+	}
+	strict, err := kjson.UnmarshalStrict(js, out)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strict...)
+}
+
+// documents splits a multi-document YAML file and returns each document
+// with its kind and apiVersion.
+func documents(t *testing.T, file string) []struct {
+	Name, Kind, APIVersion string
+	Doc                    []byte
+} {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []struct {
+		Name, Kind, APIVersion string
+		Doc                    []byte
+	}
+	for i, part := range strings.Split(string(b), "\n---\n") {
+		var tm struct {
+			Kind       string `json:"kind"`
+			APIVersion string `json:"apiVersion"`
+		}
+		if err := yaml.Unmarshal([]byte(part), &tm); err != nil {
+			t.Fatalf("%s[%d]: %v", file, i, err)
+		}
+		out = append(out, struct {
+			Name, Kind, APIVersion string
+			Doc                    []byte
+		}{fmt.Sprintf("%s[%d] %s", file, i, tm.Kind), tm.Kind, tm.APIVersion, []byte(part)})
+	}
+	return out
+}
+
+var digestRef = regexp.MustCompile(`@sha256:[0-9a-f]{64}$`)
+
+// checkImageRef fails unless ref is <registry>/<path>/<image>@sha256:<64
+// hex>, image being the name `make image` gives the layout.
+func checkImageRef(t *testing.T, where, ref, image string) {
+	t.Helper()
+	d, err := name.NewDigest(ref)
+	if err != nil {
+		t.Errorf("%s: image %q: %v", where, ref, err)
+		return
+	}
+	if !strings.HasSuffix(d.Context().RepositoryStr(), "/"+image) || !digestRef.MatchString(ref) {
+		t.Errorf("%s: image %q: want <repo>/%s@sha256:<digest>, as make push prints", where, ref, image)
+	}
+}
+
+// TestKubernetesControlPlane decodes envoy/kubernetes/controlplane.yaml
+// with the k8s.io/api types (unknown fields fail) and checks that it is
+// production-shaped: two replicas, probes on /readyz and /healthz of the
+// control plane's port, requests and limits, a locked-down security
+// context, the three tokens from a Secret, Redis from the ConfigMap, a
+// PodDisruptionBudget and a Service selecting the pods, and the image
+// `make image` names, pinned by digest.
+func TestKubernetesControlPlane(t *testing.T) {
+	var dep *appsv1.Deployment
+	var svc *corev1.Service
+	var pdb *policyv1.PodDisruptionBudget
+	var cm *corev1.ConfigMap
+	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
+		var out any
+		switch d.APIVersion + " " + d.Kind {
+		case "apps/v1 Deployment":
+			dep = &appsv1.Deployment{}
+			out = dep
+		case "v1 Service":
+			svc = &corev1.Service{}
+			out = svc
+		case "policy/v1 PodDisruptionBudget":
+			pdb = &policyv1.PodDisruptionBudget{}
+			out = pdb
+		case "v1 ConfigMap":
+			cm = &corev1.ConfigMap{}
+			out = cm
+		default:
+			t.Fatalf("%s: unexpected %s %s", d.Name, d.APIVersion, d.Kind)
+		}
+		decodeStrict(t, d.Name, d.Doc, out)
+	}
+	if dep == nil || svc == nil || pdb == nil || cm == nil {
+		t.Fatalf("want a Deployment, Service, PodDisruptionBudget and ConfigMap")
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
+		t.Errorf("replicas %v, want 2", dep.Spec.Replicas)
+	}
+	pod := dep.Spec.Template
+	labels := pod.Labels
+	for what, sel := range map[string]map[string]string{"deployment": dep.Spec.Selector.MatchLabels,
+		"service": svc.Spec.Selector, "pdb": pdb.Spec.Selector.MatchLabels} {
+		if len(sel) == 0 {
+			t.Errorf("%s selector empty", what)
+		}
+		for k, v := range sel {
+			if labels[k] != v {
+				t.Errorf("%s selector %s=%s does not select the pods (%v)", what, k, v, labels)
+			}
+		}
+	}
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() < 1 {
+		t.Errorf("pdb minAvailable %v", pdb.Spec.MinAvailable)
+	}
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
+	checkImageRef(t, "deployment", c.Image, ociimage.ControlPlaneName)
+
+	port := map[string]int32{}
+	for _, p := range c.Ports {
+		port[p.Name] = p.ContainerPort
+	}
+	if port["http"] != ociimage.Port {
+		t.Errorf("container port http = %d, want %d (the image's)", port["http"], ociimage.Port)
+	}
+	for what, pr := range map[string]*corev1.Probe{"/readyz": c.ReadinessProbe, "/healthz": c.LivenessProbe} {
+		if pr == nil || pr.HTTPGet == nil {
+			t.Errorf("no httpGet probe for %s", what)
+			continue
+		}
+		p := pr.HTTPGet.Port.IntVal
+		if pr.HTTPGet.Port.StrVal != "" {
+			p = port[pr.HTTPGet.Port.StrVal]
+		}
+		if pr.HTTPGet.Path != what || p != ociimage.Port {
+			t.Errorf("probe %s: path %s port %d", what, pr.HTTPGet.Path, p)
+		}
+	}
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if c.Resources.Requests.Name(r, "").IsZero() || c.Resources.Limits.Name(r, "").IsZero() {
+			t.Errorf("resources: %s request or limit missing", r)
+		}
+	}
+	sc := c.SecurityContext
+	psc := pod.Spec.SecurityContext
+	if sc == nil || psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("security context: pod %+v container %+v", psc, sc)
+	}
+	if u := strings.Split(ociimage.User, ":")[0]; psc != nil && psc.RunAsUser != nil && fmt.Sprint(*psc.RunAsUser) != u {
+		t.Errorf("runAsUser %d, the image's user is %s", *psc.RunAsUser, u)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	secret := ""
+	for _, n := range []string{"SLUICE_ADMIN_TOKEN", "SLUICE_READ_TOKEN", "SLUICE_QUOTA_TOKEN"} {
+		e := env[n]
+		if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+			t.Errorf("%s: not from a Secret", n)
+			continue
+		}
+		if secret != "" && e.ValueFrom.SecretKeyRef.Name != secret {
+			t.Errorf("%s: from Secret %s, the others from %s", n, e.ValueFrom.SecretKeyRef.Name, secret)
+		}
+		secret = e.ValueFrom.SecretKeyRef.Name
+	}
+	if r := env["SLUICE_REDIS_URL"].ValueFrom; r == nil || r.ConfigMapKeyRef == nil || r.ConfigMapKeyRef.Name != cm.Name ||
+		!strings.HasPrefix(cm.Data[r.ConfigMapKeyRef.Key], "redis://") {
+		t.Errorf("SLUICE_REDIS_URL: want it from the ConfigMap %s (%v)", cm.Name, cm.Data)
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != ociimage.Port {
+		t.Errorf("service ports %+v", svc.Spec.Ports)
+	}
+
+	// Strictness: a misspelt field is refused.
+	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
+		if d.Kind == "Deployment" {
+			bad := bytes.Replace(d.Doc, []byte("readOnlyRootFilesystem:"), []byte("readOnlyRootFileSystem:"), 1)
+			if err := unmarshalStrict(bad, &appsv1.Deployment{}); err == nil {
+				t.Error("a misspelt Deployment field was accepted")
+			}
+		}
+	}
+
+	// The Istio WasmPlugin reaches this Service: its cluster is
+	// outbound|<port>||<service>.<namespace>.svc.cluster.local.
+	wantCluster := fmt.Sprintf("outbound|%d||%s.%s.svc.cluster.local", svc.Spec.Ports[0].Port, svc.Name, svc.Namespace)
+	wp := istioWasmPlugin(t)
+	var pc struct {
+		ControlPlane struct{ Cluster string } `json:"control_plane"`
+	}
+	b, _ := protojson.Marshal(wp.GetPluginConfig())
+	if err := json.Unmarshal(b, &pc); err != nil || pc.ControlPlane.Cluster != wantCluster {
+		t.Errorf("WasmPlugin control_plane.cluster %q, want %q (%v)", pc.ControlPlane.Cluster, wantCluster, err)
+	}
+}
+
+// istioWasmPlugin decodes the WasmPlugin of istio/wasmplugin.yaml.
+func istioWasmPlugin(t *testing.T) *extv1alpha1.WasmPlugin {
+	t.Helper()
+	for _, d := range documents(t, "istio/wasmplugin.yaml") {
+		if d.Kind == "WasmPlugin" {
+			_, spec := parseResource(t, d.Name, d.Doc)
+			return spec.(*extv1alpha1.WasmPlugin)
+		}
+	}
+	t.Fatal("no WasmPlugin in istio/wasmplugin.yaml")
+	return nil
+}
+
+// TestIstioWasmPluginImage: the WasmPlugin pulls the image `make image`
+// names, pinned by its manifest digest (the @sha256: reference make push
+// prints).
+func TestIstioWasmPluginImage(t *testing.T) {
+	wp := istioWasmPlugin(t)
+	ref, ok := strings.CutPrefix(wp.GetUrl(), "oci://")
+	if !ok {
+		t.Fatalf("url %q is not oci://", wp.GetUrl())
+	}
+	checkImageRef(t, "WasmPlugin url", ref, ociimage.WasmName)
+}
+
+// TestEnvoyGateway decodes envoy/gateway/sluice.yaml strictly with Envoy
+// Gateway's API types (github.com/envoyproxy/gateway/api/v1alpha1): the
+// EnvoyExtensionPolicy's Wasm extension pulls the image `make image`
+// names by digest, fails open, and its configuration starts the real
+// filter; the EnvoyPatchPolicy adds the cluster that configuration names,
+// a valid Envoy Cluster (go-control-plane, strict, validated) reaching the
+// control plane's Service.
+func TestEnvoyGateway(t *testing.T) {
+	var eep *egv1a1.EnvoyExtensionPolicy
+	var epp *egv1a1.EnvoyPatchPolicy
+	for _, d := range documents(t, "gateway/sluice.yaml") {
+		if d.APIVersion != "gateway.envoyproxy.io/v1alpha1" {
+			t.Fatalf("%s: apiVersion %s", d.Name, d.APIVersion)
+		}
+		switch d.Kind {
+		case "EnvoyExtensionPolicy":
+			eep = &egv1a1.EnvoyExtensionPolicy{}
+			decodeStrict(t, d.Name, d.Doc, eep)
+		case "EnvoyPatchPolicy":
+			epp = &egv1a1.EnvoyPatchPolicy{}
+			decodeStrict(t, d.Name, d.Doc, epp)
+		default:
+			t.Fatalf("%s: unexpected kind", d.Name)
+		}
+	}
+	if eep == nil || epp == nil {
+		t.Fatal("want an EnvoyExtensionPolicy and an EnvoyPatchPolicy")
+	}
+	if len(eep.Spec.Wasm) != 1 {
+		t.Fatalf("%d wasm extensions", len(eep.Spec.Wasm))
+	}
+	w := eep.Spec.Wasm[0]
+	if w.Code.Type != egv1a1.ImageWasmCodeSourceType || w.Code.Image == nil {
+		t.Fatalf("code %+v: want an Image source", w.Code)
+	}
+	checkImageRef(t, "EnvoyExtensionPolicy image url", w.Code.Image.URL, ociimage.WasmName)
+	if w.FailOpen == nil || !*w.FailOpen {
+		t.Error("failOpen is not true")
+	}
+	if w.RootID == nil || *w.RootID != "sluice" || w.Config == nil {
+		t.Fatalf("rootID %v config %v", w.RootID, w.Config)
+	}
+	startFilter(t, w.Config.Raw, nil)
+
+	var pc struct {
+		ControlPlane struct{ Cluster, Authority string } `json:"control_plane"`
+	}
+	if err := json.Unmarshal(w.Config.Raw, &pc); err != nil {
+		t.Fatal(err)
+	}
+	if epp.Spec.Type != egv1a1.JSONPatchEnvoyPatchType || len(epp.Spec.JSONPatches) != 1 {
+		t.Fatalf("patch policy %+v", epp.Spec)
+	}
+	p := epp.Spec.JSONPatches[0]
+	if p.Type != egv1a1.ClusterEnvoyResourceType || p.Name != pc.ControlPlane.Cluster || p.Operation.Op != "add" ||
+		(p.Operation.Path != nil && *p.Operation.Path != "") || p.Operation.Value == nil {
+		t.Fatalf("patch %+v: want an add of the whole cluster %q", p, pc.ControlPlane.Cluster)
+	}
+	cl := &clusterv3.Cluster{}
+	if err := protojson.Unmarshal(p.Operation.Value.Raw, cl); err != nil {
+		t.Fatalf("patched cluster: %v", err)
+	}
+	if err := cl.ValidateAll(); err != nil {
+		t.Fatalf("patched cluster: %v", err)
+	}
+	if cl.GetName() != pc.ControlPlane.Cluster {
+		t.Errorf("cluster name %q, plugin uses %q", cl.GetName(), pc.ControlPlane.Cluster)
+	}
+	sa := cl.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+	if sa.GetAddress() != pc.ControlPlane.Authority || sa.GetPortValue() != ociimage.Port {
+		t.Errorf("cluster endpoint %s:%d, want the control plane's Service %s:%d", sa.GetAddress(), sa.GetPortValue(), pc.ControlPlane.Authority, ociimage.Port)
+	}
+	// Strictness: a misspelt field is refused.
+	bad := documents(t, "gateway/sluice.yaml")[0].Doc
+	bad = bytes.Replace(bad, []byte("failOpen:"), []byte("failOpn:"), 1)
+	if err := unmarshalStrict(bad, &egv1a1.EnvoyExtensionPolicy{}); err == nil {
+		t.Error("a misspelt EnvoyExtensionPolicy field was accepted")
+	}
+}
