@@ -78,5 +78,5 @@ func (p *pluginContext) createBuckets(c *rules.Compiled) error {
 			}
 		}
 	}
-	return nil
+	return p.createLeaseBuckets(c)
 }
