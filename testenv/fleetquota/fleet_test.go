@@ -232,3 +232,86 @@ func TestQuotaFailureDegradesAsTheRuleSays(t *testing.T) {
 		}
 	}
 }
+
+func TestScopeChangesUnderTraffic(t *testing.T) {
+	envoyRule := fleetPolicy(`"algorithm":"fixed_window","limit":10000000,"window":"1h"`)
+	fleetRule := fleetPolicy(`"algorithm":"fixed_window","limit":10000000,"window":"1h","scope":"fleet"`)
+	cp := startControlPlane(t, "")
+	v := cp.put(envoyRule)
+	qp := newQuotaProxy(t, cp.addr)
+	e := startEnvoy(t, qp.addr(), 2, `,"quota_interval":"100ms"`, v)
+
+	stop := make(chan struct{})
+	done := make(chan error, 2)
+	for w := 0; w < 2; w++ {
+		go func(w int) {
+			for {
+				select {
+				case <-stop:
+					done <- nil
+					return
+				default:
+				}
+				r, err := e.h.Worker(w).Do(context.Background(), host.Request{Path: "/api", Headers: host.Headers{{"x-user", "gina"}}})
+				if err != nil {
+					done <- err
+					return
+				}
+				if r.Status != 200 {
+					done <- &statusError{r.Status, r.FilterState}
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}(w)
+	}
+	scopeIs := func(want string) {
+		t.Helper()
+		var r host.Response
+		if !proctest.WaitFor(20*time.Second, func() bool {
+			for w := 0; w < 2; w++ {
+				r = e.do(w, "gina")
+				if r.Status != 200 || r.FilterState["wasm.sluice.scope"] != want {
+					return false
+				}
+			}
+			return true
+		}) {
+			t.Fatalf("scope never became %q: last %d %v", want, r.Status, r.FilterState)
+		}
+	}
+	for i, doc := range []string{fleetRule, envoyRule, fleetRule} {
+		cp.put(doc)
+		if i%2 == 0 {
+			scopeIs("fleet")
+		} else {
+			scopeIs("") // envoy-scoped rules write no sluice.scope
+		}
+	}
+	close(stop)
+	for w := 0; w < 2; w++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if qp.count() == 0 {
+		t.Fatal("no quota call while the rule was fleet-scoped")
+	}
+}
+
+type statusError struct {
+	status int
+	state  map[string]string
+}
+
+func (e *statusError) Error() string {
+	return "status " + http.StatusText(e.status) + " with filter state " + strings.Join(stateList(e.state), " ")
+}
+
+func stateList(m map[string]string) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	return out
+}

@@ -195,6 +195,11 @@ func (h *httpContext) commit(now int64) outcome {
 					h.finishAllowed()
 					return outcome{failed: reasonSharedDataError}
 				}
+				if ev.fl.pending {
+					if o, done := h.fleetCommitWait(ev, now); done {
+						return o
+					}
+				}
 				if !ev.dec.Allowed && !ev.rule.cr.Shadow {
 					h.compensate(now)
 					h.recordDenial(ev)

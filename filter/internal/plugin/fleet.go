@@ -42,7 +42,7 @@ const (
 // Fleet constants.
 const (
 	// maxQuotaRounds bounds how often one request waits for quota.
-	maxQuotaRounds = 2
+	maxQuotaRounds = 3
 	// maxFleetKeys bounds the keys a worker remembers.
 	maxFleetKeys = 4096
 	// maxKeyWaiters bounds the requests waiting on one key in a worker; more
@@ -78,7 +78,7 @@ type fleetEval struct {
 	skip     bool // nothing to write (pass, or a shadow rule without quota)
 	pending  bool // no quota: the request waits for the service
 	degraded bool // decided by on_quota_failure
-	read     bool // readDecideFleet ran once for this eval
+	read     bool // readDecideFleet ran for this eval
 	entry    fleet.Entry
 }
 
@@ -248,7 +248,6 @@ func (p *pluginContext) createLeaseBuckets(c *rules.Compiled) error {
 // pending. False if shared data could not be read.
 func (p *pluginContext) readDecideFleet(ev *eval, now int64) bool {
 	rs := ev.rule
-	again := ev.fl.read
 	ev.fl = fleetEval{read: true}
 	value, cas, err := proxywasm.GetSharedData(rs.fleet.leaseKeys[ev.bucket])
 	switch {
@@ -279,9 +278,9 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64) bool {
 		return p.degrade(ev, now, until)
 	case kr != nil && kr.refusedUntil > now:
 		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: max(kr.retryAfter, time.Duration(kr.refusedUntil-now)), Reset: kr.retryAfter}
-	case again || p.fleet.round() >= maxQuotaRounds:
-		// The lease ran dry between the read and the write, or the request
-		// already waited its rounds: deny, as a refusal would.
+	case p.fleet.round() >= maxQuotaRounds:
+		// The request already waited its rounds (other requests took the
+		// units granted meanwhile): deny, as a refusal would.
 		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: time.Second, Reset: time.Second}
 	default:
 		ev.fl.pending = true
@@ -404,7 +403,7 @@ func (h *httpContext) fleetWait(now int64) bool {
 			batch = nil
 			break
 		}
-		kr.want = max(kr.want, ev.cost)
+		kr.want += ev.cost
 		if wait && !ev.rule.cr.Shadow {
 			kr.waiters = append(kr.waiters, fleetWaiter{h: h, seq: seq})
 		}
@@ -437,6 +436,24 @@ func (h *httpContext) fleetWait(now int64) bool {
 		p.degrade(ev, now, until)
 	}
 	return false
+}
+
+// fleetCommitWait handles a fleet rule whose lease ran dry between its
+// read and its write (another worker spent it): what was written is undone
+// and the request waits for quota. done is false when it cannot wait (the
+// rule then degraded, and ev.dec says what to do).
+func (h *httpContext) fleetCommitWait(ev *eval, now int64) (outcome, bool) {
+	h.compensate(now)
+	if h.fleetWait(now) {
+		return outcome{wait: true}, true
+	}
+	if ev.dec.Allowed {
+		// Degraded to pass or local: the earlier rules' charges were undone,
+		// so decide the request afresh is not possible here; deny it as a
+		// refusal would rather than admit it uncounted.
+		ev.dec = limit.Decision{Allowed: false, Limit: ev.rule.cr.Config.Limit, RetryAfter: time.Second, Reset: time.Second}
+	}
+	return outcome{}, false
 }
 
 // fleetKeyFor returns the worker's record of ev's key, creating it (nil if
