@@ -50,8 +50,14 @@ const (
 	maxKeyWaiters = 4096
 	// maxQuotaAnswerBytes bounds the quota service's answer.
 	maxQuotaAnswerBytes = 1 << 20
-	// minWant is the fewest units a worker asks for a key.
+	// minWant is the fewest units a worker asks for a key, and what it asks
+	// for a key it was never granted (more if more requests wait on it).
 	minWant = 16
+	// sizedWant is what a worker asks for a key it was granted before: the
+	// service sizes the grant from the reported use (a little more than one
+	// quota_interval's worth, capped at a share of what is left), so the ask
+	// only bounds it.
+	sizedWant = 1 << 20
 	// reasonQuotaUnavailable is sluice.reason when a fleet rule degraded.
 	reasonQuotaUnavailable = "quota_unavailable"
 	quotaPath              = "/v1/quota"
@@ -118,6 +124,9 @@ type fleetKey struct {
 	retryAfter   time.Duration
 	failedUntil  int64
 	lastSeen     int64
+	// granted: the service granted units for this key before (it then has
+	// use history to size grants from).
+	granted bool
 }
 
 type fleetWaiter struct {
@@ -546,6 +555,9 @@ func (p *pluginContext) sendReport(keys []*fleetKey, kinds []uint8, now int64) b
 		want := uint64(0)
 		if kind == askKey {
 			want = max(kr.want, 2*used, minWant)
+			if kr.granted {
+				want = max(want, sizedWant)
+			}
 			want = min(want, quota.MaxUnits)
 		}
 		kr.want = 0
@@ -683,6 +695,7 @@ func (p *pluginContext) applyResult(kr *fleetKey, r *quota.KeyResult, sent, now 
 	switch r.Status {
 	case quota.StatusGranted, quota.StatusPartial:
 		kr.failedUntil, kr.refusedUntil = 0, 0
+		kr.granted = kr.granted || r.Granted > 0
 		fp := rs.cr.Fingerprint
 		expiry := sent + int64(r.ExpiresIn)
 		p.modifyLease(rs.fleet.leaseKeys[kr.bucket], kr.hash, now, func(e *fleet.Entry, found bool) bool {
