@@ -524,7 +524,9 @@ func (p *pluginContext) sendReport(keys []*fleetKey, kinds []uint8, now int64) b
 	timeout := int64(cp.QuotaTimeout)
 	req := quota.Request{Envoy: p.fleet.envoy, Policy: ps.compiled.Name, Version: ps.version,
 		Env: ps.compiled.Env(), Interval: cp.QuotaInterval, Keys: make([]quota.KeyRequest, 0, len(keys))}
-	call := &quotaCall{sent: now, deadline: now + timeout + int64(cp.QuotaInterval)}
+	// The host answers a call past its timeout (504); the deadline only guards
+	// against an answer that never comes, checked on each tick.
+	call := &quotaCall{sent: now, deadline: now + timeout + 2*int64(p.cfg.Tick)}
 	for i, kr := range keys {
 		rs := p.fleetRuleByID(kr.ruleID)
 		if rs == nil {
