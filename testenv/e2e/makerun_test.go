@@ -46,14 +46,14 @@ func TestMakeRun(t *testing.T) {
 		t.Skip("curl not found (Debian package curl): the walkthrough uses it")
 	}
 	cmds := walkthroughCommands(t)
-	if len(cmds) != 6 {
-		t.Fatalf("README walkthrough: %d commands, want 6", len(cmds))
+	if len(cmds) != 7 {
+		t.Fatalf("README walkthrough: %d commands, want 7", len(cmds))
 	}
 	runDir := t.TempDir()
-	cp, proxy, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
+	cp, proxy, proxy2, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
 	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
 	out := &proctest.SyncBuffer{}
-	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
+	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "PROXY2_PORT="+port(proxy2), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -83,7 +83,8 @@ func TestMakeRun(t *testing.T) {
 
 	sh := func(c string) string {
 		t.Helper()
-		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:8080", cp, "build/run/", runDir+"/").Replace(c)
+		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:8080", cp, "build/run/", runDir+"/",
+			"for p in 10000 10001", "for p in "+port(proxy)+" "+port(proxy2)).Replace(c)
 		sh := exec.Command("bash", "-c", c)
 		// The user has pasted the two export lines make run printed.
 		sh.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
@@ -114,6 +115,9 @@ func TestMakeRun(t *testing.T) {
 	if got := sh(cmds[5]); !strings.Contains(got, `"version"`) {
 		t.Errorf("step 5: %q", got)
 	}
+	if got := sh(cmds[6]); got != "200 200 200 200 200 200 200 200 200 200 429 429" {
+		t.Errorf("step 6 (fleet-wide limit across two proxies): %q", got)
+	}
 
 	// Ctrl-C: SIGINT to the foreground process group.
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
@@ -123,7 +127,7 @@ func TestMakeRun(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("make run did not stop within 30s of SIGINT")
 	}
-	for _, a := range []string{cp, proxy, up} {
+	for _, a := range []string{cp, proxy, proxy2, up} {
 		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after make run stopped", a)
