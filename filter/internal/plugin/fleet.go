@@ -107,8 +107,10 @@ type fleetWorker struct {
 	// curRounds is the quota rounds of the request being decided.
 	curRounds int
 	calls     map[*quotaCall]struct{}
-	buf       []byte
-	m         fleetMetrics
+	// orphans are dropped keys whose waiters the next tick re-decides.
+	orphans []*fleetKey
+	buf     []byte
+	m       fleetMetrics
 }
 
 // fleetKey is what a worker knows of one counter key of a fleet rule.
@@ -769,6 +771,12 @@ func (h *httpContext) fleetStreamDone() { h.fq.seq = 0 }
 func (p *pluginContext) fleetTick() {
 	p.fleet.m.flush()
 	now := time.Now().UnixNano()
+	if orphans := p.fleet.orphans; len(orphans) > 0 {
+		p.fleet.orphans = nil
+		for _, kr := range orphans {
+			p.resumeWaiters(kr)
+		}
+	}
 	for call := range p.fleet.calls {
 		if now > call.deadline {
 			p.finishCall(call, nil, now)
@@ -822,7 +830,7 @@ func (p *pluginContext) fleetTick() {
 // fleetPolicyChanged drops the worker's records of keys whose rule the new
 // policy removed, made envoy-scoped or changed (their leases are void: an
 // entry of another fingerprint reads as absent), resuming their waiters
-// under the new policy. Their units are not returned: the quota service
+// under the new policy on the next tick. Their units are not returned: the quota service
 // answers a report under the old version stale_policy, and under the new one
 // the rule's key is another lease; the service gets them back when the
 // lease ends.
@@ -846,9 +854,10 @@ func (p *pluginContext) fleetPolicyChanged(old *policyState) {
 		kr.call = nil
 		dropped = append(dropped, kr)
 	}
-	for _, kr := range dropped {
-		p.resumeWaiters(kr)
-	}
+	// Not here: a policy can be applied from a request's own callback (rule
+	// sync checks for one first), and re-deciding other streams would leave
+	// the effective context on them. The tick re-decides them.
+	p.fleet.orphans = append(p.fleet.orphans, dropped...)
 }
 
 // fleetDone returns every unused unit this worker's keys hold, as the
