@@ -315,3 +315,17 @@ func stateList(m map[string]string) []string {
 	}
 	return out
 }
+
+func TestOversizedKeyNeverTravels(t *testing.T) {
+	_, qp, e := setupFleet(t, fixedHour("100", `,"on_quota_failure":"pass"`), 1, quiet)
+	r := e.do(0, strings.Repeat("u", 3000))
+	if r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "degraded" || r.FilterState["wasm.sluice.reason"] != "quota_unavailable" {
+		t.Fatalf("%d %v", r.Status, r.FilterState)
+	}
+	if got := qp.count(); got != 0 {
+		t.Fatalf("quota calls %d for a key over %d bytes", got, 2048)
+	}
+	if r := e.do(0, "ivan"); r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "waited" {
+		t.Fatalf("a normal key after it: %d %v", r.Status, r.FilterState)
+	}
+}

@@ -468,12 +468,18 @@ func (h *httpContext) fleetCommitWait(ev *eval, now int64) (outcome, bool) {
 }
 
 // fleetKeyFor returns the worker's record of ev's key, creating it (nil if
-// the worker already remembers maxFleetKeys keys and none can be dropped).
+// the key is longer than quota.MaxKeyBytes, or if the worker already
+// remembers maxFleetKeys keys and none can be dropped).
 func (p *pluginContext) fleetKeyFor(ev *eval, now int64) *fleetKey {
 	key := viewString(p.s.key[ev.keyOff:ev.keyEnd])
 	if kr := p.fleet.keys[key]; kr != nil {
 		kr.lastSeen = now
 		return kr
+	}
+	if len(key) > quota.MaxKeyBytes {
+		// The service would refuse the whole batch (HTTP 400) for it: such a
+		// key (a client's oversized header) never travels, and degrades.
+		return nil
 	}
 	if len(p.fleet.keys) >= maxFleetKeys {
 		p.forgetIdleKeys(now, true)
