@@ -8,7 +8,9 @@
 // headers: client, matching, decision), commit.go (the shared-data
 // read–decide–CAS protocol), reply.go (the local reply and the rate-limit
 // headers), response.go (response headers: headers on allowed responses,
-// response-cost correction), done.go (stream end: concurrency release).
+// response-cost correction), done.go (stream end: concurrency release),
+// fleet.go (fleet-scoped rules: quota leases, waits for the quota service,
+// on_quota_failure).
 //
 // # Shared data
 //
