@@ -228,6 +228,15 @@ func (p *pluginContext) initFleetRule(c *rules.Compiled, rs *ruleState) {
 // createLeaseBuckets makes the lease buckets of c's fleet rules exist (see
 // createBuckets for why and how).
 func (p *pluginContext) createLeaseBuckets(c *rules.Compiled) error {
+	fleetRules := 0
+	for i := 0; i < c.Len(); i++ {
+		if c.Rule(i).Fleet() {
+			fleetRules++
+		}
+	}
+	if fleetRules == 0 {
+		return nil // no host call for a policy without fleet rules
+	}
 	witness := casAbsent
 	if _, cas, err := proxywasm.GetSharedData(hashKeyKey); err == nil {
 		witness = cas
