@@ -824,6 +824,9 @@ func (p *pluginContext) fleetTick() {
 		live := e.Live(rs.cr.Fingerprint, now)
 		switch {
 		case live > 0 && now-e.LastUse > 3*interval:
+			// Idle: give the units back; its next ask starts small again
+			// (the service may have forgotten its use by then).
+			kr.granted = false
 			keys, kinds = append(keys, kr), append(kinds, returnKey)
 		case now-e.LastUse <= 2*interval && e.Claim <= now && kr.refusedUntil <= now &&
 			(live <= 2*e.Used || e.Expiry-now <= 2*interval):
