@@ -329,3 +329,26 @@ func TestOversizedKeyNeverTravels(t *testing.T) {
 		t.Fatalf("a normal key after it: %d %v", r.Status, r.FilterState)
 	}
 }
+
+func TestIdleKeyReturnsItsUnits(t *testing.T) {
+	_, qp, e := setupFleet(t, fixedHour("100", ""), 2, `,"quota_interval":"50ms"`)
+	if r := e.do(0, "judy"); r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "waited" {
+		t.Fatalf("%d %v", r.Status, r.FilterState)
+	}
+	// 16 granted, 1 spent (reported on the next interval): after three idle
+	// intervals a report gives the other 15 back.
+	returned := func() bool {
+		qp.mu.Lock()
+		defer qp.mu.Unlock()
+		for _, b := range qp.bodies {
+			if strings.Contains(b, `"return":15,"want":0`) {
+				return true
+			}
+		}
+		return false
+	}
+	if !proctest.WaitFor(10*time.Second, returned) {
+		qp.mu.Lock()
+		t.Fatalf("no return of the 15 unused units; calls: %v", qp.bodies)
+	}
+}
