@@ -116,7 +116,8 @@ type Rule struct {
 	// a decimal integer, is the request's real cost, known only afterwards (tokens an
 	// LLM used, say); the filter then corrects the charge by the difference
 	// (limit.Limiter.Adjust). Not allowed for sliding_log and concurrency, whose
-	// state cannot be corrected.
+	// state cannot be corrected, nor with scope fleet, whose leased units are spent
+	// at admission.
 	ResponseCostHeader string
 	// Shadow ["shadow"]: evaluate, count and report, but never reject.
 	Shadow bool

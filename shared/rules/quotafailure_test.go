@@ -51,6 +51,7 @@ func TestQuotaFailureValidationNamesTheField(t *testing.T) {
 		{`{"id":"a","algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet","local_share":1.5}`, "rules[1].local_share", "greater than 0"},
 		{`{"id":"a","algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet","local_share":0.3333}`, "rules[1].local_share", "three decimals"},
 		{`{"id":"a","algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet","local_share":"0.5"}`, "rules[1].local_share", ""},
+		{`{"id":"a","algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet","response_cost_header":"x-cost"}`, "rules[1].response_cost_header", "fleet"},
 	}
 	for _, c := range cases {
 		_, err := ParsePolicy([]byte(scopePolicy(`{"id":"ok","algorithm":"fixed_window","limit":1,"window":"1s"},` + c.rule)))

@@ -58,6 +58,11 @@ func (v *validator) scope(r *Rule, field string, cfg limit.Config, ok bool) {
 				v.add(join(field, "scope"), reason)
 			}
 		}
+		if r.ResponseCostHeader != "" {
+			// A lease's units are spent when the request is admitted; units found
+			// due afterwards could not be taken from the global budget.
+			v.add(join(field, "response_cost_header"), "not supported with \"scope\": \"fleet\" (a leased unit cannot be charged after the fact)")
+		}
 	default:
 		v.add(join(field, "scope"), "must be "+q(ScopeEnvoy)+" or "+q(ScopeFleet)+", got "+q(r.Scope))
 	}
