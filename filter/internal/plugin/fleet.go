@@ -699,7 +699,9 @@ func (p *pluginContext) finishCall(call *quotaCall, resp *quota.Response, now in
 		p.applyResult(kr, &resp.Keys[i], call.sent, now)
 	}
 	for _, kr := range call.keys {
-		p.resumeWaiters(kr)
+		if kr.call == nil { // not while another call for the key is in flight
+			p.resumeWaiters(kr)
+		}
 	}
 }
 
