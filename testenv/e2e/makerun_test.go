@@ -115,8 +115,10 @@ func TestMakeRun(t *testing.T) {
 	if got := sh(cmds[5]); !strings.Contains(got, `"version"`) {
 		t.Errorf("step 5: %q", got)
 	}
-	if got := sh(cmds[6]); got != "200 200 200 200 200 200 200 200 200 200 429 429" {
-		t.Errorf("step 6 (fleet-wide limit across two proxies): %q", got)
+	// Exactly ten admitted across both proxies; which requests get the 429s
+	// depends on how the two leases split the last units.
+	if got := sh(cmds[6]); strings.Count(got, "200") != 10 || strings.Count(got, "429") != 2 {
+		t.Errorf("step 6 (fleet-wide limit across two proxies): %q, want ten 200s and two 429s", got)
 	}
 
 	// Ctrl-C: SIGINT to the foreground process group.

@@ -296,7 +296,7 @@ func printTry(s settings, cp, proxy, up, accessLog, store string) {
 	fmt.Fprintf(&b, "    http://%s/v1/policies/default/rules/api-per-user\n", cp)
 	fmt.Fprintf(&b, "4. Read the decisions in the access log\n")
 	fmt.Fprintf(&b, "  tail -n 3 %s\n", accessLog)
-	fmt.Fprintf(&b, "5. A fleet-wide limit (10 an hour per user on /fleet/, across both proxies): ten 200s, then 429s\n")
+	fmt.Fprintf(&b, "5. A fleet-wide limit (10 an hour per user on /fleet/, across both proxies): ten 200s and two 429s\n")
 	fmt.Fprintf(&b, "  for i in $(seq 6); do for p in %s %s; do curl -s -o /dev/null -w '%%{http_code} ' -H 'x-user-id: alice' http://127.0.0.1:$p/fleet/hello; done; done; echo\n", s.proxyPort, s.proxy2Port)
 	fmt.Fprintf(&b, "More scenarios (one per algorithm): README.md, \"Five-minute walkthrough\". Stop with Ctrl-C.\n")
 	fmt.Print(b.String())
