@@ -25,14 +25,15 @@ build: wasm
 		$(GO) build -trimpath -o $(BUILD)/$$cmd ./testenv/cmd/$$cmd || exit 1; done
 
 ## run: build, then start the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
-## ($(UPSTREAM_PORT)) and the dev proxy ($(PROXY_PORT)) with the demo policy; Ctrl-C stops all.
+## ($(UPSTREAM_PORT)) and two dev proxies ($(PROXY_PORT), $(PROXY2_PORT)) with the demo policy; Ctrl-C stops all.
 ## Redis instead of the embedded store: make run REDIS_URL=redis://127.0.0.1:6379
 CP_PORT       ?= 8080
 PROXY_PORT    ?= 10000
+PROXY2_PORT   ?= 10001
 UPSTREAM_PORT ?= 8000
 RUN_DIR       ?= $(BUILD)/run
 run: build
-	@CP_PORT=$(CP_PORT) PROXY_PORT=$(PROXY_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) RUN_DIR=$(RUN_DIR) REDIS_URL=$(REDIS_URL) \
+	@CP_PORT=$(CP_PORT) PROXY_PORT=$(PROXY_PORT) PROXY2_PORT=$(PROXY2_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) RUN_DIR=$(RUN_DIR) REDIS_URL=$(REDIS_URL) \
 		BIN_DIR=$(BUILD) $(BUILD)/sluice-run
 
 ## test: build what the tests need, then run every test (race detector on native code).

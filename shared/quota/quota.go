@@ -147,7 +147,7 @@ type KeyResult struct {
 	// Granted ["granted"]: units added to the Envoy's lease now.
 	Granted uint64
 	// Held ["held"]: units of the lease the service counts as the Envoy's after this
-	// call (granted and not returned), valid until ExpiresIn.
+	// call (granted, neither reported used nor returned), valid until ExpiresIn.
 	Held uint64
 	// Returned ["returned"]: units of Return credited back to the global state
 	// (less than Return when the lease had expired or held less).

@@ -42,7 +42,8 @@ type CompiledRule struct {
 	Rule *Rule
 	// Fingerprint identifies the rule's definition: a 64-bit FNV-1a hash of its
 	// canonical encoding (EncodeRule) with the fields that do not change what a counter
-	// means left out (description, shadow, status, exempt, scope). A rule with the same id and
+	// means left out (description, shadow, status, exempt, scope, on_quota_failure,
+	// local_share). A rule with the same id and
 	// fingerprint in the next policy version keeps its counters; any other change
 	// starts them afresh.
 	Fingerprint uint64
@@ -183,7 +184,7 @@ func Fingerprint(r *Rule) uint64 {
 	s.Description, s.Shadow, s.Status, s.Exempt = "", false, 0, Exempt{}
 	// Scope is left out: it does not change what a counter counts, and the filter
 	// enforces per Envoy either way.
-	s.Scope = ""
+	s.Scope, s.OnQuotaFailure, s.LocalSharePermille = "", "", 0
 	h := fnv.New64a()
 	h.Write(EncodeRule(&s))
 	return h.Sum64()

@@ -271,6 +271,16 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 		return decodeExempt(d, &r.Exempt)
 	case "scope":
 		r.Scope = str(d)
+	case "on_quota_failure":
+		r.OnQuotaFailure = str(d)
+	case "local_share":
+		if num, err := d.Number(); err == nil {
+			if v, ok := parsePermille(num); ok {
+				r.LocalSharePermille = v
+			} else {
+				d.Fail("must be a number greater than 0 and at most 1, with at most three decimals, got " + num)
+			}
+		}
 	}
 	return nil
 }

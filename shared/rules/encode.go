@@ -36,7 +36,8 @@ func EncodePolicy(p *Policy) []byte {
 // EncodeRule returns r as canonical JSON, members in the order of the struct fields
 // ("id", "description", "match", "key", "algorithm", "limit", "window", "burst",
 // "slots", "align", "timezone", "lease", "cost", "cost_header", "max_cost",
-// "response_cost_header", "shadow", "status", "exempt", "scope"), zero values and empty lists
+// "response_cost_header", "shadow", "status", "exempt", "scope", "on_quota_failure",
+// "local_share"), zero values and empty lists
 // omitted except "id", "algorithm" and "limit". It is the form a rule takes inside
 // EncodePolicy, and what the rule fingerprint hashes. It does not validate r.
 func EncodeRule(r *Rule) []byte {
@@ -101,6 +102,11 @@ func writeRule(w *strictjson.Writer, r *Rule) {
 	}
 	writeExempt(w, &r.Exempt)
 	optString(w, "scope", r.Scope)
+	optString(w, "on_quota_failure", r.OnQuotaFailure)
+	if r.LocalSharePermille != 0 {
+		w.AppendKey("local_share")
+		w.AppendRaw(formatPermille(r.LocalSharePermille))
+	}
 	w.EndObject()
 }
 

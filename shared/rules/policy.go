@@ -118,7 +118,8 @@ type Rule struct {
 	// known only afterwards (tokens an LLM used, say); the filter then corrects the
 	// charge by the difference
 	// (limit.Limiter.Adjust). Not allowed for sliding_log and concurrency, whose
-	// state cannot be corrected.
+	// state cannot be corrected, nor with scope fleet, whose leased units are spent
+	// at admission.
 	ResponseCostHeader string
 	// Shadow ["shadow"]: evaluate, count and report, but never reject.
 	Shadow bool
@@ -135,7 +136,30 @@ type Rule struct {
 	// concurrency) and for a token_bucket or gcra of capacity 1 (see
 	// [FleetCapable]).
 	Scope string
+	// OnQuotaFailure ["on_quota_failure"] is, for a fleet rule only, what the filter
+	// does with a key it holds no quota for when the quota service cannot answer
+	// (unreachable, no answer within the callout timeout, HTTP 503 or any other
+	// non-200, an answer that does not decode): [QuotaFailureLocal] ("local", the
+	// default when empty) enforces LocalSharePermille of the rule's limit per Envoy,
+	// [QuotaFailurePass] ("pass") admits, [QuotaFailureDeny] ("deny") rejects.
+	OnQuotaFailure string
+	// LocalSharePermille ["local_share"] is, for on_quota_failure "local" only, the
+	// share of the rule's limit (and burst) each Envoy enforces by itself while the
+	// quota service fails, in thousandths: JSON holds a number in (0, 1] with at most
+	// three decimals ("local_share": 0.25 is 250). 0 (absent) means 1000, the whole
+	// limit per Envoy, as an envoy-scope rule.
+	LocalSharePermille uint32
 }
+
+// The values of Rule.OnQuotaFailure.
+const (
+	// QuotaFailureLocal enforces a local share of the limit per Envoy (the default).
+	QuotaFailureLocal = "local"
+	// QuotaFailurePass admits requests the quota service could not decide.
+	QuotaFailurePass = "pass"
+	// QuotaFailureDeny rejects them.
+	QuotaFailureDeny = "deny"
+)
 
 // The values of Rule.Scope.
 const (

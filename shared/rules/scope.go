@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/sluice-proxy/sluice/shared/limit"
@@ -57,9 +58,100 @@ func (v *validator) scope(r *Rule, field string, cfg limit.Config, ok bool) {
 				v.add(join(field, "scope"), reason)
 			}
 		}
+		if r.ResponseCostHeader != "" {
+			// A lease's units are spent when the request is admitted; units found
+			// due afterwards could not be taken from the global budget.
+			v.add(join(field, "response_cost_header"), "not supported with \"scope\": \"fleet\" (a leased unit cannot be charged after the fact)")
+		}
 	default:
 		v.add(join(field, "scope"), "must be "+quoteClipped(ScopeEnvoy)+" or "+quoteClipped(ScopeFleet)+", got "+quoteClipped(r.Scope))
 	}
+	switch r.OnQuotaFailure {
+	case "", QuotaFailureLocal, QuotaFailurePass, QuotaFailureDeny:
+		if r.OnQuotaFailure != "" && !r.IsFleet() {
+			v.add(join(field, "on_quota_failure"), "only with \"scope\": \"fleet\"")
+		}
+	default:
+		v.add(join(field, "on_quota_failure"), "must be "+quoteClipped(QuotaFailureLocal)+", "+quoteClipped(QuotaFailurePass)+" or "+quoteClipped(QuotaFailureDeny)+", got "+quoteClipped(r.OnQuotaFailure))
+	}
+	if r.LocalSharePermille != 0 {
+		switch {
+		case r.LocalSharePermille > 1000:
+			v.add(join(field, "local_share"), "must be greater than 0 and at most 1")
+		case !r.IsFleet():
+			v.add(join(field, "local_share"), "only with \"scope\": \"fleet\"")
+		case r.OnQuotaFailure != "" && r.OnQuotaFailure != QuotaFailureLocal:
+			v.add(join(field, "local_share"), "only with \"on_quota_failure\": \"local\" (the default)")
+		}
+	}
+}
+
+// QuotaFailure returns the rule's on_quota_failure with the default applied:
+// [QuotaFailureLocal], [QuotaFailurePass] or [QuotaFailureDeny].
+func (r *Rule) QuotaFailure() string {
+	if r.OnQuotaFailure == "" {
+		return QuotaFailureLocal
+	}
+	return r.OnQuotaFailure
+}
+
+// LocalShareConfig returns the limit configuration a fleet rule enforces per Envoy
+// while the quota service fails (on_quota_failure "local"): cfg with Limit and a
+// non-zero Burst scaled by local_share (thousandths; 0 means 1000), rounded down,
+// at least 1 (a Burst of 0, meaning the default, stays 0 and so follows the scaled
+// Limit). The result is valid when cfg is.
+func (r *Rule) LocalShareConfig(cfg limit.Config) limit.Config {
+	p := uint64(r.LocalSharePermille)
+	if p == 0 || p >= 1000 {
+		return cfg
+	}
+	scale := func(v uint64) uint64 {
+		if v == 0 {
+			return 0
+		}
+		s := v / 1000 * p
+		s += v % 1000 * p / 1000
+		return max(s, 1)
+	}
+	cfg.Limit = scale(cfg.Limit)
+	cfg.Burst = scale(cfg.Burst)
+	return cfg
+}
+
+// parsePermille parses a JSON number in (0, 1] with at most three decimals
+// into thousandths.
+func parsePermille(num string) (uint32, bool) {
+	if num == "1" || num == "1.0" || num == "1.00" || num == "1.000" {
+		return 1000, true
+	}
+	if len(num) < 3 || len(num) > 5 || num[0] != '0' || num[1] != '.' {
+		return 0, false
+	}
+	v := uint32(0)
+	digits := num[2:]
+	for i := 0; i < 3; i++ {
+		v *= 10
+		if i < len(digits) {
+			c := digits[i]
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			v += uint32(c - '0')
+		}
+	}
+	return v, v > 0
+}
+
+// formatPermille writes thousandths as the shortest decimal parsePermille reads.
+func formatPermille(v uint32) string {
+	if v >= 1000 {
+		return "1"
+	}
+	s := strconv.FormatUint(uint64(v+1000), 10)[1:] // three digits
+	for len(s) > 1 && s[len(s)-1] == '0' {
+		s = s[:len(s)-1]
+	}
+	return "0." + s
 }
 
 // Fleet reports whether the rule is fleet-scoped.

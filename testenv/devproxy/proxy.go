@@ -41,6 +41,9 @@ type Options struct {
 	// NodeID, if not empty, overrides the file's node.id (Envoy's
 	// --service-node): the filter's xds.node.id property.
 	NodeID string
+	// QuotaToken, if not empty, replaces control_plane.quota_token in the
+	// plugin configuration (the control plane's quota token).
+	QuotaToken string
 	// AccessLog receives the JSON access-log lines; nil writes none.
 	AccessLog io.Writer
 	// Logger receives the guest's logs and the proxy's own; nil discards.
@@ -144,6 +147,12 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 			return nil, err
 		}
 	}
+	if o.QuotaToken != "" {
+		var err error
+		if cfg, err = withMember(cfg, "quota_token", o.QuotaToken); err != nil {
+			return nil, err
+		}
+	}
 	nodeID := c.NodeID
 	if o.NodeID != "" {
 		nodeID = o.NodeID
@@ -162,7 +171,10 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 }
 
 // withToken sets control_plane.token in a JSON plugin configuration.
-func withToken(cfg []byte, token string) ([]byte, error) {
+func withToken(cfg []byte, token string) ([]byte, error) { return withMember(cfg, "token", token) }
+
+// withMember sets control_plane.<name> in a JSON plugin configuration.
+func withMember(cfg []byte, name, token string) ([]byte, error) {
 	d := json.NewDecoder(bytes.NewReader(cfg))
 	d.UseNumber()
 	var doc map[string]any
@@ -173,7 +185,7 @@ func withToken(cfg []byte, token string) ([]byte, error) {
 	if !ok {
 		return nil, errors.New("devproxy: a read token was given but the plugin configuration has no control_plane section")
 	}
-	cp["token"] = token
+	cp[name] = token
 	return json.Marshal(doc)
 }
 

@@ -47,14 +47,14 @@ func TestMakeRun(t *testing.T) {
 		t.Skip("curl not found (Debian package curl): the walkthrough uses it")
 	}
 	cmds := walkthroughCommands(t)
-	if len(cmds) != 11 {
-		t.Fatalf("README walkthrough: %d commands, want 11", len(cmds))
+	if len(cmds) != 12 {
+		t.Fatalf("README walkthrough: %d commands, want 12", len(cmds))
 	}
 	runDir := t.TempDir()
-	cp, proxy, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
+	cp, proxy, proxy2, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
 	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
 	out := &proctest.SyncBuffer{}
-	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
+	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "PROXY2_PORT="+port(proxy2), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -86,7 +86,8 @@ func TestMakeRun(t *testing.T) {
 	// build/sluicectl is) and returns its output and exit code.
 	shCode := func(c string) (string, int) {
 		t.Helper()
-		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:8080", cp, "build/run/", runDir+"/").Replace(c)
+		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:8080", cp, "build/run/", runDir+"/",
+			"for p in 10000 10001", "for p in "+port(proxy)+" "+port(proxy2)).Replace(c)
 		sh := exec.Command("bash", "-c", c)
 		sh.Dir = repo
 		// The user has pasted the two export lines make run printed, and
@@ -147,6 +148,11 @@ func TestMakeRun(t *testing.T) {
 	}) || !strings.Contains(status, "sluice-dev") || !strings.Contains(status, "SYNCED") {
 		t.Errorf("step 5 (status): %q", status)
 	}
+	// Exactly ten admitted across both proxies; which requests get the 429s
+	// depends on how the two leases split the last units.
+	if got := sh(cmds[11]); strings.Count(got, "200") != 10 || strings.Count(got, "429") != 2 {
+		t.Errorf("step 6 (fleet-wide limit across two proxies): %q, want ten 200s and two 429s", got)
+	}
 
 	// Ctrl-C: SIGINT to the foreground process group.
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
@@ -156,7 +162,7 @@ func TestMakeRun(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("make run did not stop within 30s of SIGINT")
 	}
-	for _, a := range []string{cp, proxy, up} {
+	for _, a := range []string{cp, proxy, proxy2, up} {
 		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after make run stopped", a)

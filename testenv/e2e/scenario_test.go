@@ -38,6 +38,7 @@ func TestDemoPolicy(t *testing.T) {
 	expect("login-per-ip (time_wheel)", burst(4, "POST", "/login"), "[200 200 200 429]")
 	expect("reports-per-tenant-day (fixed_window)", burst(4, "GET", "/reports", "X-Tenant-Id", fmt.Sprint("acme-", nonce)), "[200 200 200 429]")
 	expect("reports without a tenant are not counted", burst(4, "GET", "/reports"), "[200 200 200 200]")
+	expect("fleet-per-user (fixed_window, fleet)", burst(12, "GET", "/fleet/x", "X-User-Id", fmt.Sprint("fay-", nonce)), "[200 200 200 200 200 200 200 200 200 200 429 429]")
 	expect("export-exact (sliding_log)", burst(3, "GET", "/export", "X-User-Id", fmt.Sprint("eve-", nonce)), "[200 200 429]")
 	// gcra, burst 2: three at once, then one per 500ms.
 	if got := burst(6, "GET", "/search", "X-User-Id", fmt.Sprint("sam-", nonce)); fmt.Sprint(got[:3]) != "[200 200 200]" || got[5] != http.StatusTooManyRequests {

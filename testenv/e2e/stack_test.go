@@ -57,7 +57,7 @@ func startStack(t *testing.T, withRedis bool) *stack {
 	} else {
 		cpArgs = append(cpArgs, "--data-dir", filepath.Join(dir, "data"))
 	}
-	tokens := []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_READ_TOKEN=" + readToken}
+	tokens := []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_READ_TOKEN=" + readToken, "SLUICE_QUOTA_TOKEN=" + quotaToken}
 	s.cp = startProc(t, "control plane", filepath.Join(binDir, "sluice-controlplane"), cpArgs, tokens)
 	proctest.AwaitHTTP(t, "http://"+s.cpAddr+"/readyz", readyTimeout, s.cp)
 	up := proctest.FreeAddr(t)

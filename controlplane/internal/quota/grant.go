@@ -206,6 +206,14 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 		me = &v.entries[len(v.entries)-1]
 	}
 
+	// Units the Envoy reports used were spent: they are no longer held, neither for
+	// sizing (a steadily used key would otherwise be sized down to single units once
+	// its grants add up to more than its demand) nor as returnable. The lease keeps
+	// its end (me.exp), so units still unspent never outlive it.
+	if k.Used > 0 && me.held > 0 {
+		me.held -= min(k.Used, me.held)
+	}
+
 	// Returns: only of a live lease, at most what it holds.
 	var returned uint64
 	if k.Return > 0 && me.held > 0 {

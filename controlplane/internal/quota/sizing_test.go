@@ -7,7 +7,8 @@ import (
 
 // TestGrantSizing follows the sizing rule of the README: with no history an Envoy
 // gets what it wants, capped at half of what is left when alone; with history, its
-// recent rate for 5/4 of its report interval, minus what it holds; with others
+// recent rate for 5/4 of its report interval, minus what it holds unspent (units
+// it reports used are no longer held); with others
 // active, at most remaining/(others+2); near the limit, single units.
 func TestGrantSizing(t *testing.T) {
 	clk := &clock{}
@@ -21,17 +22,20 @@ func TestGrantSizing(t *testing.T) {
 		t.Fatalf("lone Envoy, no history: %+v, want 500 (half of 1000)", r)
 	}
 	clk.add(time.Second)
-	// 100 used in the last second: demand ⌊100·5/4⌋+1 = 126, it holds 500: one unit.
-	if r := ask(t, s, a, "fw", key, 100, 0, 1000); r.Granted != 1 {
-		t.Fatalf("Envoy holding more than its demand: %+v, want 1", r)
+	// 100 used in the last second: demand ⌊100·5/4⌋+1 = 126, it holds 400 unspent:
+	// one unit.
+	if r := ask(t, s, a, "fw", key, 100, 0, 1000); r.Granted != 1 || r.Held != 401 {
+		t.Fatalf("Envoy holding more than its demand: %+v, want 1 granted, 401 held", r)
 	}
 	clk.add(time.Second)
-	// It gives back 451 of 501 and used 100: demand 126 - 50 held = 76.
-	if r := ask(t, s, a, "fw", key, 100, 451, 1000); r.Returned != 451 || r.Granted != 76 || r.Held != 126 {
-		t.Fatalf("after a return: %+v, want 451 returned, 76 granted, 126 held", r)
+	// It used 100 more and gives back 250 of its 301 unspent: demand 126 - 51 held = 75.
+	if r := ask(t, s, a, "fw", key, 100, 250, 1000); r.Returned != 250 || r.Granted != 75 || r.Held != 126 {
+		t.Fatalf("after a return: %+v, want 250 returned, 75 granted, 126 held", r)
 	}
-	// A second Envoy while the first is active: at most remaining/(1+2).
-	remaining := uint64(1000 - 126)
+	// A second Envoy while the first is active: at most remaining/(1+2). 200 units
+	// were spent, 126 are held.
+	const spent = 200
+	remaining := uint64(1000 - spent - 126)
 	if r := ask(t, s, b, "fw", key, 0, 0, 1000); r.Granted != remaining/3 {
 		t.Fatalf("second Envoy: %+v, want %d", r, remaining/3)
 	}
@@ -43,8 +47,8 @@ func TestGrantSizing(t *testing.T) {
 	for _, e := range es {
 		total += e.held
 	}
-	if total != 1000 {
-		t.Fatalf("held %d in total, want 1000", total)
+	if total+spent != 1000 {
+		t.Fatalf("held %d in total and %d spent, want 1000", total, spent)
 	}
 	// Near the limit: return 3 units, then asks of 10 get one unit each.
 	ask(t, s, c, "fw", key, 0, 3, 0)

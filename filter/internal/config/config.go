@@ -10,7 +10,9 @@
 //	  "control_plane": {
 //	    "cluster": "control_plane", "authority": "cp.internal",
 //	    "policy": "default", "token": "<read token>",
-//	    "wait": "30s", "timeout": "35s", "lease": "2s"
+//	    "wait": "30s", "timeout": "35s", "lease": "2s",
+//	    "quota_token": "<quota token>", "quota_timeout": "1s",
+//	    "quota_interval": "1s", "envoy": "ingress-0"
 //	  },
 //	  "tick": "100ms",
 //	  "buckets_per_rule": 1024,
@@ -173,7 +175,32 @@ type ControlPlane struct {
 	// Lease ["lease"] is how long the sync leader's lease in shared data lasts,
 	// 100ms..1m. Default DefaultLease.
 	Lease time.Duration
+	// QuotaToken ["quota_token"] is the bearer token of the control plane's quota
+	// service (POST /v1/quota; the control plane's --quota-token), at most
+	// MaxTokenBytes visible ASCII bytes. Default: none (the service answers 401, and
+	// fleet rules degrade as their on_quota_failure says).
+	QuotaToken string
+	// QuotaTimeout ["quota_timeout"] is the proxy_http_call timeout of quota calls:
+	// the longest a request waits for quota before its rule degrades, 10ms..10s.
+	// Default DefaultQuotaTimeout.
+	QuotaTimeout time.Duration
+	// QuotaInterval ["quota_interval"] is how often each worker reports use and tops
+	// up leases running low, 10ms..1m (quota.MinInterval..quota.MaxInterval).
+	// Default DefaultQuotaInterval.
+	QuotaInterval time.Duration
+	// Envoy ["envoy"] identifies this Envoy to the quota service (1 to 128 visible
+	// ASCII bytes). Default: Envoy's node id (property node.id), or, without one,
+	// an id derived from the per-Envoy hash key.
+	Envoy string
 }
+
+// Quota call defaults.
+const (
+	// DefaultQuotaTimeout is the default control_plane.quota_timeout.
+	DefaultQuotaTimeout = time.Second
+	// DefaultQuotaInterval is the default control_plane.quota_interval.
+	DefaultQuotaInterval = time.Second
+)
 
 // Config is the parsed plugin configuration. Each field's JSON name is in
 // brackets.
@@ -468,6 +495,14 @@ func (p *parser) controlPlane(cp *ControlPlane) error {
 			cp.Timeout = dur(0)
 		case "lease":
 			cp.Lease = dur(0)
+		case "quota_token":
+			cp.QuotaToken = p.str()
+		case "quota_timeout":
+			cp.QuotaTimeout = dur(0)
+		case "quota_interval":
+			cp.QuotaInterval = dur(0)
+		case "envoy":
+			cp.Envoy = p.str()
 		default:
 			return p.d.UnknownField()
 		}
@@ -518,6 +553,24 @@ func (p *parser) validateControlPlane(cp *ControlPlane) {
 		cp.Lease = DefaultLease
 	case cp.Lease < 100*time.Millisecond || cp.Lease > time.Minute:
 		p.fail(f+"lease", "must be 100ms..1m")
+	}
+	if cp.QuotaToken != "" && !printable(cp.QuotaToken, MaxTokenBytes) {
+		p.fail(f+"quota_token", "must be visible ASCII, at most "+strconv.Itoa(MaxTokenBytes)+" bytes")
+	}
+	switch {
+	case cp.QuotaTimeout == 0:
+		cp.QuotaTimeout = DefaultQuotaTimeout
+	case cp.QuotaTimeout < 10*time.Millisecond || cp.QuotaTimeout > 10*time.Second:
+		p.fail(f+"quota_timeout", "must be 10ms..10s")
+	}
+	switch {
+	case cp.QuotaInterval == 0:
+		cp.QuotaInterval = DefaultQuotaInterval
+	case cp.QuotaInterval < 10*time.Millisecond || cp.QuotaInterval > time.Minute:
+		p.fail(f+"quota_interval", "must be 10ms..1m")
+	}
+	if cp.Envoy != "" && !printable(cp.Envoy, 128) {
+		p.fail(f+"envoy", "must be 1 to 128 visible ASCII bytes")
 	}
 }
 

@@ -47,7 +47,8 @@ func TestParseFull(t *testing.T) {
 	want := Config{
 		Env: "prod",
 		ControlPlane: ControlPlane{Enabled: true, Cluster: "control_plane", Authority: "cp.internal", Policy: "default",
-			Token: "s3cret", Wait: 20 * time.Second, Timeout: 25 * time.Second, Lease: 3 * time.Second},
+			Token: "s3cret", Wait: 20 * time.Second, Timeout: 25 * time.Second, Lease: 3 * time.Second,
+			QuotaTimeout: DefaultQuotaTimeout, QuotaInterval: DefaultQuotaInterval},
 		Tick: 250 * time.Millisecond, BucketsPerRule: 128, EntriesPerBucket: 32,
 		Headers: HeadersBoth, HeadersOnAllow: false, FailMode: FailClosed, CASRetries: 20, CASFailMode: FailOpen,
 	}
@@ -61,13 +62,25 @@ func TestParseControlPlaneDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ControlPlane{Enabled: true, Cluster: "cp", Authority: "cp", Policy: "default", Wait: DefaultWait, Timeout: DefaultTimeout, Lease: DefaultLease}
+	want := ControlPlane{Enabled: true, Cluster: "cp", Authority: "cp", Policy: "default", Wait: DefaultWait, Timeout: DefaultTimeout, Lease: DefaultLease,
+		QuotaTimeout: DefaultQuotaTimeout, QuotaInterval: DefaultQuotaInterval}
 	if c.ControlPlane != want {
 		t.Errorf("%+v, want %+v", c.ControlPlane, want)
 	}
 	c, _ = Parse([]byte(`{"control_plane":{"cluster":"cp","wait":"1m"}}`))
 	if c.ControlPlane.Timeout != time.Minute+5*time.Second {
 		t.Errorf("timeout with wait 1m = %v", c.ControlPlane.Timeout)
+	}
+}
+
+func TestParseQuotaSettings(t *testing.T) {
+	c, err := Parse([]byte(`{"control_plane":{"cluster":"cp","quota_token":"q-tok","quota_timeout":"250ms","quota_interval":"500ms","envoy":"ingress-1"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := c.ControlPlane
+	if cp.QuotaToken != "q-tok" || cp.QuotaTimeout != 250*time.Millisecond || cp.QuotaInterval != 500*time.Millisecond || cp.Envoy != "ingress-1" {
+		t.Fatalf("%+v", cp)
 	}
 }
 
@@ -101,6 +114,10 @@ func TestParseErrors(t *testing.T) {
 		{`{"control_plane":{"cluster":"c","token":"a b"}}`, "control_plane.token: must be visible ASCII"},
 		{`{"control_plane":{"cluster":"c","policy":"A"}}`, "control_plane.policy: must be"},
 		{`{"control_plane":{"cluster":"c","x":1}}`, "control_plane.x: unknown field"},
+		{`{"control_plane":{"cluster":"c","quota_token":"a\nb"}}`, "control_plane.quota_token: must be visible ASCII"},
+		{`{"control_plane":{"cluster":"c","quota_timeout":"1ms"}}`, "control_plane.quota_timeout: must be 10ms..10s"},
+		{`{"control_plane":{"cluster":"c","quota_interval":"2m"}}`, "control_plane.quota_interval: must be 10ms..1m"},
+		{`{"control_plane":{"cluster":"c","envoy":"in gress"}}`, "control_plane.envoy: must be"},
 		{`{"entries_per_bucket":64,"policy":{"policy":"p","rules":[{"id":"r","algorithm":"sliding_log","limit":64,"window":"1s"}]}}`, "policy.rules[0]: a bucket of entries_per_bucket=64"},
 	} {
 		c, err := Parse([]byte(tc.doc))

@@ -78,7 +78,7 @@ func (p *pluginContext) createBuckets(c *rules.Compiled) error {
 			}
 		}
 	}
-	return nil
+	return p.createLeaseBuckets(c)
 }
 
 // countOverflow counts a decision of rule rs made against a bucket's overflow

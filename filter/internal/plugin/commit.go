@@ -23,7 +23,8 @@ type eval struct {
 	nextOff        int // the next state in scratch.next
 	dec            limit.Decision
 	written        bool
-	exhausted      bool // denied for want of CAS retries (cas_fail_mode "closed")
+	exhausted      bool      // denied for want of CAS retries (cas_fail_mode "closed")
+	fl             fleetEval // fleet rules (fleet.go)
 }
 
 // Fail-open reasons, the values of filter state sluice.reason.
@@ -39,6 +40,7 @@ const (
 type outcome struct {
 	deny   *eval
 	failed string
+	wait   bool // a fleet rule waits for quota (fleet.go)
 }
 
 // evaluate decides the request against every matching rule in s.matched and
@@ -89,12 +91,29 @@ func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) o
 		h.recordDenial(d)
 		return outcome{deny: d}
 	}
+	if p.fleet.pending > 0 {
+		if h.fleetWait(now) {
+			return outcome{wait: true}
+		}
+		if d := p.enforcedDenial(); d != nil {
+			h.recordDenial(d)
+			return outcome{deny: d}
+		}
+	}
 	return h.commit(now)
 }
 
 // readDecide reads ev's bucket and decides the rule from it; false if shared
-// data could not be read.
+// data could not be read. A fleet rule is decided from its lease (fleet.go).
 func (p *pluginContext) readDecide(ev *eval, now int64) bool {
+	if ev.rule.fleet.mode != fleetNone && !ev.fl.degraded {
+		return p.readDecideFleet(ev, now)
+	}
+	return p.readDecideLocal(ev, now)
+}
+
+// readDecideLocal is readDecide from the rule's counter bucket.
+func (p *pluginContext) readDecideLocal(ev *eval, now int64) bool {
 	rs := ev.rule
 	value, cas, err := proxywasm.GetSharedData(rs.keys[ev.bucket])
 	switch {
@@ -147,15 +166,13 @@ func (h *httpContext) commit(now int64) outcome {
 			if ev.rule.order != class {
 				continue
 			}
-			for retries := 0; ev.dec.Allowed; {
-				lim := ev.rule.layout.Limiter()
-				size := ev.rule.layout.Size()
-				if cap(s.bucket) < size {
-					s.bucket = make([]byte, size)
+			for retries := 0; ev.dec.Allowed && !ev.fl.skip; {
+				var err error
+				if ev.fl.lease {
+					err = p.writeLease(ev, now)
+				} else {
+					err = p.writeBucket(ev, now)
 				}
-				next := s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
-				out := ev.rule.layout.Commit(s.bucket[:0], ev.value, ev.slot, ev.hash, next, now)
-				err := proxywasm.SetSharedData(ev.rule.keys[ev.bucket], out, ev.cas)
 				if err == nil {
 					ev.written = true
 					break
@@ -178,6 +195,11 @@ func (h *httpContext) commit(now int64) outcome {
 					h.failOpenRules(reasonSharedDataError)
 					h.finishAllowed()
 					return outcome{failed: reasonSharedDataError}
+				}
+				if ev.fl.pending {
+					if o, done := h.fleetCommitWait(ev, now); done {
+						return o
+					}
 				}
 				if !ev.dec.Allowed && !ev.rule.cr.Shadow {
 					h.compensate(now)
@@ -221,6 +243,19 @@ func (h *httpContext) exhausted(ev *eval, now int64) (out outcome, done bool) {
 	}
 }
 
+// writeBucket writes ev's counter bucket by CAS.
+func (p *pluginContext) writeBucket(ev *eval, now int64) error {
+	s := &p.s
+	lim := ev.rule.layout.Limiter()
+	size := ev.rule.layout.Size()
+	if cap(s.bucket) < size {
+		s.bucket = make([]byte, size)
+	}
+	next := s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
+	out := ev.rule.layout.Commit(s.bucket[:0], ev.value, ev.slot, ev.hash, next, now)
+	return proxywasm.SetSharedData(ev.rule.keys[ev.bucket], out, ev.cas)
+}
+
 // compensate undoes every bucket written so far for this request.
 func (h *httpContext) compensate(now int64) {
 	p := h.p
@@ -230,7 +265,13 @@ func (h *httpContext) compensate(now int64) {
 			continue
 		}
 		ev.written = false
-		if !p.undo(ev.rule, ev.bucket, ev.hash, ev.cost, now, now) {
+		var ok bool
+		if ev.fl.lease {
+			ok = p.undoLease(ev, now)
+		} else {
+			ok = p.undo(ev.rule, ev.bucket, ev.hash, ev.cost, now, now)
+		}
+		if !ok {
 			p.m.compensationLost.Increment(1)
 			proxywasm.LogDebug("sluice: rule " + ev.rule.cr.ID + ": could not undo the charge of a denied request")
 		}
@@ -377,7 +418,7 @@ func (h *httpContext) failOpenRules(reason string) {
 func (h *httpContext) keepCharges(now int64) {
 	for k := range h.p.s.evals {
 		ev := &h.p.s.evals[k]
-		if !ev.written || (!ev.rule.concurrency && ev.rule.cr.ResponseCostHeader == "") {
+		if !ev.written || ev.fl.lease || (!ev.rule.concurrency && ev.rule.cr.ResponseCostHeader == "") {
 			continue
 		}
 		h.charges = append(h.charges, charge{rule: ev.rule, bucket: ev.bucket, hash: ev.hash, cost: ev.cost, acquiredAt: now})

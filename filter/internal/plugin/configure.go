@@ -48,6 +48,8 @@ type ruleState struct {
 	// sliding_log (see the package doc's exactness argument).
 	order       int
 	concurrency bool
+	// fleet is the fleet part of a "scope": "fleet" rule (fleet.go).
+	fleet fleetRule
 	// window is the rule's window in whole seconds, rounded up (0 for
 	// concurrency), for RateLimit-Policy's w parameter.
 	windowSeconds uint64
@@ -78,6 +80,7 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 	p.m.define()
 	// The hash key first: creating keys below uses its cas as a witness.
 	p.loadHashKey(true)
+	p.fleetStart()
 	if cfg.Policy != nil {
 		if err := p.swapPolicy(cfg.Policy); err != nil {
 			proxywasm.LogError("sluice: invalid plugin configuration: " + err.Error())
@@ -109,6 +112,7 @@ func (p *pluginContext) OnTick() {
 		p.sync.Tick()
 	}
 	p.retireTick()
+	p.fleetTick()
 	p.flushMetrics()
 }
 
@@ -119,6 +123,7 @@ func (p *pluginContext) OnPluginDone() bool {
 	if p.sync != nil {
 		p.sync.Stop()
 	}
+	p.fleetDone()
 	p.flushMetrics()
 	return true
 }
@@ -137,7 +142,9 @@ func (p *pluginContext) swapPolicy(c *rules.Compiled) error {
 		return err
 	}
 	p.dropRules(p.pol, c)
+	old := p.pol
 	p.pol = ps
+	p.fleetPolicyChanged(old)
 	p.m.policyVersion.Record(c.Version)
 	proxywasm.LogInfo("sluice: policy " + c.Name + " version " + strconv.FormatUint(c.Version, 10) +
 		" in use (" + strconv.Itoa(c.Len()) + " rules)")
@@ -196,6 +203,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 			rs.order = 2
 		}
 		rs.windowSeconds = cr.PeriodSeconds
+		p.initFleetRule(c, rs)
 		r := cr.Rule
 		for _, h := range r.Match.Headers {
 			add(h.Name)

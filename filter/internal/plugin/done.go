@@ -14,6 +14,7 @@ import (
 // rule's lease, which reclaims the slot.
 func (h *httpContext) OnHttpStreamDone() {
 	p := h.p
+	h.fleetStreamDone()
 	if len(h.charges) > 0 {
 		now := time.Now().UnixNano()
 		for i := range h.charges {

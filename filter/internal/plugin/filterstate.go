@@ -52,6 +52,7 @@ func (h *httpContext) setState(ps *policyState, reason string) {
 	if !h.hasReport {
 		return
 	}
+	h.setFleetState()
 	setProp(propRule, bytesOf(r.rule.cr.ID))
 	if h.keyEnd <= len(p.s.key) {
 		setProp(propKey, p.s.key[h.keyOff:h.keyEnd])

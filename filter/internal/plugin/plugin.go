@@ -8,7 +8,9 @@
 // headers: client, matching, decision), commit.go (the shared-data
 // read–decide–CAS protocol), reply.go (the local reply and the rate-limit
 // headers), response.go (response headers: headers on allowed responses,
-// response-cost correction), done.go (stream end: concurrency release).
+// response-cost correction), done.go (stream end: concurrency release),
+// fleet.go (fleet-scoped rules: quota leases, waits for the quota service,
+// on_quota_failure).
 //
 // # Shared data
 //
@@ -114,6 +116,9 @@ type pluginContext struct {
 	// shrinks; nil if none.
 	retiring *retirement
 
+	// fleet is the worker's state of fleet-scoped rules (fleet.go).
+	fleet fleetWorker
+
 	// free is a list of finished HTTP contexts to reuse.
 	free []*httpContext
 
@@ -145,10 +150,10 @@ func (p *pluginContext) NewHttpContext(contextID uint32) types.HttpContext {
 	if n := len(p.free); n > 0 {
 		h := p.free[n-1]
 		p.free = p.free[:n-1]
-		*h = httpContext{p: p, charges: h.charges[:0]}
+		*h = httpContext{p: p, charges: h.charges[:0], fq: fleetReq{id: contextID}}
 		return h
 	}
-	return &httpContext{p: p}
+	return &httpContext{p: p, fq: fleetReq{id: contextID}}
 }
 
 // recycle returns a finished context to the free list (bounded).

@@ -30,6 +30,8 @@ type httpContext struct {
 	// charges are the counters this request was committed to, for the
 	// response-cost correction and the concurrency release.
 	charges []charge
+	// fq is the fleet part (fleet.go): stream id and quota waits.
+	fq fleetReq
 }
 
 // report is one rule's decision as the headers and filter state show it.
@@ -96,9 +98,12 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		return types.ActionContinue
 	}
 	now := time.Now().UnixNano()
+	p.fleet.curRounds = h.fq.rounds
 	out := h.evaluate(ps, req, now)
 	var action types.Action = types.ActionContinue
 	switch {
+	case out.wait:
+		action = types.ActionPause // resumed or answered by the quota answer (fleet.go)
 	case out.deny != nil:
 		h.deny(ps, out.deny)
 		action = types.ActionPause

@@ -56,6 +56,7 @@ func run(args []string, stderr io.Writer) int {
 	accessLog := fs.String("access-log", "", "access-log file (default: the file's path; - for stdout)")
 	readToken := fs.String("read-token", os.Getenv("SLUICE_READ_TOKEN"), "control-plane read token put into the plugin configuration (default $SLUICE_READ_TOKEN; empty keeps the file's)")
 	serviceNode := fs.String("service-node", "", "node id (Envoy's --service-node; default: the file's node.id), the filter's xds.node.id")
+	quotaToken := fs.String("quota-token", os.Getenv("SLUICE_QUOTA_TOKEN"), "control-plane quota token put into the plugin configuration as control_plane.quota_token (default $SLUICE_QUOTA_TOKEN; empty keeps the file's)")
 	noFilter := fs.Bool("no-filter", false, "forward without the filter (a baseline for benchmarks)")
 	logLevel := fs.String("log-level", "info", "guest and proxy log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -80,7 +81,7 @@ func run(args []string, stderr io.Writer) int {
 		return fail(err)
 	}
 	o := devproxy.Options{Config: cfg, Workers: *workers, Upstream: *upstream, Clusters: clusters,
-		ReadToken: *readToken, Logger: logger, LogLevel: guestLevel(lvl), NodeID: *serviceNode}
+		ReadToken: *readToken, QuotaToken: *quotaToken, Logger: logger, LogLevel: guestLevel(lvl), NodeID: *serviceNode}
 	if !*noFilter && cfg.Filter != nil {
 		path := *wasmPath
 		if path == "" {

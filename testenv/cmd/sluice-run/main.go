@@ -9,9 +9,11 @@
 //
 //	CP_PORT        control plane port (8080)
 //	PROXY_PORT     dev proxy port (10000)
+//	PROXY2_PORT    second dev proxy port (10001), on the same control plane: fleet rules hold across both
 //	UPSTREAM_PORT  demo upstream port (8000)
 //	REDIS_URL      use Redis (redis://host:port); empty: the embedded store in RUN_DIR/data
 //	SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens; generated and printed when empty
+//	SLUICE_QUOTA_TOKEN  the quota token the dev proxies lease fleet quota with; generated when empty
 //	BIN_DIR        where the binaries and sluice.wasm are (build)
 //	RUN_DIR        data, logs and access.log (build/run)
 //	POLICY         the policy applied as "default" when there is none (examples/default-policy.json)
@@ -50,6 +52,7 @@ func env(name, def string) string {
 
 type settings struct {
 	cpPort, proxyPort, upPort     string
+	proxy2Port, quota             string
 	redisURL, admin, read         string
 	binDir, runDir, policy, envoy string
 	workers                       string
@@ -62,7 +65,10 @@ func run() int {
 		redisURL: os.Getenv("REDIS_URL"), admin: os.Getenv("SLUICE_ADMIN_TOKEN"), read: os.Getenv("SLUICE_READ_TOKEN"),
 		binDir: env("BIN_DIR", "build"), runDir: env("RUN_DIR", "build/run"),
 		policy: env("POLICY", "examples/default-policy.json"), envoy: env("ENVOY_CONFIG", "envoy/envoy.yaml"),
-		workers: env("WORKERS", "2"),
+		workers: env("WORKERS", "2"), proxy2Port: env("PROXY2_PORT", "10001"), quota: os.Getenv("SLUICE_QUOTA_TOKEN"),
+	}
+	if s.quota == "" {
+		s.quota = token()
 	}
 	if s.admin == "" {
 		s.admin, s.generated = token(), true
@@ -72,7 +78,7 @@ func run() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	sup := &supervisor{exited: make(chan string, 4)}
+	sup := &supervisor{exited: make(chan string, 8)}
 	defer sup.stopAll()
 	if err := start(ctx, s, sup); err != nil {
 		if ctx.Err() != nil {
@@ -101,6 +107,7 @@ func token() string {
 func start(ctx context.Context, s settings, sup *supervisor) error {
 	for _, p := range []struct{ name, port, variable string }{
 		{"control plane", s.cpPort, "CP_PORT"}, {"dev proxy", s.proxyPort, "PROXY_PORT"}, {"demo upstream", s.upPort, "UPSTREAM_PORT"},
+		{"second dev proxy", s.proxy2Port, "PROXY2_PORT"},
 	} {
 		l, err := net.Listen("tcp", "127.0.0.1:"+p.port)
 		if err != nil {
@@ -124,7 +131,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	} else {
 		cpArgs = append(cpArgs, "--data-dir", filepath.Join(s.runDir, "data"))
 	}
-	tokens := []string{"SLUICE_ADMIN_TOKEN=" + s.admin, "SLUICE_READ_TOKEN=" + s.read}
+	tokens := []string{"SLUICE_ADMIN_TOKEN=" + s.admin, "SLUICE_READ_TOKEN=" + s.read, "SLUICE_QUOTA_TOKEN=" + s.quota}
 
 	step("starting the control plane on http://%s (%s)", cp, store)
 	if err := sup.start(s, "controlplane", filepath.Join(s.binDir, "sluice-controlplane"), cpArgs, tokens); err != nil {
@@ -156,6 +163,16 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	}, append(tokens, "SLUICE_ENV=dev")); err != nil {
 		return err
 	}
+	proxy2 := "127.0.0.1:" + s.proxy2Port
+	accessLog2 := filepath.Join(s.runDir, "access2.log")
+	step("starting a second dev proxy on http://%s (same control plane: fleet rules hold across both)", proxy2)
+	if err := sup.start(s, "devproxy2", filepath.Join(s.binDir, "sluice-devproxy"), []string{
+		"--config", s.envoy, "--wasm", filepath.Join(s.binDir, "sluice.wasm"), "--listen", proxy2, "--upstream", up,
+		"--cluster", "control_plane=" + cp, "--access-log", accessLog2, "--workers", s.workers,
+		"--service-node", "sluice-dev-2", // another Envoy: its own node id, as two Envoys of a fleet have
+	}, append(tokens, "SLUICE_ENV=dev")); err != nil {
+		return err
+	}
 	if err := waitHTTP(ctx, "http://"+up+"/", 20*time.Second, sup); err != nil {
 		return fmt.Errorf("demo upstream not ready: %w", err)
 	}
@@ -166,6 +183,9 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	}
 	if err := waitPolicy(ctx, proxy, accessLog, version, workers, 30*time.Second, sup); err != nil {
 		return fmt.Errorf("the dev proxy does not enforce the policy: %w (see %s/devproxy.log)", err, s.runDir)
+	}
+	if err := waitPolicy(ctx, proxy2, accessLog2, version, workers, 30*time.Second, sup); err != nil {
+		return fmt.Errorf("the second dev proxy does not enforce the policy: %w (see %s/devproxy2.log)", err, s.runDir)
 	}
 	printTry(s, cp, proxy, up, accessLog, store, created)
 	return nil
@@ -314,10 +334,11 @@ func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nsluice is running.\n")
 	fmt.Fprintf(&b, "  dev proxy      http://%s  (%s, %s/sluice.wasm, %s workers)\n", proxy, s.envoy, s.binDir, s.workers)
+	fmt.Fprintf(&b, "  dev proxy 2    http://127.0.0.1:%s  (the same; fleet rules hold across both)\n", s.proxy2Port)
 	fmt.Fprintf(&b, "  control plane  http://%s  (%s)\n", cp, store)
 	fmt.Fprintf(&b, "  demo upstream  http://%s  (echoes the request as JSON; ?delay=<ms>)\n", up)
 	fmt.Fprintf(&b, "  access log     %s\n", accessLog)
-	fmt.Fprintf(&b, "  process logs   %s/{controlplane,devproxy,upstream}.log\n\n", s.runDir)
+	fmt.Fprintf(&b, "  process logs   %s/{controlplane,devproxy,devproxy2,upstream}.log\n\n", s.runDir)
 	if s.generated {
 		fmt.Fprintf(&b, "Tokens (generated; set SLUICE_ADMIN_TOKEN and SLUICE_READ_TOKEN to choose them). In another terminal:\n")
 	} else {
@@ -337,6 +358,8 @@ func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	fmt.Fprintf(&b, "    http://%s/v1/policies/default/rules/api-per-user\n", cp)
 	fmt.Fprintf(&b, "4. Read the decisions in the access log\n")
 	fmt.Fprintf(&b, "  tail -n 3 %s\n", accessLog)
+	fmt.Fprintf(&b, "5. A fleet-wide limit (10 an hour per user on /fleet/, across both proxies): ten 200s and two 429s\n")
+	fmt.Fprintf(&b, "  for i in $(seq 6); do for p in %s %s; do curl -s -o /dev/null -w '%%{http_code} ' -H 'x-user-id: alice' http://127.0.0.1:$p/fleet/hello; done; done; echo\n", s.proxyPort, s.proxy2Port)
 	fmt.Fprintf(&b, "More scenarios (one per algorithm): README.md, \"Five-minute walkthrough\". Stop with Ctrl-C.\n")
 	fmt.Print(b.String())
 }

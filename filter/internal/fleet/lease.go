@@ -1,0 +1,159 @@
+// Package fleet is the filter's half of fleet-scoped rules: the bounded table of
+// quota leases an Envoy holds, kept in proxy-wasm shared data so that every
+// worker spends from the same lease by compare-and-swap. It is pure (no
+// hostcalls): the plugin reads a bucket's bytes, edits them with this package
+// and writes them back with the cas it read.
+//
+// # Layout
+//
+// A fleet rule has a fixed number of lease buckets (the plugin uses
+// buckets_per_rule), each holding at most a fixed number of entries (the
+// plugin uses entries_per_bucket). A bucket's value is its entries back to
+// back, EntrySize bytes each, little-endian:
+//
+//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64
+//
+// A value whose length is not a multiple of EntrySize is corrupt and read as
+// empty. An entry is found by the key's hash (the same SipHash the counter
+// tables use); a full bucket evicts an expired entry first, else the one
+// holding the fewest units.
+package fleet
+
+import "encoding/binary"
+
+// EntrySize is the encoded size of an Entry in bytes.
+const EntrySize = 64
+
+// Entry is the lease an Envoy holds for one counter key of a fleet rule.
+type Entry struct {
+	// Hash is the counter key's hash.
+	Hash uint64
+	// Held is the units of the lease not spent yet.
+	Held uint64
+	// Used is the units spent since the last report to the quota service.
+	Used uint64
+	// Expiry is when the lease ends, Unix ns: the send time of the quota request
+	// that granted it plus the answer's expires_in_ns. Held units are void after.
+	Expiry int64
+	// Sent is the send time, Unix ns, of the answer that set Expiry; an answer to
+	// an older request never extends it.
+	Sent int64
+	// Fingerprint is the rule fingerprint (rules.CompiledRule.Fingerprint) the lease
+	// was granted under; an entry of another fingerprint is read as absent.
+	Fingerprint uint64
+	// LastUse is when a request last spent from the lease, Unix ns.
+	LastUse int64
+	// Claim is until when, Unix ns, one worker is asking the quota service for this
+	// key on the Envoy's behalf; the others do not ask meanwhile.
+	Claim int64
+}
+
+// Usable reports whether the lease holds at least cost units at now under
+// fingerprint fp.
+func (e *Entry) Usable(fp uint64, now int64, cost uint64) bool {
+	return e.Fingerprint == fp && now < e.Expiry && e.Held >= cost
+}
+
+// Live returns the units held at now under fp (0 once expired or for another
+// fingerprint).
+func (e *Entry) Live(fp uint64, now int64) uint64 {
+	if e.Fingerprint != fp || now >= e.Expiry {
+		return 0
+	}
+	return e.Held
+}
+
+// Valid reports whether b is a well-formed bucket value.
+func Valid(b []byte) bool { return len(b)%EntrySize == 0 }
+
+// Find returns the entry of hash in bucket value b and its index, or false
+// (also for a corrupt value).
+func Find(b []byte, hash uint64) (Entry, int, bool) {
+	if !Valid(b) {
+		return Entry{}, -1, false
+	}
+	for i := 0; i+EntrySize <= len(b); i += EntrySize {
+		if binary.LittleEndian.Uint64(b[i:]) == hash {
+			return decode(b[i:]), i / EntrySize, true
+		}
+	}
+	return Entry{}, -1, false
+}
+
+// Put appends to dst the bucket value b with e stored: in place of the entry of
+// e.Hash if there is one, else appended if the bucket holds fewer than max
+// entries, else over an entry expired at now or, failing that, the one holding
+// the fewest units. A corrupt b is replaced by e alone. It reports whether an
+// entry was evicted.
+func Put(dst, b []byte, e Entry, max int, now int64) ([]byte, bool) {
+	if !Valid(b) {
+		b = nil
+	}
+	n := len(b) / EntrySize
+	idx, evicted := -1, false
+	for i := 0; i < n; i++ {
+		if binary.LittleEndian.Uint64(b[i*EntrySize:]) == e.Hash {
+			idx = i
+			break
+		}
+	}
+	if idx < 0 && n >= max && n > 0 {
+		evicted = true
+		var least uint64
+		for i := 0; i < n; i++ {
+			o := decode(b[i*EntrySize:])
+			if now >= o.Expiry {
+				idx = i
+				break
+			}
+			if idx < 0 || o.Held < least {
+				idx, least = i, o.Held
+			}
+		}
+	}
+	base := len(dst)
+	dst = append(dst, b...)
+	if idx < 0 {
+		var zero [EntrySize]byte
+		dst = append(dst, zero[:]...)
+		idx = n
+	}
+	encode(dst[base+idx*EntrySize:], e)
+	return dst, evicted
+}
+
+// Entries returns every entry of bucket value b (none for a corrupt value).
+func Entries(b []byte) []Entry {
+	if !Valid(b) {
+		return nil
+	}
+	out := make([]Entry, 0, len(b)/EntrySize)
+	for i := 0; i+EntrySize <= len(b); i += EntrySize {
+		out = append(out, decode(b[i:]))
+	}
+	return out
+}
+
+func decode(b []byte) Entry {
+	le := binary.LittleEndian
+	return Entry{
+		Hash: le.Uint64(b), Held: le.Uint64(b[8:]), Used: le.Uint64(b[16:]),
+		Expiry: int64(le.Uint64(b[24:])), Sent: int64(le.Uint64(b[32:])),
+		Fingerprint: le.Uint64(b[40:]), LastUse: int64(le.Uint64(b[48:])), Claim: int64(le.Uint64(b[56:])),
+	}
+}
+
+func encode(b []byte, e Entry) {
+	if len(b) < EntrySize {
+		return
+	}
+	le := binary.LittleEndian
+	le.PutUint64(b, e.Hash)
+	le.PutUint64(b[8:], e.Held)
+	le.PutUint64(b[16:], e.Used)
+	le.PutUint64(b[24:], uint64(e.Expiry))
+	le.PutUint64(b[32:], uint64(e.Sent))
+	le.PutUint64(b[40:], e.Fingerprint)
+	le.PutUint64(b[48:], uint64(e.LastUse))
+	le.PutUint64(b[56:], uint64(e.Claim))
+}

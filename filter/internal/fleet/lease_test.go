@@ -1,0 +1,54 @@
+package fleet
+
+import "testing"
+
+func TestPutFindAndEvict(t *testing.T) {
+	var b []byte
+	for h := uint64(1); h <= 3; h++ {
+		b, _ = Put(nil, b, Entry{Hash: h, Held: h * 10, Expiry: 100, Fingerprint: 7}, 3, 0)
+	}
+	if len(b) != 3*EntrySize {
+		t.Fatalf("len %d", len(b))
+	}
+	e, i, ok := Find(b, 2)
+	if !ok || i != 1 || e.Held != 20 || !e.Usable(7, 50, 20) || e.Usable(8, 50, 1) || e.Usable(7, 100, 1) {
+		t.Fatalf("find: %+v %d %v", e, i, ok)
+	}
+	b, ev := Put(nil, b, Entry{Hash: 2, Held: 5, Expiry: 100}, 3, 0)
+	if ev || len(b) != 3*EntrySize {
+		t.Fatalf("update evicted or grew")
+	}
+	if e, _, _ := Find(b, 2); e.Held != 5 {
+		t.Fatalf("update lost: %+v", e)
+	}
+	// Full: evicts the entry holding the fewest units (hash 2, 5 units).
+	b, ev = Put(nil, b, Entry{Hash: 9, Held: 1, Expiry: 100}, 3, 0)
+	if !ev {
+		t.Fatal("no eviction")
+	}
+	if _, _, ok := Find(b, 2); ok {
+		t.Fatal("hash 2 should be evicted")
+	}
+	// An expired entry goes first.
+	b, _ = Put(nil, b, Entry{Hash: 1, Held: 1000, Expiry: 10}, 3, 0)
+	b, _ = Put(nil, b, Entry{Hash: 4, Held: 1, Expiry: 100}, 3, 50)
+	if _, _, ok := Find(b, 1); ok {
+		t.Fatal("expired hash 1 should be evicted")
+	}
+	if len(Entries(b)) != 3 {
+		t.Fatalf("entries %d", len(Entries(b)))
+	}
+}
+
+func TestCorruptBucketReadsEmpty(t *testing.T) {
+	if _, _, ok := Find([]byte{1, 2, 3}, 0); ok {
+		t.Fatal("found in a corrupt bucket")
+	}
+	b, _ := Put(nil, []byte{1, 2, 3}, Entry{Hash: 1, Held: 2}, 4, 0)
+	if len(b) != EntrySize {
+		t.Fatalf("len %d", len(b))
+	}
+	if Entries([]byte{1}) != nil {
+		t.Fatal("entries of a corrupt bucket")
+	}
+}
