@@ -352,3 +352,34 @@ func TestIdleKeyReturnsItsUnits(t *testing.T) {
 		t.Fatalf("no return of the 15 unused units; calls: %v", qp.bodies)
 	}
 }
+
+// TestEnvoysSharingANodeIDAreTwoQuotaClients: a static bootstrap often gives
+// every replica the same node.id; the quota service must still see two Envoys
+// (each holds its own leases), and the node id stays readable in their ids.
+func TestEnvoysSharingANodeIDAreTwoQuotaClients(t *testing.T) {
+	cp := startControlPlane(t, "")
+	v := cp.put(fixedHour("30", ""))
+	qp := newQuotaProxy(t, cp.addr)
+	envoys := []*envoy{
+		startEnvoyNode(t, qp.addr(), 1, quiet, v, "edge"),
+		startEnvoyNode(t, qp.addr(), 1, quiet, v, "edge"),
+	}
+	admitted := 0
+	for i := 0; i < 40; i++ {
+		if envoys[i%2].do(0, "frank").Status == 200 {
+			admitted++
+		}
+	}
+	if admitted != 30 {
+		t.Errorf("admitted %d across two Envoys, want exactly 30", admitted)
+	}
+	ids := qp.envoys()
+	if len(ids) != 2 {
+		t.Fatalf("quota calls came from envoy ids %v; want two distinct ids", ids)
+	}
+	for id := range ids {
+		if !strings.HasPrefix(id, "edge~") {
+			t.Errorf("envoy id %q does not start with the node id", id)
+		}
+	}
+}

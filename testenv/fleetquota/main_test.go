@@ -2,6 +2,7 @@ package fleetquota
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -167,6 +168,22 @@ func newQuotaProxy(t testing.TB, target string) *quotaProxy {
 
 func (q *quotaProxy) addr() string { return q.srv.Listener.Addr().String() }
 
+// envoys returns the distinct "envoy" ids of the quota calls seen so far.
+func (q *quotaProxy) envoys() map[string]bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ids := map[string]bool{}
+	for _, b := range q.bodies {
+		var r struct {
+			Envoy string `json:"envoy"`
+		}
+		if json.Unmarshal([]byte(b), &r) == nil {
+			ids[r.Envoy] = true
+		}
+	}
+	return ids
+}
+
 // count returns the quota calls seen so far.
 func (q *quotaProxy) count() int {
 	q.mu.Lock()
@@ -217,8 +234,15 @@ func pluginConfig(extra string) string {
 // worker enforces policy version want.
 func startEnvoy(t testing.TB, cpAddr string, workers int, extra string, want uint64) *envoy {
 	t.Helper()
+	return startEnvoyNode(t, cpAddr, workers, extra, want, "")
+}
+
+// startEnvoyNode is startEnvoy for an Envoy whose bootstrap node.id is nodeID
+// ("" for none).
+func startEnvoyNode(t testing.TB, cpAddr string, workers int, extra string, want uint64, nodeID string) *envoy {
+	t.Helper()
 	h, err := host.New(context.Background(), host.Config{
-		Wasm: wasmBin, VMID: "sluice", PluginName: "sluice",
+		Wasm: wasmBin, VMID: "sluice", PluginName: "sluice", NodeID: nodeID,
 		PluginConfig: []byte(pluginConfig(extra)),
 		Workers:      workers, Clock: host.SystemClock,
 		Clusters: map[string]string{"control_plane": cpAddr},

@@ -189,8 +189,10 @@ type ControlPlane struct {
 	// Default DefaultQuotaInterval.
 	QuotaInterval time.Duration
 	// Envoy ["envoy"] identifies this Envoy to the quota service (1 to 128 visible
-	// ASCII bytes). Default: Envoy's node id (property node.id), or, without one,
-	// an id derived from the per-Envoy hash key.
+	// ASCII bytes). Default: Envoy's node id followed by "~" and a suffix derived
+	// from the per-Envoy hash key ("sluice-<suffix>" without a node id), so that
+	// replicas sharing one node.id are still told apart. Set it only to an id
+	// unique per Envoy.
 	Envoy string
 }
 

@@ -169,17 +169,36 @@ func (p *pluginContext) fleetStart() {
 	p.fleet.m.define()
 	p.fleet.keys = map[string]*fleetKey{}
 	p.fleet.calls = map[*quotaCall]struct{}{}
-	cp := p.cfg.ControlPlane
-	switch {
-	case cp.Envoy != "":
+	if cp := p.cfg.ControlPlane; cp.Envoy != "" {
 		p.fleet.envoy = cp.Envoy
-	default:
-		if id, err := proxywasm.GetProperty([]string{"node", "id"}); err == nil && len(id) > 0 && len(id) <= quota.MaxEnvoyBytes && printableID(id) {
-			p.fleet.envoy = string(id)
-		} else {
-			p.fleet.envoy = "sluice-" + strconv.FormatUint(siphash.Sum64(p.hashKey, []byte("envoy id")), 16)
-		}
+		return
 	}
+	if p.hashKeyOK {
+		p.fleet.envoy = envoyID(p.hashKey)
+	} // else set on the first quota call after the hash key is read
+}
+
+// envoyID is this Envoy's id for the quota service when the configuration
+// names none: "<node id>~<16 hex digits>", or "sluice-<16 hex digits>" without
+// a usable node id. The digits come from the per-Envoy hash key in shared data,
+// so every worker of one Envoy has the same id and two Envoys never do, even
+// when a static bootstrap gives every replica the same node.id: the quota
+// service keeps one ledger of leases per id, and two Envoys sharing one would
+// spend and return each other's units. The node id (Envoy >= 1.33 serves it
+// as xds.node.id; older releases as node.id) keeps the id readable.
+func envoyID(hashKey siphash.Key) string {
+	suffix := strconv.FormatUint(siphash.Sum64(hashKey, []byte("envoy id")), 16)
+	for _, path := range [][]string{{"xds", "node", "id"}, {"node", "id"}} {
+		id, err := proxywasm.GetProperty(path)
+		if err != nil || len(id) == 0 || !printableID(id) {
+			continue
+		}
+		if max := quota.MaxEnvoyBytes - 1 - len(suffix); len(id) > max {
+			id = id[:max]
+		}
+		return string(id) + "~" + suffix
+	}
+	return "sluice-" + suffix
 }
 
 func printableID(b []byte) bool {
@@ -540,6 +559,9 @@ func (p *pluginContext) sendReport(keys []*fleetKey, kinds []uint8, now int64) b
 		keys = keys[:quota.DefaultMaxKeys]
 	}
 	timeout := int64(cp.QuotaTimeout)
+	if p.fleet.envoy == "" && p.hashKeyOK {
+		p.fleet.envoy = envoyID(p.hashKey)
+	}
 	req := quota.Request{Envoy: p.fleet.envoy, Policy: ps.compiled.Name, Version: ps.version,
 		Env: ps.compiled.Env(), Interval: cp.QuotaInterval, Keys: make([]quota.KeyRequest, 0, len(keys))}
 	// The host answers a call past its timeout (504); the deadline only guards
