@@ -1,0 +1,293 @@
+package plugin
+
+// The request path of fleet rules: spend from the lease in shared data, or
+// wait for the quota service; degrade as the rule says when it cannot answer.
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sluice-proxy/sluice/filter/internal/fleet"
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/quota"
+)
+
+// readDecideFleet decides a fleet rule: from the lease when it holds the
+// cost, else from what the worker knows of the key (refused, failed), else
+// pending. False if shared data could not be read.
+func (p *pluginContext) readDecideFleet(ev *eval, now int64) bool {
+	rs := ev.rule
+	ev.fl = fleetEval{read: true}
+	value, cas, err := proxywasm.GetSharedData(rs.fleet.leaseKeys[ev.bucket])
+	switch {
+	case errors.Is(err, proxywasm.ErrNotFound):
+		value, cas = nil, casAbsent
+	case err != nil:
+		proxywasm.LogDebug("sluice: reading " + rs.fleet.leaseKeys[ev.bucket] + ": " + err.Error())
+		return false
+	}
+	ev.value, ev.cas = value, cas
+	lim := rs.cr.Config.Limit
+	e, _, found := fleet.Find(value, ev.hash)
+	if found && e.Usable(rs.cr.Fingerprint, now, ev.cost) {
+		e.Held -= ev.cost
+		e.Used += ev.cost
+		e.LastUse = now
+		ev.fl.lease, ev.fl.entry = true, e
+		ev.dec = limit.Decision{Allowed: true, Limit: lim, Remaining: e.Held, Reset: time.Duration(e.Expiry - now)}
+		return true
+	}
+	kr := p.fleet.keys[viewString(p.s.key[ev.keyOff:ev.keyEnd])]
+	switch {
+	case !p.cfg.ControlPlane.Enabled || (kr != nil && kr.failedUntil > now):
+		until := now + int64(p.cfg.ControlPlane.QuotaInterval)
+		if kr != nil {
+			until = kr.failedUntil
+		}
+		return p.degrade(ev, now, until)
+	case kr != nil && kr.refusedUntil > now:
+		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: max(kr.retryAfter, time.Duration(kr.refusedUntil-now)), Reset: kr.retryAfter}
+	case p.fleet.round() >= maxQuotaRounds:
+		// The request already waited its rounds (other requests took the
+		// units granted meanwhile): deny, as a refusal would.
+		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: time.Second, Reset: time.Second}
+	default:
+		ev.fl.pending = true
+		p.fleet.pending++
+		ev.dec = limit.Decision{Allowed: true, Limit: lim}
+	}
+	return true
+}
+
+// round is the quota rounds of the request being decided.
+func (w *fleetWorker) round() int { return w.curRounds }
+
+// degrade decides ev as its rule's on_quota_failure says.
+func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
+	rs := ev.rule
+	ev.fl.degraded = true
+	switch rs.fleet.mode {
+	case fleetPass:
+		ev.fl.skip = true
+		ev.dec = limit.Decision{Allowed: true, Limit: rs.cr.Config.Limit}
+		return true
+	case fleetDeny:
+		ev.dec = limit.Decision{Allowed: false, Limit: rs.cr.Config.Limit, RetryAfter: max(time.Duration(until-now), time.Second), Reset: time.Duration(until - now)}
+		return true
+	}
+	return p.readDecideLocal(ev, now)
+}
+
+// writeLease writes ev's lease entry by CAS.
+func (p *pluginContext) writeLease(ev *eval, now int64) error {
+	s := &p.s
+	out, evicted := fleet.Put(s.bucket[:0], ev.value, ev.fl.entry, p.cfg.EntriesPerBucket, now)
+	s.bucket = out[:0]
+	if evicted {
+		p.fleet.m.evictions.Increment(1)
+	}
+	return proxywasm.SetSharedData(ev.rule.fleet.leaseKeys[ev.bucket], out, ev.cas)
+}
+
+// modifyLease applies f to the entry of hash in a lease bucket by read → f
+// → CAS write, retrying up to cas_retries times. f gets the entry (found
+// reports whether it existed) and returns false to write nothing.
+func (p *pluginContext) modifyLease(key string, hash uint64, now int64, f func(e *fleet.Entry, found bool) bool) bool {
+	for attempt := 0; ; attempt++ {
+		value, cas, err := proxywasm.GetSharedData(key)
+		switch {
+		case errors.Is(err, proxywasm.ErrNotFound):
+			value, cas = nil, casAbsent
+		case err != nil:
+			return false
+		}
+		e, _, found := fleet.Find(value, hash)
+		if !found {
+			e = fleet.Entry{Hash: hash}
+		}
+		if !f(&e, found) {
+			return true
+		}
+		out, _ := fleet.Put(p.s.modBucket[:0], value, e, p.cfg.EntriesPerBucket, now)
+		p.s.modBucket = out[:0]
+		err = proxywasm.SetSharedData(key, out, cas)
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, proxywasm.ErrCasMismatch) {
+			return false
+		}
+		p.m.casRetries.Increment(1)
+		if attempt >= p.cfg.CASRetries {
+			p.m.casExhausted.Increment(1)
+			return false
+		}
+	}
+}
+
+// undoLease gives a denied request's units back to the lease.
+func (p *pluginContext) undoLease(ev *eval, now int64) bool {
+	fp := ev.rule.cr.Fingerprint
+	return p.modifyLease(ev.rule.fleet.leaseKeys[ev.bucket], ev.hash, now, func(e *fleet.Entry, found bool) bool {
+		if !found || e.Fingerprint != fp {
+			return false
+		}
+		e.Held += ev.cost
+		e.Used -= min(e.Used, ev.cost)
+		return true
+	})
+}
+
+// fleetWait runs after every rule was read: if an enforced fleet rule has
+// no quota, the request waits (the worker asks for the keys not already
+// asked for, in one call) and it returns true. A shadow rule without quota
+// never makes a request wait: its key is asked for, and the rule counts
+// nothing this time. If the call cannot be made, the pending rules degrade
+// at once and it returns false.
+func (h *httpContext) fleetWait(now int64) bool {
+	p := h.p
+	p.fleet.pending = 0
+	s := &p.s
+	wait := false
+	for k := range s.evals {
+		ev := &s.evals[k]
+		if ev.fl.pending && !ev.rule.cr.Shadow {
+			wait = true
+		}
+	}
+	var batch []*fleetKey
+	seq := uint64(0)
+	if wait {
+		p.fleet.seq++
+		seq = p.fleet.seq
+	}
+	for k := range s.evals {
+		ev := &s.evals[k]
+		if !ev.fl.pending {
+			continue
+		}
+		kr := p.fleetKeyFor(ev, now)
+		if kr == nil || (wait && len(kr.waiters) >= maxKeyWaiters) {
+			wait = false // no room: decide as on_quota_failure says
+			batch = nil
+			break
+		}
+		kr.want += ev.cost
+		if wait && !ev.rule.cr.Shadow {
+			kr.waiters = append(kr.waiters, fleetWaiter{h: h, seq: seq})
+		}
+		if kr.call == nil {
+			batch = append(batch, kr)
+		}
+	}
+	if len(batch) > 0 && !p.sendQuota(batch, now) {
+		wait = false
+	}
+	if wait {
+		h.fq.seq = seq
+		h.fq.rounds++
+		h.fq.waited = true
+		p.fleet.m.waits.Increment(1)
+		return true
+	}
+	// Not waiting: shadow rules count nothing; enforced ones degrade.
+	for k := range s.evals {
+		ev := &s.evals[k]
+		if !ev.fl.pending {
+			continue
+		}
+		ev.fl.pending = false
+		if ev.rule.cr.Shadow {
+			ev.fl.skip = true
+			continue
+		}
+		until := now + int64(p.cfg.ControlPlane.QuotaInterval)
+		p.degrade(ev, now, until)
+	}
+	return false
+}
+
+// fleetCommitWait handles a fleet rule whose lease ran dry between its
+// read and its write (another worker spent it): what was written is undone
+// and the request waits for quota. done is false when it cannot wait (the
+// rule then degraded, and ev.dec says what to do).
+func (h *httpContext) fleetCommitWait(ev *eval, now int64) (outcome, bool) {
+	h.compensate(now)
+	if h.fleetWait(now) {
+		return outcome{wait: true}, true
+	}
+	if ev.dec.Allowed {
+		// Degraded to pass or local: the earlier rules' charges were undone,
+		// so decide the request afresh is not possible here; deny it as a
+		// refusal would rather than admit it uncounted.
+		ev.dec = limit.Decision{Allowed: false, Limit: ev.rule.cr.Config.Limit, RetryAfter: time.Second, Reset: time.Second}
+	}
+	return outcome{}, false
+}
+
+// fleetKeyFor returns the worker's record of ev's key, creating it (nil if
+// the key is longer than quota.MaxKeyBytes, or if the worker already
+// remembers maxFleetKeys keys and none can be dropped).
+func (p *pluginContext) fleetKeyFor(ev *eval, now int64) *fleetKey {
+	key := viewString(p.s.key[ev.keyOff:ev.keyEnd])
+	if kr := p.fleet.keys[key]; kr != nil {
+		kr.lastSeen = now
+		return kr
+	}
+	if len(key) > quota.MaxKeyBytes {
+		// The service would refuse the whole batch (HTTP 400) for it: such a
+		// key (a client's oversized header) never travels, and degrades.
+		return nil
+	}
+	if len(p.fleet.keys) >= maxFleetKeys {
+		p.forgetIdleKeys(now, true)
+		if len(p.fleet.keys) >= maxFleetKeys {
+			return nil
+		}
+	}
+	kr := &fleetKey{key: string(p.s.key[ev.keyOff:ev.keyEnd]), ruleID: ev.rule.cr.ID, hash: ev.hash, bucket: ev.bucket, lastSeen: now}
+	p.fleet.keys[kr.key] = kr
+	return kr
+}
+
+// forgetIdleKeys drops records of keys with no call, no waiters and no
+// recent use (any such key when force).
+func (p *pluginContext) forgetIdleKeys(now int64, force bool) {
+	idle := now - 10*int64(p.cfg.ControlPlane.QuotaInterval)
+	for k, kr := range p.fleet.keys {
+		if kr.call == nil && len(kr.waiters) == 0 && (force || kr.lastSeen < idle) && kr.refusedUntil < now && kr.failedUntil < now {
+			delete(p.fleet.keys, k)
+		}
+	}
+}
+
+// fleetStreamDone forgets a stream that ended, so that an answer arriving
+// later does not touch it.
+func (h *httpContext) fleetStreamDone() { h.fq.seq = 0 }
+
+// setFleetState writes sluice.scope and sluice.quota when the reported rule
+// is fleet-scoped (nothing for envoy-scoped rules: the access log shows "-").
+func (h *httpContext) setFleetState() {
+	if !h.hasReport || h.report.rule.fleet.mode == fleetNone {
+		return
+	}
+	p := h.p
+	degraded := false
+	for k := range p.s.evals {
+		if p.s.evals[k].fl.degraded {
+			degraded = true
+		}
+	}
+	setProp(propScope, valFleet)
+	switch {
+	case degraded:
+		p.fleet.m.degraded.Increment(1)
+		setProp(propQuota, valDegrade)
+		setProp(propReason, bytesOf(reasonQuotaUnavailable))
+	case h.fq.waited:
+		setProp(propQuota, valWaited)
+	default:
+		setProp(propQuota, valLocal)
+	}
+}
