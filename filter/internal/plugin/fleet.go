@@ -76,11 +76,10 @@ type fleetEval struct {
 
 // fleetReq is an httpContext's fleet part.
 type fleetReq struct {
-	id       uint32 // the stream's context id
-	seq      uint64 // non-zero while waiting: matches the waiter entries
-	rounds   int
-	waited   bool
-	degraded bool
+	id     uint32 // the stream's context id
+	seq    uint64 // non-zero while waiting: matches the waiter entries
+	rounds int
+	waited bool
 }
 
 // fleetWorker is a worker's fleet state.
