@@ -10,7 +10,7 @@
 //	go test ./testenv/rulesync/
 //
 // The tests need redis-server on PATH (Debian package redis-server) and
-// skip with that message otherwise. The propagation and load figures are
+// fail with that message otherwise (internal/redisproc). The propagation and load figures are
 // measured with
 //
 //	SLUICE_MEASURE=1 go test -run Measure -v -timeout 20m ./testenv/rulesync/
