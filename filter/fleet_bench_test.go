@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/filter/internal/config"
 	"github.com/sluice-proxy/sluice/filter/internal/fleet"
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
 	"github.com/sluice-proxy/sluice/shared/limit/table"
@@ -78,8 +79,10 @@ func seedLease(b *testing.B, h *host.Host, doc, user string) {
 		b.Fatal("no hash key")
 	}
 	hash := siphash.Sum64(hk, key)
-	n := table.BucketOf(hash, 64)
+	buckets, entries := config.DefaultBucketsPerRule, config.DefaultEntriesPerBucket
+	n := table.BucketOf(hash, buckets)
 	e := fleet.Entry{Hash: hash, Held: 1_000_000_000_000, Expiry: epoch.Add(time.Hour).UnixNano(), Fingerprint: c.Rule(0).Fingerprint}
-	v, _ := fleet.Put(nil, nil, e, 16, 0)
-	h.SetSharedData("sluice/bench/r0/e16b64/q/"+strconv.Itoa(n), v)
+	v, _ := fleet.Put(nil, nil, e, entries, 0)
+	layout := "e" + strconv.Itoa(entries) + "b" + strconv.Itoa(buckets)
+	h.SetSharedData("sluice/bench/r0/"+layout+"/q/"+strconv.Itoa(n), v)
 }
