@@ -3,14 +3,11 @@ package fleetquota
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,38 +25,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fleetquota")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code, err := setup(m, dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func setup(m *testing.M, dir string) (int, error) {
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		return 1, err
-	}
-	wasmPath := filepath.Join(dir, "sluice.wasm")
-	cpBin = filepath.Join(dir, "sluice-controlplane")
-	err = proctest.BuildAll(root,
-		proctest.Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"}, Args: []string{"-buildmode=c-shared", "-o", wasmPath, "./filter"}},
-		proctest.Build{Args: []string{"-o", cpBin, "./controlplane/cmd/sluice-controlplane"}},
-	)
-	if err != nil {
-		return 1, err
-	}
-	if wasmBin, err = os.ReadFile(wasmPath); err != nil {
-		return 1, err
-	}
-	return m.Run(), nil
+	proctest.MainWithFilterAndControlPlane(m, func(wasm []byte, cp string) { wasmBin, cpBin = wasm, cp })
 }
 
 const (

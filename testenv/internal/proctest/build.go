@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 )
 
 // Build is one `go build` for TestMain.
@@ -35,4 +37,45 @@ func BuildAll(dir string, builds ...Build) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// MainWithFilterAndControlPlane is the TestMain of a suite that runs the real
+// filter module in the testenv host against the real control-plane binary:
+// it builds sluice.wasm (GOOS=wasip1 GOARCH=wasm, -buildmode=c-shared) and
+// sluice-controlplane from the module root (two directories above the test's
+// package) into a temporary directory, hands them to set (the module's bytes
+// and the binary's path), runs the tests and exits with their code, or with 1
+// and the build's output when a build fails. It does not return.
+func MainWithFilterAndControlPlane(m *testing.M, set func(wasm []byte, cpBin string)) {
+	code, err := runWithFilterAndControlPlane(m, set)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func runWithFilterAndControlPlane(m *testing.M, set func(wasm []byte, cpBin string)) (int, error) {
+	dir, err := os.MkdirTemp("", "sluice-suite")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(dir)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		return 1, err
+	}
+	wasmPath, cpBin := filepath.Join(dir, "sluice.wasm"), filepath.Join(dir, "sluice-controlplane")
+	if err := BuildAll(root,
+		Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"}, Args: []string{"-buildmode=c-shared", "-o", wasmPath, "./filter"}},
+		Build{Args: []string{"-o", cpBin, "./controlplane/cmd/sluice-controlplane"}},
+	); err != nil {
+		return 1, err
+	}
+	wasm, err := os.ReadFile(wasmPath)
+	if err != nil {
+		return 1, err
+	}
+	set(wasm, cpBin)
+	return m.Run(), nil
 }
