@@ -91,7 +91,8 @@ func (p *pluginContext) writeLease(ev *eval, now int64) error {
 }
 
 // modifyLease applies f to the entry of hash in a lease bucket by read → f
-// → CAS write, retrying up to cas_retries times. f gets the entry (found
+// → CAS write, retrying up to max(cas_retries, minModifyRetries) times (a
+// lost correction leaves units spent that no request used). f gets the entry (found
 // reports whether it existed) and returns false to write nothing.
 func (p *pluginContext) modifyLease(key string, hash uint64, now int64, f func(e *fleet.Entry, found bool) bool) bool {
 	for attempt := 0; ; attempt++ {
@@ -119,7 +120,7 @@ func (p *pluginContext) modifyLease(key string, hash uint64, now int64, f func(e
 			return false
 		}
 		p.m.casRetries.Increment(1)
-		if attempt >= p.cfg.CASRetries {
+		if attempt >= max(p.cfg.CASRetries, minModifyRetries) {
 			p.m.casExhausted.Increment(1)
 			return false
 		}
@@ -209,19 +210,16 @@ func (h *httpContext) fleetWait(now int64) bool {
 }
 
 // fleetCommitWait handles a fleet rule whose lease ran dry between its
-// read and its write (another worker spent it): what was written is undone
-// and the request waits for quota. done is false when it cannot wait (the
-// rule then degraded, and ev.dec says what to do).
+// read and its write (another worker spent it). If the request waits for
+// quota, what was written is undone (the request is decided afresh when it
+// resumes) and done is true. Otherwise nothing is undone and done is false:
+// a shadow rule was skipped, and an enforced rule degraded as its
+// on_quota_failure says, so ev.dec tells the commit what to do (write the
+// local bucket, pass, or deny, which compensates then).
 func (h *httpContext) fleetCommitWait(ev *eval, now int64) (outcome, bool) {
-	h.compensate(now)
 	if h.fleetWait(now) {
+		h.compensate(now)
 		return outcome{wait: true}, true
-	}
-	if ev.dec.Allowed {
-		// Degraded to pass or local: the earlier rules' charges were undone,
-		// so decide the request afresh is not possible here; deny it as a
-		// refusal would rather than admit it uncounted.
-		ev.dec = limit.Decision{Allowed: false, Limit: ev.rule.cr.Config.Limit, RetryAfter: time.Second, Reset: time.Second}
 	}
 	return outcome{}, false
 }

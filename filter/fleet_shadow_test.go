@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/filter/internal/config"
+	"github.com/sluice-proxy/sluice/filter/internal/fleet"
+	"github.com/sluice-proxy/sluice/shared/limit/siphash"
+	"github.com/sluice-proxy/sluice/shared/limit/table"
+	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/host"
+)
+
+// TestShadowFleetLeaseDrainedAtCommitKeepsEnforcedCharge: an enforced rule is
+// charged, then a shadow fleet rule's lease is spent by another worker between
+// its read and its write. The shadow rule must not cost the enforced rule its
+// charge: the request passes counted, and the next one is limited.
+func TestShadowFleetLeaseDrainedAtCommitKeepsEnforcedCharge(t *testing.T) {
+	doc := `{"policy":"p","version":1,"identity":{"user_header":"x-user-id"},"rules":[` +
+		`{"id":"a","key":["user"],"algorithm":"fixed_window","limit":1,"window":"1h"},` +
+		`{"id":"s","key":["user"],"algorithm":"fixed_window","limit":1000,"window":"1h","scope":"fleet","shadow":true}]}`
+	cfg := `{"tick":"1s","policy":` + doc + `,"control_plane":{"cluster":"cp","policy":"p","quota_token":"q"}}`
+	var h *host.Host
+	var armed atomic.Bool
+	hook := func(worker int, callback, op, key string) {
+		if op == "set" && strings.Contains(key, "/s/") && strings.Contains(key, "/q/") && armed.CompareAndSwap(true, false) {
+			h.SetSharedData(key, nil) // another worker spent the lease meanwhile
+		}
+	}
+	clock := host.NewVirtualClock(epoch)
+	var err error
+	h, err = host.New(context.Background(), host.Config{
+		Wasm: buildWasmTB(t), VMID: "sluice", PluginName: "sluice", PluginConfig: []byte(cfg),
+		Workers: 1, Clock: clock, LogLevel: host.LogInfo, SharedDataHook: hook,
+		Clusters: map[string]string{"cp": "127.0.0.1:1"}, // never answers: the static policy stays
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	e := &env{t: t, h: h, clock: clock}
+	user := func(u string) req { return req{path: "/x", headers: host.Headers{{"x-user-id", u}}} }
+	e.do(0, user("warm-up")) // the hash key and buckets exist now
+
+	p, err := rules.ParsePolicy([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rules.Compile(p, rules.CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := c.AppendKey(nil, 1, &rules.Request{User: "gina"})
+	raw, _, _ := h.SharedData("sluice/hashkey")
+	hk, ok := siphash.KeyFromBytes(raw)
+	if !ok {
+		t.Fatal("no hash key")
+	}
+	hash := siphash.Sum64(hk, key)
+	buckets, entries := config.DefaultBucketsPerRule, config.DefaultEntriesPerBucket
+	lease := fleet.Entry{Hash: hash, Held: 100, Expiry: epoch.Add(time.Hour).UnixNano(), Fingerprint: c.Rule(1).Fingerprint}
+	v, _ := fleet.Put(nil, nil, lease, entries, 0)
+	h.SetSharedData("sluice/p/s/e"+strconv.Itoa(entries)+"b"+strconv.Itoa(buckets)+"/q/"+strconv.Itoa(table.BucketOf(hash, buckets)), v)
+
+	armed.Store(true)
+	if r := e.do(0, user("gina")); r.Status != 200 {
+		t.Fatalf("first request: %d %v", r.Status, r.FilterState)
+	}
+	if armed.Load() {
+		t.Fatal("the shadow rule's lease was never written: the test did not reach the race")
+	}
+	if r := e.do(0, user("gina")); r.Status != 429 || r.FilterState["wasm.sluice.rule"] != "a" {
+		t.Fatalf("second request: %d %v; want 429 from rule a (its one unit was spent by the first)", r.Status, r.FilterState)
+	}
+}
