@@ -82,25 +82,7 @@ func (c *controlPlane) stop() { c.p.Kill() }
 // put stores doc as the policy with PUT and returns the new version.
 func (c *controlPlane) put(doc string) uint64 {
 	c.t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, "http://"+c.addr+"/v1/policies/"+policyName, strings.NewReader(doc))
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatalf("PUT policy: %v", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated {
-		c.t.Fatalf("PUT policy: %s: %s", resp.Status, body)
-	}
-	// The ETag is "v<version>.<epoch>.<sum>".
-	num, _, _ := strings.Cut(strings.TrimPrefix(strings.Trim(resp.Header.Get("ETag"), `"`), "v"), ".")
-	v, err := strconv.ParseUint(num, 10, 64)
-	if err != nil {
-		c.t.Fatalf("PUT policy: ETag %q: %v", resp.Header.Get("ETag"), err)
-	}
-	return v
+	return proctest.PutPolicy(c.t, c.addr, policyName, adminToken, doc)
 }
 
 // pollProxy is a reverse proxy in front of the control plane that counts

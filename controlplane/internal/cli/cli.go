@@ -111,6 +111,17 @@ type globals struct {
 	timeout                         time.Duration
 }
 
+// clientWithOutput checks the -o value output, then returns g.client(env).
+func (g *globals) clientWithOutput(env *Env, output string) (*client, error) {
+	if err := checkOutput(output); err != nil {
+		return nil, err
+	}
+	return g.client(env)
+}
+
+// client returns a REST client for --server with the tokens from the flags,
+// else SLUICE_ADMIN_TOKEN and SLUICE_READ_TOKEN; a server that is not an
+// http(s) URL is a usage error.
 func (g *globals) client(env *Env) (*client, error) {
 	if g.token == "" {
 		g.token = env.Getenv("SLUICE_ADMIN_TOKEN")

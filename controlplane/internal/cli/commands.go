@@ -259,10 +259,7 @@ func getCmd(g *globals, env *Env) *cobra.Command {
 		Short: "List policies, or show one policy or one rule",
 		Args:  usageArgs(cobra.MaximumNArgs(2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			c, err := g.client(env)
+			c, err := g.clientWithOutput(env, output)
 			if err != nil {
 				return err
 			}
@@ -362,10 +359,7 @@ func historyCmd(g *globals, env *Env) *cobra.Command {
 		Short: "List a policy's retained versions, newest first",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			c, err := g.client(env)
+			c, err := g.clientWithOutput(env, output)
 			if err != nil {
 				return err
 			}

@@ -48,10 +48,7 @@ several replicas behind one address, each answer covers the Envoys polling the r
 that answered. Exits 1 unless every Envoy of every policy shown is SYNCED.`,
 		Args: usageArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output); err != nil {
-				return err
-			}
-			c, err := g.client(env)
+			c, err := g.clientWithOutput(env, output)
 			if err != nil {
 				return err
 			}
