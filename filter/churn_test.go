@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -41,7 +42,8 @@ func newPolicyServer(t testing.TB) *policyServer {
 }
 
 // awaitVersion moves the clock tick by tick until every worker enforces
-// version v (a request no rule matches reports it in filter state); it
+// version v (a request to /r without x-k matches the rule but has no key,
+// so it is not counted, and reports the version in filter state); it
 // fails the test after a bound of real time.
 func (e *env) awaitVersion(v int, tick time.Duration) {
 	e.t.Helper()
@@ -50,7 +52,7 @@ func (e *env) awaitVersion(v int, tick time.Duration) {
 	for {
 		done := true
 		for w := range e.h.Workers() {
-			if e.do(w, req{path: "/probe"}).FilterState["wasm.sluice.policy_version"] != want {
+			if filterstate.Fields(e.do(w, req{path: "/r"}).FilterState)["policy_version"] != want {
 				done = false
 			}
 		}
@@ -117,8 +119,8 @@ func TestRuleChurnKeepsSharedDataBounded(t *testing.T) {
 		// Fill the new rule's buckets: 32 keys over 4 buckets of 8 entries.
 		for k := range 32 {
 			r := e.do(k%2, req{path: "/r", headers: host.Headers{{"x-k", strconv.Itoa(k)}}})
-			if r.FilterState["wasm.sluice.rule"] != rule {
-				t.Fatalf("version %d: request counted by %q, want %s", v, r.FilterState["wasm.sluice.rule"], rule)
+			if filterstate.Fields(r.FilterState)["rule"] != rule {
+				t.Fatalf("version %d: request counted by %q, want %s", v, filterstate.Fields(r.FilterState)["rule"], rule)
 			}
 		}
 		// A few ticks for the previous rule's counters to be retired.

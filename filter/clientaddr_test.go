@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -77,7 +78,7 @@ func TestClientKeyIsEnvoysClientAddress(t *testing.T) {
 				if strings.HasPrefix(tc.name, "behind a balancer") && r.Status != 200 {
 					t.Errorf("%s: %d, want 200", tc.name, r.Status)
 				}
-				if got := r.FilterState["wasm.sluice.key"]; got != "rl:default:p/ip:ip="+tc.wantKey+":3600s" {
+				if got := filterstate.Fields(r.FilterState)["key"]; got != "rl:default:p/ip:ip="+tc.wantKey+":3600s" {
 					t.Errorf("%s: key %q, want client %s", tc.name, got, tc.wantKey)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -137,7 +138,7 @@ func TestCASExhaustionFailsOpenAccountably(t *testing.T) {
 				}
 				if resp.Status == 200 {
 					admitted.Add(1)
-					if resp.FilterState["wasm.sluice.reason"] == "cas_exhausted" {
+					if filterstate.Fields(resp.FilterState)["reason"] == "cas_exhausted" {
 						exhausted.Add(1)
 					}
 				}
@@ -251,7 +252,7 @@ func hammer(t testing.TB, cfg string, workers, perWorker int, openOnExhaustion b
 					errs <- err
 					return
 				}
-				if resp.FilterState["wasm.sluice.reason"] == "cas_exhausted" {
+				if filterstate.Fields(resp.FilterState)["reason"] == "cas_exhausted" {
 					exh.Add(1)
 					if !openOnExhaustion && (resp.Status != 429 || resp.LocalReply == nil || resp.LocalReply.Details != "sluice_cas_exhausted") {
 						errs <- &statusError{resp.Status}

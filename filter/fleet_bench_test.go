@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
 	"github.com/sluice-proxy/sluice/shared/limit/table"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -49,7 +50,7 @@ func BenchmarkFleetWarm(b *testing.B) {
 				if err != nil || resp.Status != 200 {
 					b.Fatalf("request %d: %d %v", i, resp.Status, err)
 				}
-				if bc.name == "fleet" && i == 0 && resp.FilterState["wasm.sluice.quota"] != "local" {
+				if bc.name == "fleet" && i == 0 && filterstate.Fields(resp.FilterState)["quota"] != "local" {
 					b.Fatalf("not spent from the lease: %v", resp.FilterState)
 				}
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
 	"github.com/sluice-proxy/sluice/shared/limit/table"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -74,7 +75,7 @@ func TestShadowFleetLeaseDrainedAtCommitKeepsEnforcedCharge(t *testing.T) {
 	if armed.Load() {
 		t.Fatal("the shadow rule's lease was never written: the test did not reach the race")
 	}
-	if r := e.do(0, user("gina")); r.Status != 429 || r.FilterState["wasm.sluice.rule"] != "a" {
+	if r := e.do(0, user("gina")); r.Status != 429 || filterstate.Fields(r.FilterState)["rule"] != "a" {
 		t.Fatalf("second request: %d %v; want 429 from rule a (its one unit was spent by the first)", r.Status, r.FilterState)
 	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"testing"
+
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 )
 
 // TestFleetRuleWithoutControlPlaneDegrades: a fleet rule in a static policy
@@ -41,7 +43,7 @@ func TestFleetRuleWithoutControlPlaneDegrades(t *testing.T) {
 }
 
 // TestEnvoyScopeWritesNoFleetState: an envoy-scoped rule's filter state has
-// neither sluice.scope nor sluice.quota.
+// neither scope nor quota.
 func TestEnvoyScopeWritesNoFleetState(t *testing.T) {
 	buildWasm(t)
 	policy := `{"policy":"p","version":1,"rules":[{"id":"r","key":["client_ip"],"algorithm":"fixed_window","limit":1,"window":"1h"}]}`
@@ -51,8 +53,8 @@ func TestEnvoyScopeWritesNoFleetState(t *testing.T) {
 		if r.Status != want {
 			t.Fatalf("request %d: %d", i, r.Status)
 		}
-		for _, k := range []string{"wasm.sluice.scope", "wasm.sluice.quota"} {
-			if v, ok := r.FilterState[k]; ok {
+		for _, k := range []string{"scope", "quota"} {
+			if v, ok := filterstate.Fields(r.FilterState)[k]; ok {
 				t.Fatalf("request %d: %s=%q on an envoy-scoped rule", i, k, v)
 			}
 		}

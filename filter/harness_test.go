@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -125,8 +126,9 @@ func wantHeaders(t testing.TB, got host.Headers, want map[string]string) {
 // = absent).
 func wantState(t testing.TB, fs map[string]string, want map[string]string) {
 	t.Helper()
+	fields := filterstate.Fields(fs)
 	for k, v := range want {
-		g, ok := fs["wasm."+k]
+		g, ok := fields[strings.TrimPrefix(k, "sluice.")]
 		if v == "" && ok {
 			t.Errorf("filter state %s = %q, want absent", k, g)
 		} else if v != "" && g != v {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/filter/internal/policysync"
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -163,7 +164,7 @@ func stalledPublish(t *testing.T, step, va, vb int) int {
 	want := strconv.Itoa(published)
 	deadline := time.Now().Add(30 * time.Second)
 	for w := range 2 {
-		for e.do(w, req{path: "/probe"}).FilterState["wasm.sluice.policy_version"] != want {
+		for filterstate.Fields(e.do(w, req{path: "/probe"}).FilterState)["policy_version"] != want {
 			if time.Now().After(deadline) {
 				t.Fatalf("step %d: worker %d does not apply the published version %s (torn?)", step, w, want)
 			}

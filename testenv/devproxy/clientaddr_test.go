@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 )
 
 var (
@@ -114,7 +116,7 @@ var behindOneBalancer = []string{"use_remote_address: true", "use_remote_address
 
 // get sends one request with the given x-forwarded-for values and returns
 // the status, the x-forwarded-for the upstream saw and the access-log
-// line's client_ip and rate_limit_key.
+// line's client_ip and rate_limit's key.
 func get(t *testing.T, url string, log *syncWriter, xff ...string) (status int, seenXFF, clientIP, key string) {
 	t.Helper()
 	req, _ := http.NewRequest("GET", url+"/", nil)
@@ -134,7 +136,13 @@ func get(t *testing.T, url string, log *syncWriter, xff ...string) (status int, 
 		t.Fatal(err)
 	}
 	clientIP, _ = e["client_ip"].(string)
-	key, _ = e["rate_limit_key"].(string)
+	if raw, ok := e["rate_limit"].(string); ok {
+		f, err := filterstate.Parse(raw)
+		if err != nil {
+			t.Fatalf("rate_limit %q: %v", raw, err)
+		}
+		key = f["key"]
+	}
 	return resp.StatusCode, resp.Header.Get("X-Seen-Xff"), clientIP, key
 }
 

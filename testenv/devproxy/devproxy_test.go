@@ -213,7 +213,7 @@ func TestPassThroughUpstreamErrors(t *testing.T) {
 			if err := json.Unmarshal([]byte(log.lines[0]), &e); err != nil {
 				t.Fatal(err)
 			}
-			if e["status_code"] != float64(tc.status) || e["response_code_details"] != tc.details || e["request_id"] != "rid-1" || e["rate_limited"] != nil {
+			if e["status_code"] != float64(tc.status) || e["response_code_details"] != tc.details || e["request_id"] != "rid-1" || e["rate_limit"] != nil {
 				t.Errorf("log line %s", log.lines[0])
 			}
 		})

@@ -130,7 +130,7 @@ func TestMakeRun(t *testing.T) {
 	}
 	t.Logf("raised limit enforced %s after the apply", time.Since(start))
 	var line map[string]any
-	if err := json.Unmarshal([]byte(sh(cmds[7])), &line); err != nil || line["rate_limit_rule"] != "api-per-user" || line["rate_limited"] != "false" {
+	if err := json.Unmarshal([]byte(sh(cmds[7])), &line); err != nil || rateLimit(line)["rule"] != "api-per-user" || rateLimit(line)["rate_limited"] != "false" {
 		t.Errorf("step 4: %v %v", line, err)
 	}
 	if got := sh(cmds[8]); !strings.Contains(got, "2 (current)") {

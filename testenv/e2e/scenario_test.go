@@ -51,8 +51,8 @@ func TestDemoPolicy(t *testing.T) {
 			t.Errorf("admin-shadow request %d: %d", i, r.status)
 		}
 		want := map[int]string{1: "false", 2: "true"}[i]
-		if m := s.logOf(id); m["rate_limit_shadow"] != want || m["rate_limited"] != "false" {
-			t.Errorf("admin-shadow request %d: shadow %v limited %v", i, m["rate_limit_shadow"], m["rate_limited"])
+		if rl := rateLimit(s.logOf(id)); rl["shadow"] != want || rl["rate_limited"] != "false" {
+			t.Errorf("admin-shadow request %d: shadow %v limited %v", i, rl["shadow"], rl["rate_limited"])
 		}
 	}
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -173,7 +174,27 @@ func (s *stack) logOf(id string) map[string]any {
 	return found
 }
 
-// awaitVersion sends probes (a path no demo rule matches) until the
+// rateLimit returns the fields of an access-log line's rate_limit (the
+// filter's decision, a JSON object in a string; filterstate.Parse), empty
+// when the line has none.
+func rateLimit(m map[string]any) map[string]string {
+	raw, _ := m["rate_limit"].(string)
+	if raw == "" {
+		return map[string]string{}
+	}
+	f, err := filterstate.Parse(raw)
+	if err != nil {
+		return map[string]string{"error": err.Error()}
+	}
+	return f
+}
+
+// probePath is matched by the demo's reports-per-tenant-day rule, which
+// does not count a request without x-tenant-id: the filter decides it
+// under the policy in use and logs the version without charging anything.
+const probePath = "/reports/e2e-probe"
+
+// awaitVersion sends probes (probePath) until the
 // filter reports policy version v on every worker; it returns how long that
 // took. The dev proxy spreads requests round robin, and a worker may trail
 // a publication by up to policysync.RequestCheckInterval (or a tick), so
@@ -188,8 +209,8 @@ func (s *stack) awaitVersion(v uint64) time.Duration {
 		for {
 			n++
 			id := fmt.Sprintf("probe-%d-%d", v, n)
-			s.get("GET", "/e2e/probe", "X-Request-Id", id)
-			if s.logOf(id)["rate_limit_policy_version"] != want {
+			s.get("GET", probePath, "X-Request-Id", id)
+			if rateLimit(s.logOf(id))["policy_version"] != want {
 				run = 0
 				return false
 			}

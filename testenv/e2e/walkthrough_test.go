@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"testing"
@@ -95,7 +96,7 @@ func enforced(t *testing.T, s *stack, user string, limit int, v uint64) {
 	for i := 1; ; i++ {
 		id := fmt.Sprintf("%s-%d", user, i)
 		r := s.get("GET", "/api/x", "X-User-Id", user, "X-Request-Id", id)
-		if got := s.logOf(id)["rate_limit_policy_version"]; got != strconv.FormatUint(v, 10) {
+		if got := rateLimit(s.logOf(id))["policy_version"]; got != strconv.FormatUint(v, 10) {
 			t.Fatalf("%s request %d: policy version %v, want %d", user, i, got, v)
 		}
 		if r.status == http.StatusTooManyRequests {
@@ -165,28 +166,39 @@ func checkLogLine(t *testing.T, m map[string]any, i int, v uint64) {
 		status = 429
 	}
 	want := map[string]any{
-		"env": "e2e", "trace_id": nil, "request_id": fmt.Sprintf("wt-%d", i), "user_id": "alice", "tenant_id": nil,
+		"env": "e2e", "request_id": fmt.Sprintf("wt-%d", i), "user_id": "alice", "tenant_id": nil,
 		"method": "GET", "path": "/api/hello", "query": "n=" + strconv.Itoa(i), "status_code": status,
-		"client_ip": "127.0.0.1", "user_agent": "e2e", "rate_limited": strconv.FormatBool(limited),
-		"rate_limit_rule": "api-per-user", "rate_limit_key": "rl:dev:default/api-per-user:user=alice:60s",
-		"rate_limit_limit": "5", "rate_limit_remaining": strconv.Itoa(remaining), "rate_limit_shadow": "false",
-		"rate_limit_policy_version": strconv.FormatUint(v, 10), "rate_limit_reason": nil,
-	}
-	if limited {
-		want["trace_id"] = fmt.Sprintf("wt-%d", i) // the 429 body's trace_id
+		"client_ip": "127.0.0.1", "user_agent": "e2e", "traceparent": nil,
 	}
 	for k, w := range want {
 		if g, ok := m[k]; !ok || g != w {
 			t.Errorf("request %d: %s = %#v, want %#v", i, k, g, w)
 		}
 	}
+	// rate_limit: every field of the README's table that applies, and
+	// none that does not (scope, quota and reason are for fleet rules and
+	// undecided requests; trace_id only with the local reply).
+	wantRL := map[string]string{
+		"rate_limited": strconv.FormatBool(limited), "rule": "api-per-user",
+		"key": "rl:dev:default/api-per-user:user=alice:60s", "limit": "5",
+		"remaining": strconv.Itoa(remaining), "shadow": "false", "policy_version": strconv.FormatUint(v, 10),
+	}
+	if limited {
+		wantRL["trace_id"] = fmt.Sprintf("wt-%d", i) // the 429 body's trace_id
+	}
+	rl := rateLimit(m)
+	reset, err := strconv.Atoi(rl["reset"])
+	if err != nil || reset < 0 || reset > 60 {
+		t.Errorf("request %d: rate_limit reset %q", i, rl["reset"])
+	}
+	delete(rl, "reset")
+	if !maps.Equal(rl, wantRL) {
+		t.Errorf("request %d: rate_limit %v, want %v and reset", i, rl, wantRL)
+	}
 	if _, err := time.Parse("2006-01-02T15:04:05.000Z", fmt.Sprint(m["timestamp"])); err != nil {
 		t.Errorf("request %d: timestamp %v", i, m["timestamp"])
 	}
 	if d, ok := m["response_time_ms"].(float64); !ok || d < 0 {
 		t.Errorf("request %d: response_time_ms %v", i, m["response_time_ms"])
-	}
-	if r, err := strconv.Atoi(fmt.Sprint(m["rate_limit_reset"])); err != nil || r < 0 || r > 60 {
-		t.Errorf("request %d: rate_limit_reset %v", i, m["rate_limit_reset"])
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -48,7 +49,7 @@ func BenchmarkWarmRule(b *testing.B) {
 				if err != nil || r.Status != 200 {
 					b.Fatalf("%v %d", err, r.Status)
 				}
-				if r.FilterState["wasm.sluice.quota"] == "waited" {
+				if filterstate.Fields(r.FilterState)["quota"] == "waited" {
 					waited++
 				}
 			}
@@ -71,7 +72,7 @@ func BenchmarkColdKey(b *testing.B) {
 		start := time.Now()
 		r, err := w.Do(ctx, req)
 		lat = append(lat, time.Since(start))
-		if err != nil || r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "waited" {
+		if err != nil || r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] != "waited" {
 			b.Fatalf("%v %d %v", err, r.Status, r.FilterState)
 		}
 	}

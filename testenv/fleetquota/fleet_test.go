@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -48,8 +49,8 @@ func TestColdKeyPausesForOneCallThenResumes(t *testing.T) {
 	if err != nil || st != host.Continue {
 		t.Fatalf("after the answer: %v %v, want Continue", st, err)
 	}
-	fs := s.FilterState()
-	if fs["wasm.sluice.scope"] != "fleet" || fs["wasm.sluice.quota"] != "waited" || fs["wasm.sluice.rate_limited"] != "false" {
+	fs := filterstate.Fields(s.FilterState())
+	if fs["scope"] != "fleet" || fs["quota"] != "waited" || fs["rate_limited"] != "false" {
 		t.Fatalf("filter state %v", fs)
 	}
 	if err := s.Finish(ctx); err != nil {
@@ -60,13 +61,13 @@ func TestColdKeyPausesForOneCallThenResumes(t *testing.T) {
 func TestWarmKeyMakesNoQuotaCall(t *testing.T) {
 	_, qp, e := setupFleet(t, fixedHour("1000", ""), 1, quiet)
 	first := e.do(0, "alice")
-	if first.Status != 200 || first.FilterState["wasm.sluice.quota"] != "waited" {
+	if first.Status != 200 || filterstate.Fields(first.FilterState)["quota"] != "waited" {
 		t.Fatalf("first: %d %v", first.Status, first.FilterState)
 	}
 	calls := qp.count()
 	for i := 0; i < 12; i++ { // the first grant is at least 16 units
 		r := e.do(0, "alice")
-		if r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "local" || r.FilterState["wasm.sluice.scope"] != "fleet" {
+		if r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] != "local" || filterstate.Fields(r.FilterState)["scope"] != "fleet" {
 			t.Fatalf("request %d: %d %v", i, r.Status, r.FilterState)
 		}
 	}
@@ -137,7 +138,7 @@ func TestAnswerAfterStreamResetIsIgnored(t *testing.T) {
 	var r host.Response
 	if !proctest.WaitFor(5*time.Second, func() bool {
 		r = e.do(0, "carol")
-		return r.Status != 200 || r.FilterState["wasm.sluice.quota"] == "local"
+		return r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] == "local"
 	}) || r.Status != 200 {
 		t.Fatalf("next request: %d %v", r.Status, r.FilterState)
 	}
@@ -161,7 +162,7 @@ func TestFleetLimitIsExactAcrossEnvoys(t *testing.T) {
 		case 200:
 			admitted++
 		case 429:
-			if r.FilterState["wasm.sluice.rate_limited"] != "true" || r.FilterState["wasm.sluice.scope"] != "fleet" {
+			if filterstate.Fields(r.FilterState)["rate_limited"] != "true" || filterstate.Fields(r.FilterState)["scope"] != "fleet" {
 				t.Fatalf("denial filter state %v", r.FilterState)
 			}
 		default:
@@ -213,7 +214,7 @@ func TestQuotaFailureDegradesAsTheRuleSays(t *testing.T) {
 					if r.Status != want {
 						t.Fatalf("request %d: %d, want %d (%v)", i, r.Status, want, r.FilterState)
 					}
-					if r.FilterState["wasm.sluice.reason"] != "quota_unavailable" || r.FilterState["wasm.sluice.quota"] != "degraded" {
+					if filterstate.Fields(r.FilterState)["reason"] != "quota_unavailable" || filterstate.Fields(r.FilterState)["quota"] != "degraded" {
 						t.Fatalf("request %d: filter state %v", i, r.FilterState)
 					}
 				}
@@ -271,7 +272,7 @@ func TestScopeChangesUnderTraffic(t *testing.T) {
 		if !proctest.WaitFor(20*time.Second, func() bool {
 			for w := 0; w < 2; w++ {
 				r = e.do(w, "gina")
-				if r.Status != 200 || r.FilterState["wasm.sluice.scope"] != want {
+				if r.Status != 200 || filterstate.Fields(r.FilterState)["scope"] != want {
 					return false
 				}
 			}
@@ -319,20 +320,20 @@ func stateList(m map[string]string) []string {
 func TestOversizedKeyNeverTravels(t *testing.T) {
 	_, qp, e := setupFleet(t, fixedHour("100", `,"on_quota_failure":"pass"`), 1, quiet)
 	r := e.do(0, strings.Repeat("u", 3000))
-	if r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "degraded" || r.FilterState["wasm.sluice.reason"] != "quota_unavailable" {
+	if r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] != "degraded" || filterstate.Fields(r.FilterState)["reason"] != "quota_unavailable" {
 		t.Fatalf("%d %v", r.Status, r.FilterState)
 	}
 	if got := qp.count(); got != 0 {
 		t.Fatalf("quota calls %d for a key over %d bytes", got, 2048)
 	}
-	if r := e.do(0, "ivan"); r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "waited" {
+	if r := e.do(0, "ivan"); r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] != "waited" {
 		t.Fatalf("a normal key after it: %d %v", r.Status, r.FilterState)
 	}
 }
 
 func TestIdleKeyReturnsItsUnits(t *testing.T) {
 	_, qp, e := setupFleet(t, fixedHour("100", ""), 2, `,"quota_interval":"50ms"`)
-	if r := e.do(0, "judy"); r.Status != 200 || r.FilterState["wasm.sluice.quota"] != "waited" {
+	if r := e.do(0, "judy"); r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] != "waited" {
 		t.Fatalf("%d %v", r.Status, r.FilterState)
 	}
 	// 16 granted, 1 spent (reported on the next interval): after three idle

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -226,7 +227,7 @@ func (e *envoy) awaitVersion(w int, v uint64) {
 	want := strconv.FormatUint(v, 10)
 	ok := proctest.WaitFor(20*time.Second, func() bool {
 		resp, err := e.h.Worker(w).Do(context.Background(), host.Request{Path: "/probe"})
-		return err == nil && resp.FilterState["wasm.sluice.policy_version"] == want
+		return err == nil && filterstate.Fields(resp.FilterState)["policy_version"] == want
 	})
 	if !ok {
 		e.t.Fatalf("worker %d never enforced policy version %d", w, v)

@@ -36,7 +36,7 @@
 // Example (example_test.go) starts the real filter in two worker VMs on a
 // VirtualClock with host.New, sends requests with Worker.Do, reads the
 // Response (Status, Headers, LocalReply, FilterState keyed as Envoy's
-// filter state, e.g. "wasm.sluice.rate_limited") and moves time with
+// filter state, e.g. "wasm.sluice") and moves time with
 // VirtualClock.Advance, which fires due ticks on every worker. Its output
 // is checked by go test, so it stays in step with the API. A filter that
 // calls out (proxy_http_call) also needs Config.Clusters, which maps Envoy

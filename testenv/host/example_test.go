@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -51,7 +52,7 @@ func buildSluice() ([]byte, error) {
 // Run the sluice filter in two worker VMs on a virtual clock, send one
 // user's requests through Worker.Do, and read what Envoy's access log
 // would read: the response, the local reply and the filter state
-// (wasm.sluice.*). Moving the clock fires the due ticks on every worker
+// (wasm.sluice, read with package filterstate). Moving the clock fires the due ticks on every worker
 // and lets the window pass.
 func Example() {
 	wasm, err := buildSluice()
@@ -81,7 +82,7 @@ func Example() {
 		}
 		fmt.Printf("worker %d: %d remaining=%s local_reply=%t rate_limited=%s key=%s\n",
 			worker, resp.Status, resp.Headers.Get("x-ratelimit-remaining"), resp.LocalReply != nil,
-			resp.FilterState["wasm.sluice.rate_limited"], resp.FilterState["wasm.sluice.key"])
+			filterstate.Fields(resp.FilterState)["rate_limited"], filterstate.Fields(resp.FilterState)["key"])
 	}
 	send(0)
 	send(1) // the other worker sees the same counter (shared data)
@@ -141,7 +142,7 @@ func ExampleWorker_NewStream() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println("rule:", s.FilterState()["wasm.sluice.rule"])
+	fmt.Println("rule:", filterstate.Fields(s.FilterState())["rule"])
 
 	// Output:
 	// request headers: Continue

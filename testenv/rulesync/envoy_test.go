@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -93,7 +94,7 @@ func (e *envoy) do(i int, path string) host.Response {
 // says for a request no rule matches ("" before any policy).
 func (e *envoy) version(i int) string {
 	e.t.Helper()
-	return e.do(i, "/probe").FilterState["wasm.sluice.policy_version"]
+	return filterstate.Fields(e.do(i, "/probe").FilterState)["policy_version"]
 }
 
 // advance moves a virtual clock by one tick; with the real clock it sleeps
@@ -223,7 +224,7 @@ func (e *envoy) traffic(path string, gap time.Duration, stop <-chan struct{}, se
 				if err != nil {
 					return
 				}
-				seen(i, resp.FilterState["wasm.sluice.policy_version"], time.Now())
+				seen(i, filterstate.Fields(resp.FilterState)["policy_version"], time.Now())
 				time.Sleep(gap)
 			}
 		}()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -28,7 +29,7 @@ func TestPutEnforcedByAllWorkers(t *testing.T) {
 	e := startEnvoy(t, px.addr(), nil, 30*time.Second)
 
 	resp := e.do(0, "/a")
-	if resp.Status != 200 || resp.FilterState["wasm.sluice.reason"] != "no_policy" {
+	if resp.Status != 200 || filterstate.Fields(resp.FilterState)["reason"] != "no_policy" {
 		t.Fatalf("before any policy: status %d, filter state %v; want 200 with reason=no_policy", resp.Status, resp.FilterState)
 	}
 	// The lease holder's poll is open before the first PUT.

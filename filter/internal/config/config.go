@@ -132,7 +132,7 @@ type FailMode uint8
 // The fail modes.
 const (
 	// FailOpen ("open", the default): requests pass, with filter state
-	// sluice.reason "no_policy".
+	// reason "no_policy" in filter state.
 	FailOpen FailMode = iota
 	// FailClosed ("closed"): requests are denied with 503 while there is no
 	// policy (neither a static one nor one from the control plane). Trouble

@@ -27,7 +27,7 @@ type eval struct {
 	fl             fleetEval // fleet rules (fleet.go)
 }
 
-// Fail-open reasons, the values of filter state sluice.reason.
+// Fail-open reasons, the values of filter state reason.
 const (
 	reasonNoPolicy        = "no_policy"
 	reasonNoHashKey       = "no_hash_key"

@@ -18,10 +18,9 @@ import (
 // headers matching and key building need.
 type policyState struct {
 	compiled *rules.Compiled
-	// version is the policy version, as a decimal string for filter state.
-	version    uint64
-	versionStr []byte
-	rules      []ruleState
+	// version is the policy version (filter state policy_version).
+	version uint64
+	rules   []ruleState
 	// headerNames are the request headers to read (identity, match, key and
 	// cost headers), without duplicates; allHeaders is set when there are
 	// so many that one proxy_get_header_map_pairs is cheaper.
@@ -167,7 +166,6 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 	ps := &policyState{
 		compiled:     c,
 		version:      c.Version,
-		versionStr:   strconv.AppendUint(nil, c.Version, 10),
 		rules:        make([]ruleState, c.Len()),
 		userHeader:   c.Policy.Identity.UserHeader,
 		tenantHeader: c.Policy.Identity.TenantHeader,

@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"strconv"
-	"time"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 )
@@ -16,7 +15,7 @@ func (h *httpContext) OnHttpStreamDone() {
 	p := h.p
 	h.fleetStreamDone()
 	if len(h.charges) > 0 {
-		now := time.Now().UnixNano()
+		now := clockNow()
 		for i := range h.charges {
 			c := &h.charges[i]
 			if !c.rule.concurrency {

@@ -4,94 +4,108 @@ import (
 	"strconv"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
 )
 
-// Filter-state properties (Envoy: wasm.sluice.*, read in access logs with
-// %FILTER_STATE(wasm.sluice.rate_limited:PLAIN)%). All values are strings;
-// see the README's "Access-log metadata" section.
-var (
-	propRateLimited   = []string{"sluice.rate_limited"}
-	propRule          = []string{"sluice.rule"}
-	propKey           = []string{"sluice.key"}
-	propLimit         = []string{"sluice.limit"}
-	propRemaining     = []string{"sluice.remaining"}
-	propReset         = []string{"sluice.reset"}
-	propShadow        = []string{"sluice.shadow"}
-	propPolicyVersion = []string{"sluice.policy_version"}
-	propReason        = []string{"sluice.reason"}
-	propTraceID       = []string{"sluice.trace_id"}
+// propState is the one filter-state value the filter writes per request:
+// Envoy stores it as wasm.sluice (a CelState, envoy context.cc
+// Context::setProperty) and the access log reads it with
+// %FILTER_STATE(wasm.sluice:PLAIN)%. It is a JSON object (see stateRecord
+// and the README's "Access-log metadata"); one value costs one hostcall,
+// where a value per field cost one each (docs/RATIONALE.md, "One
+// filter-state value").
+var propState = []string{"sluice"}
 
-	valTrue  = []byte("true")
-	valFalse = []byte("false")
-)
-
-func boolBytes(b bool) []byte {
-	if b {
-		return valTrue
-	}
-	return valFalse
+// stateRecord is what the filter state says of a request besides the
+// reported rule (h.report), which writeState adds when h.hasReport.
+type stateRecord struct {
+	rateLimited bool
+	version     uint64 // policy_version, when hasVersion
+	hasVersion  bool
+	reason      string // reason, when not empty
+	traceID     string // trace_id, when not empty (local replies only)
 }
 
-// setState writes the request's filter state: rate_limited, shadow and
-// policy_version always; rule, key, limit, remaining and reset when a rule
-// counted the request; reason when it failed open. It must run in the
+// writeState writes the request's filter state in one hostcall:
+//
+//	{"rate_limited":false,"shadow":false,"policy_version":3,
+//	 "rule":"per-user","key":"rl:…","limit":100,"remaining":99,"reset":60,
+//	 "scope":"fleet","quota":"local","reason":"…","trace_id":"…"}
+//
+// rate_limited and shadow are always present; policy_version when a
+// policy is loaded; rule, key, limit (cost units), remaining (cost units)
+// and reset (seconds, rounded up) when a rule counted the request; scope
+// and quota for a fleet rule; reason when the filter could not decide (or
+// a fleet rule degraded); trace_id with a local reply. It must run in the
 // request-headers callback (the key is read from scratch), before any
 // access logger (envoyproxy/envoy#30859; docs/ENVOY.md, Properties and
 // filter state).
-func (h *httpContext) setState(ps *policyState, reason string) {
+func (h *httpContext) writeState(st stateRecord) {
 	p := h.p
 	r := &h.report
-	setProp(propRateLimited, boolBytes(h.hasReport && r.rateLimited))
-	setProp(propShadow, boolBytes(h.hasReport && r.shadow))
-	if ps != nil {
-		setProp(propPolicyVersion, ps.versionStr)
+	b := append(p.s.state[:0], `{"rate_limited":`...)
+	b = strconv.AppendBool(b, st.rateLimited)
+	b = append(b, `,"shadow":`...)
+	b = strconv.AppendBool(b, h.hasReport && r.shadow)
+	if st.hasVersion {
+		b = append(b, `,"policy_version":`...)
+		b = strconv.AppendUint(b, st.version, 10)
 	}
-	if reason != "" {
-		setProp(propReason, bytesOf(reason))
+	if h.hasReport {
+		b = append(b, `,"rule":`...)
+		b = strictjson.AppendString(b, r.rule.cr.ID)
+		if h.keyEnd <= len(p.s.key) {
+			b = append(b, `,"key":`...)
+			b = strictjson.AppendString(b, viewString(p.s.key[h.keyOff:h.keyEnd]))
+		}
+		b = append(b, `,"limit":`...)
+		b = strconv.AppendUint(b, r.limit, 10)
+		b = append(b, `,"remaining":`...)
+		b = strconv.AppendUint(b, r.remaining, 10)
+		b = append(b, `,"reset":`...)
+		b = strconv.AppendUint(b, r.resetSeconds, 10)
+		if quota, degraded, ok := h.fleetState(); ok {
+			b = append(b, `,"scope":"fleet","quota":"`...)
+			b = append(b, quota...)
+			b = append(b, '"')
+			if degraded && st.reason == "" {
+				st.reason = reasonQuotaUnavailable
+			}
+		}
 	}
-	if !h.hasReport {
-		return
+	if st.reason != "" {
+		b = append(b, `,"reason":`...)
+		b = strictjson.AppendString(b, st.reason)
 	}
-	h.setFleetState()
-	setProp(propRule, bytesOf(r.rule.cr.ID))
-	if h.keyEnd <= len(p.s.key) {
-		setProp(propKey, p.s.key[h.keyOff:h.keyEnd])
+	if st.traceID != "" {
+		b = append(b, `,"trace_id":`...)
+		b = strictjson.AppendString(b, st.traceID)
 	}
-	h.setNumbers()
+	b = append(b, '}')
+	if err := proxywasm.SetProperty(propState, b); err != nil {
+		proxywasm.LogDebug("sluice: setting filter state: " + err.Error())
+	}
+	if cap(b) <= maxKeepBytes {
+		p.s.state = b[:0]
+	}
 }
 
-// setNumbers writes limit, remaining and reset from the report.
-func (h *httpContext) setNumbers() {
-	p := h.p
-	r := &h.report
-	p.s.num = strconv.AppendUint(p.s.num[:0], r.limit, 10)
-	setProp(propLimit, p.s.num)
-	p.s.num = strconv.AppendUint(p.s.num[:0], r.remaining, 10)
-	setProp(propRemaining, p.s.num)
-	p.s.num = strconv.AppendUint(p.s.num[:0], r.resetSeconds, 10)
-	setProp(propReset, p.s.num)
+// setState records a decided request (allowed, or denied with traceID).
+func (h *httpContext) setState(ps *policyState, reason, traceID string) {
+	h.writeState(stateRecord{
+		rateLimited: h.hasReport && h.report.rateLimited,
+		version:     ps.version, hasVersion: true,
+		reason: reason, traceID: traceID,
+	})
 }
 
 // setFailOpenState records a request that passed without a decision.
 func (h *httpContext) setFailOpenState(reason string) {
-	setProp(propRateLimited, valFalse)
-	setProp(propShadow, valFalse)
-	if v, ok := h.p.policyVersion(); ok {
-		h.p.s.num = strconv.AppendUint(h.p.s.num[:0], v, 10)
-		setProp(propPolicyVersion, h.p.s.num)
-	}
-	setProp(propReason, bytesOf(reason))
+	v, ok := h.p.policyVersion()
+	h.writeState(stateRecord{version: v, hasVersion: ok, reason: reason})
 }
 
 // setFailClosedState records a request denied for want of a policy.
-func (h *httpContext) setFailClosedState() {
-	setProp(propRateLimited, valTrue)
-	setProp(propShadow, valFalse)
-	setProp(propReason, bytesOf(reasonNoPolicy))
-}
-
-func setProp(path []string, v []byte) {
-	if err := proxywasm.SetProperty(path, v); err != nil {
-		proxywasm.LogDebug("sluice: setting filter state " + path[0] + ": " + err.Error())
-	}
+func (h *httpContext) setFailClosedState(traceID string) {
+	h.writeState(stateRecord{rateLimited: true, reason: reasonNoPolicy, traceID: traceID})
 }

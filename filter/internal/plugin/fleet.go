@@ -44,18 +44,16 @@ const (
 	// quota_interval's worth, capped at a share of what is left), so the ask
 	// only bounds it.
 	sizedWant = 1 << 20
-	// reasonQuotaUnavailable is sluice.reason when a fleet rule degraded.
+	// reasonQuotaUnavailable is the filter state reason when a fleet rule degraded.
 	reasonQuotaUnavailable = "quota_unavailable"
 	quotaPath              = "/v1/quota"
 )
 
-var (
-	propScope  = []string{"sluice.scope"}
-	propQuota  = []string{"sluice.quota"}
-	valFleet   = []byte("fleet")
-	valLocal   = []byte("local")
-	valWaited  = []byte("waited")
-	valDegrade = []byte("degraded")
+// The quota field of a fleet rule's filter state.
+const (
+	quotaLocal    = "local"
+	quotaWaited   = "waited"
+	quotaDegraded = "degraded"
 )
 
 // fleetRule is a ruleState's fleet part.

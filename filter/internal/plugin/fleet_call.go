@@ -139,7 +139,7 @@ func (p *pluginContext) onQuotaAnswer(call *quotaCall, numHeaders, bodySize int)
 	if call.done {
 		return
 	}
-	now := time.Now().UnixNano()
+	now := clockNow()
 	var resp *quota.Response
 	if numHeaders > 0 {
 		status, _ := proxywasm.GetHttpCallResponseHeader(":status")

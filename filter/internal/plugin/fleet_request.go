@@ -264,28 +264,28 @@ func (p *pluginContext) forgetIdleKeys(now int64, force bool) {
 // later does not touch it.
 func (h *httpContext) fleetStreamDone() { h.fq.seq = 0 }
 
-// setFleetState writes sluice.scope and sluice.quota when the reported rule
-// is fleet-scoped (nothing for envoy-scoped rules: the access log shows "-").
-func (h *httpContext) setFleetState() {
+// fleetState is the scope and quota part of the filter state: ok when the
+// reported rule is fleet-scoped (envoy-scoped rules write neither: the
+// access log shows nothing), quota is "degraded" (decided by
+// on_quota_failure: counted, and degraded is true), "waited" (the request
+// waited for the quota service) or "local" (spent from this Envoy's lease).
+func (h *httpContext) fleetState() (quota string, degraded, ok bool) {
 	if !h.hasReport || h.report.rule.fleet.mode == fleetNone {
-		return
+		return "", false, false
 	}
 	p := h.p
-	degraded := false
 	for k := range p.s.evals {
 		if p.s.evals[k].fl.degraded {
 			degraded = true
 		}
 	}
-	setProp(propScope, valFleet)
 	switch {
 	case degraded:
 		p.fleet.m.degraded.Increment(1)
-		setProp(propQuota, valDegrade)
-		setProp(propReason, bytesOf(reasonQuotaUnavailable))
+		return quotaDegraded, true, true
 	case h.fq.waited:
-		setProp(propQuota, valWaited)
+		return quotaWaited, false, true
 	default:
-		setProp(propQuota, valLocal)
+		return quotaLocal, false, true
 	}
 }

@@ -4,7 +4,6 @@ package plugin
 // reports and returns.
 
 import (
-	"time"
 
 	"github.com/sluice-proxy/sluice/filter/internal/fleet"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
@@ -16,7 +15,7 @@ import (
 // whose answer never came (the waiters degrade).
 func (p *pluginContext) fleetTick() {
 	p.fleet.m.flush()
-	now := time.Now().UnixNano()
+	now := clockNow()
 	if orphans := p.fleet.orphans; len(orphans) > 0 {
 		p.fleet.orphans = nil
 		for _, kr := range orphans {
@@ -115,7 +114,7 @@ func (p *pluginContext) fleetDone() {
 	if p.pol == nil || !p.cfg.ControlPlane.Enabled || len(p.fleet.keys) == 0 {
 		return
 	}
-	now := time.Now().UnixNano()
+	now := clockNow()
 	var keys []*fleetKey
 	var kinds []uint8
 	for _, kr := range p.fleet.keys {

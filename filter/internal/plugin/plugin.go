@@ -57,7 +57,7 @@
 // fails with an error log naming the field, and Envoy refuses the filter.
 // Trouble while serving a request is logged (at debug level, since it can
 // be frequent), counted in a metric, recorded in filter state
-// (sluice.reason), and the request passes: shared data unreadable
+// (filter state reason), and the request passes: shared data unreadable
 // ("shared_data_error"), no hash key ("no_hash_key"), no policy with
 // fail_mode "open" ("no_policy"). With fail_mode "closed" and no policy at
 // all the filter denies with 503 (reason "no_policy"). A rule that runs out
@@ -140,7 +140,12 @@ type scratch struct {
 	mod       []byte
 	modBucket []byte
 	num       []byte
-	body      []byte
+	// state is the filter-state value (writeState); body, replyHeaders
+	// and replyText the local reply (sendReply).
+	state        []byte
+	body         []byte
+	replyHeaders [][2]string
+	replyText    []byte
 }
 
 const maxKeepBytes = 64 << 10

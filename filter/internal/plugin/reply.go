@@ -60,8 +60,9 @@ func ceilSeconds(d time.Duration) uint64 {
 
 // deny answers the request with the reported rule's local reply; a rule
 // that ran out of CAS retries (cas_fail_mode "closed") answers the same
-// way with details sluice_cas_exhausted and reason cas_exhausted.
-func (h *httpContext) deny(ps *policyState, ev *eval) {
+// way with details sluice_cas_exhausted and reason cas_exhausted. now is
+// the request's one clock reading (the body's timestamp).
+func (h *httpContext) deny(ps *policyState, ev *eval, now int64) {
 	h.denied = true
 	r := &h.report
 	msg := messageLimited
@@ -72,19 +73,22 @@ func (h *httpContext) deny(ps *policyState, ev *eval) {
 	if ev.exhausted {
 		details, reason = detailsCASExhausted, reasonCASExhausted
 	}
+	id := traceID()
+	h.setState(ps, reason, id)
 	h.sendReply(localReply{
 		status: ev.rule.cr.Status, details: details, message: msg, rule: ev.rule.cr.ID,
 		limit: r.limit, remaining: r.remaining, resetSeconds: r.resetSeconds,
-		retryAfterSeconds: r.retryAfterSeconds, withLimits: true,
+		retryAfterSeconds: r.retryAfterSeconds, withLimits: true, traceID: id, now: now,
 	})
-	h.setState(ps, reason)
 }
 
 // denyNoPolicy answers 503 under fail_mode "closed" when there is no policy.
 func (h *httpContext) denyNoPolicy() {
 	h.denied = true
-	h.sendReply(localReply{status: 503, details: detailsNoPolicy, message: messageNoPolicy, retryAfterSeconds: noPolicyRetryAfterSecs})
-	h.setFailClosedState()
+	id := traceID()
+	h.setFailClosedState(id)
+	h.sendReply(localReply{status: 503, details: detailsNoPolicy, message: messageNoPolicy,
+		retryAfterSeconds: noPolicyRetryAfterSecs, traceID: id, now: clockNow()})
 }
 
 // localReply is what a local reply says.
@@ -97,6 +101,8 @@ type localReply struct {
 	resetSeconds      uint64 // the body's data.reset: seconds until the rule is back to full
 	retryAfterSeconds uint64 // Retry-After, whole seconds
 	withLimits        bool   // add the configured rate-limit headers of h.report
+	traceID           string // the body's trace_id (traceID)
+	now               int64  // the body's timestamp, Unix ns
 }
 
 // sendReply sends the JSON local reply
@@ -105,9 +111,11 @@ type localReply struct {
 //	 "timestamp":"<RFC 3339>","trace_id":"..."}
 //
 // with Content-Type, Retry-After (whole seconds, rounded up) and, when
-// withLimits, the configured rate-limit headers. A non-empty trace_id is
-// also written to filter state sluice.trace_id (the access log's
-// trace_id), before the reply is sent.
+// withLimits, the configured rate-limit headers. The body, the header list
+// and the numbers in it are built in buffers reused across replies (a
+// flood of denials allocates nothing); the hostcall serializes them before
+// it returns. The caller writes the filter state first, so the access log
+// finds the same trace_id as the body.
 func (h *httpContext) sendReply(lr localReply) {
 	p := h.p
 	w := strictjson.NewWriter(p.s.body[:0])
@@ -129,32 +137,49 @@ func (h *httpContext) sendReply(lr localReply) {
 	w.EndObject()
 	w.AppendKey("timestamp")
 	var ts [64]byte
-	w.AppendString(viewString(time.Now().UTC().AppendFormat(ts[:0], time.RFC3339)))
+	w.AppendString(viewString(time.Unix(0, lr.now).UTC().AppendFormat(ts[:0], time.RFC3339)))
 	w.AppendKey("trace_id")
-	id := traceID()
-	w.AppendString(id)
+	w.AppendString(lr.traceID)
 	w.EndObject()
-	if id != "" {
-		// The access log's trace_id reads this, so that the body and the log
-		// show the same id. Only a local reply writes it: it costs one
-		// hostcall, and an allowed request has no body to agree with.
-		setProp(propTraceID, bytesOf(id))
-	}
 	body := w.Bytes()
 
-	headers := make([][2]string, 0, 7)
-	headers = append(headers,
+	// The header values are views of p.s.replyText, sized up front so that
+	// no append moves it while earlier views point into it.
+	if cap(p.s.replyText) < replyTextBytes {
+		p.s.replyText = make([]byte, 0, replyTextBytes)
+	}
+	text := p.s.replyText[:0]
+	headers := append(p.s.replyHeaders[:0],
 		[2]string{headerContentType, contentTypeJSON},
-		[2]string{headerRetryAfter, strconv.FormatUint(lr.retryAfterSeconds, 10)})
+		[2]string{headerRetryAfter, ""})
+	text, headers[1][1] = appendView(text, lr.retryAfterSeconds)
 	if lr.withLimits {
-		headers = h.appendLimitHeaders(headers)
+		headers, text = h.appendLimitHeaders(headers, text)
 	}
 	if err := proxywasm.SendHttpResponseWithDetails(uint32(lr.status), lr.details, headers, body, proxywasm.GrpcStatusNone); err != nil {
 		proxywasm.LogWarn("sluice: sending the local reply: " + err.Error())
 	}
+	clear(headers)
+	p.s.replyHeaders = headers[:0]
+	if cap(text) == replyTextBytes {
+		p.s.replyText = text[:0]
+	}
 	if cap(body) <= maxKeepBytes {
 		p.s.body = body[:0]
 	}
+}
+
+// replyTextBytes bounds the numbers and fields of a reply's headers: five
+// decimal numbers and two structured fields naming a rule id (at most
+// rules.MaxIDBytes bytes).
+const replyTextBytes = 1024
+
+// appendView appends v in decimal to text and returns text and a view of
+// what was appended.
+func appendView(text []byte, v uint64) ([]byte, string) {
+	start := len(text)
+	text = strconv.AppendUint(text, v, 10)
+	return text, viewString(text[start:])
 }
 
 // appendLimitHeaders appends the reported rule's rate-limit headers in the
@@ -168,21 +193,27 @@ func (h *httpContext) sendReply(lr localReply) {
 // The second form is draft-ietf-httpapi-ratelimit-headers-09 (§3, §4:
 // structured-field lists of named policies with the q, w, r and t
 // parameters); w is left out for concurrency rules, which have no window.
-func (h *httpContext) appendLimitHeaders(headers [][2]string) [][2]string {
+func (h *httpContext) appendLimitHeaders(headers [][2]string, text []byte) ([][2]string, []byte) {
 	r := &h.report
 	style := h.p.cfg.Headers
+	var v string
 	if style.XRateLimit() {
-		headers = append(headers,
-			[2]string{headerXLimit, strconv.FormatUint(r.limit, 10)},
-			[2]string{headerXRemaining, strconv.FormatUint(r.remaining, 10)},
-			[2]string{headerXReset, strconv.FormatUint(r.resetSeconds, 10)})
+		text, v = appendView(text, r.limit)
+		headers = append(headers, [2]string{headerXLimit, v})
+		text, v = appendView(text, r.remaining)
+		headers = append(headers, [2]string{headerXRemaining, v})
+		text, v = appendView(text, r.resetSeconds)
+		headers = append(headers, [2]string{headerXReset, v})
 	}
 	if style.IETF() {
-		headers = append(headers,
-			[2]string{headerRateLimitPolicy, string(h.appendPolicyField(nil))},
-			[2]string{headerRateLimit, string(h.appendRateLimitField(nil))})
+		start := len(text)
+		text = h.appendPolicyField(text)
+		headers = append(headers, [2]string{headerRateLimitPolicy, viewString(text[start:])})
+		start = len(text)
+		text = h.appendRateLimitField(text)
+		headers = append(headers, [2]string{headerRateLimit, viewString(text[start:])})
 	}
-	return headers
+	return headers, text
 }
 
 func (h *httpContext) appendPolicyField(b []byte) []byte {

@@ -93,11 +93,12 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	s := &p.s
 	s.matched = ps.compiled.Match(req, s.matched[:0])
 	if len(s.matched) == 0 {
-		h.setState(ps, "")
+		// No rule applies: no clock read, no filter state (the access log
+		// shows none), nothing but the reads matching needed.
 		p.releaseScratch()
 		return types.ActionContinue
 	}
-	now := time.Now().UnixNano()
+	now := clockNow()
 	p.fleet.curRounds = h.fq.rounds
 	out := h.evaluate(ps, req, now)
 	var action types.Action = types.ActionContinue
@@ -105,11 +106,11 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	case out.wait:
 		action = types.ActionPause // resumed or answered by the quota answer (fleet.go)
 	case out.deny != nil:
-		h.deny(ps, out.deny)
+		h.deny(ps, out.deny, now)
 		action = types.ActionPause
 	default:
 		h.keepCharges(now)
-		h.setState(ps, out.failed)
+		h.setState(ps, out.failed, "")
 	}
 	p.releaseScratch()
 	return action
@@ -205,6 +206,17 @@ func viewString(b []byte) string {
 		return ""
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// clockNow is the host's wall clock in Unix nanoseconds: one
+// proxy_get_current_time_nanoseconds (spec v0.2.1 "Timers"; Envoy answers
+// from its time source). time.Now would cost two WASI clock_time_get
+// calls under wasip1 (wall and monotonic). If the host refuses, time.Now.
+func clockNow() int64 {
+	if t, err := proxywasm.GetCurrentTimeNanoseconds(); err == nil {
+		return t
+	}
+	return time.Now().UnixNano()
 }
 
 // keyHash hashes a counter key under the per-Envoy secret.

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"time"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/rules"
@@ -73,7 +72,7 @@ func (h *httpContext) correctCost(c *charge) {
 	}
 	delta := int64(cost) - int64(c.cost)
 	lim := c.rule.layout.Limiter()
-	now := time.Now().UnixNano()
+	now := clockNow()
 	if p.modify(c.rule, c.bucket, c.hash, now, func(state, next []byte) bool {
 		return lim.Adjust(state, next, now, delta)
 	}) {

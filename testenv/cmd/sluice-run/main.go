@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -181,10 +182,10 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err != nil || workers < 1 {
 		return fmt.Errorf("WORKERS=%q: want a positive number", s.workers)
 	}
-	if err := waitPolicy(ctx, proxy, accessLog, version, workers, 30*time.Second, sup); err != nil {
+	if err := waitPolicy(ctx, proxy, filepath.Join(s.runDir, "devproxy.log"), version, workers, 30*time.Second, sup); err != nil {
 		return fmt.Errorf("the dev proxy does not enforce the policy: %w (see %s/devproxy.log)", err, s.runDir)
 	}
-	if err := waitPolicy(ctx, proxy2, accessLog2, version, workers, 30*time.Second, sup); err != nil {
+	if err := waitPolicy(ctx, proxy2, filepath.Join(s.runDir, "devproxy2.log"), version, workers, 30*time.Second, sup); err != nil {
 		return fmt.Errorf("the second dev proxy does not enforce the policy: %w (see %s/devproxy2.log)", err, s.runDir)
 	}
 	printTry(s, cp, proxy, up, accessLog, store, created)
@@ -280,26 +281,23 @@ func waitHTTP(ctx context.Context, url string, limit time.Duration, sup *supervi
 // waitPolicy probes the dev proxy until policy version, or a later one,
 // is in use on every worker: someone may change the policy while make run
 // starts (a script that starts it and applies its own), and the filter
-// then pulls the newer version only. The dev proxy spreads requests round
-// robin and a worker may trail a publication by one tick, so it takes
-// 2×workers consecutive probes that the access log shows under version or
-// later.
-func waitPolicy(ctx context.Context, proxy, accessLog string, version uint64, workers int, limit time.Duration, sup *supervisor) error {
+// then pulls the newer version only. A worker takes up a version on a
+// request or a tick and logs "policy <name> version <n> in use"; the
+// probes drive the workers, and the dev proxy's own log (procLog, where it
+// writes the guest's lines with a worker attribute) tells when every
+// worker 0..workers-1 has logged version or later. The access log cannot
+// tell: the filter writes no filter state for a request no rule matches.
+func waitPolicy(ctx context.Context, proxy, procLog string, version uint64, workers int, limit time.Duration, sup *supervisor) error {
 	deadline := time.Now().Add(limit)
-	run := 0
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+proxy+"/sluice-run/ready", nil)
 		req.Header.Set("User-Agent", "sluice-run readiness probe")
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
-			if b, err := os.ReadFile(accessLog); err == nil && loggedVersion(lastLine(b)) >= version {
-				if run++; run >= 2*workers {
-					return nil
-				}
-				continue
-			}
 		}
-		run = 0
+		if b, err := os.ReadFile(procLog); err == nil && allWorkersAt(b, "default", version, workers) {
+			return nil
+		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("policy version %d (or later) not in use after %s", version, limit)
 		}
@@ -309,25 +307,30 @@ func waitPolicy(ctx context.Context, proxy, accessLog string, version uint64, wo
 	}
 }
 
-// loggedVersion is the rate_limit_policy_version of an access-log line, 0
-// if it has none.
-func loggedVersion(line []byte) uint64 {
-	var e struct {
-		Version string `json:"rate_limit_policy_version"`
-	}
-	if json.Unmarshal(line, &e) != nil {
-		return 0
-	}
-	v, _ := strconv.ParseUint(e.Version, 10, 64)
-	return v
-}
+// versionLine matches the filter's "policy <name> version <n> in use" line
+// as the dev proxy's text log writes it (msg="…" … worker=<i>).
+var versionLine = regexp.MustCompile(`msg="sluice: policy (\S+) version (\d+) in use[^"]*".* worker=(-?\d+)`)
 
-func lastLine(b []byte) []byte {
-	b = bytes.TrimRight(b, "\n")
-	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
-		return b[i+1:]
+// allWorkersAt reports whether the last version line of policy logged by
+// each worker 0..workers-1 in log is version or later.
+func allWorkersAt(log []byte, policy string, version uint64, workers int) bool {
+	last := make(map[int]uint64)
+	for _, m := range versionLine.FindAllSubmatch(log, -1) {
+		if string(m[1]) != policy {
+			continue
+		}
+		v, err1 := strconv.ParseUint(string(m[2]), 10, 64)
+		w, err2 := strconv.Atoi(string(m[3]))
+		if err1 == nil && err2 == nil {
+			last[w] = v
+		}
 	}
-	return b
+	for w := range workers {
+		if last[w] < version {
+			return false
+		}
+	}
+	return true
 }
 
 func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
