@@ -77,23 +77,30 @@ func benchHost(b *testing.B, bin []byte, cfg string) *host.Host {
 }
 
 // BenchmarkRequest: the floor, then sluice with a policy whose rules match
-// nothing, one rule, five rules, and one rule over a million distinct keys
-// (a new user per request, cycling through 1,000,000).
+// nothing, one rule, five rules, one rule over a million distinct keys (a
+// new user per request, cycling through 1,000,000), and one rule of limit
+// 1 that denies every request (a local reply 429). Besides ns/op and
+// allocs/op each reports hostcalls/op: every import the guest called
+// (proxy_* and WASI, host.Host.ImportCalls) per request, the floor's
+// included.
 func BenchmarkRequest(b *testing.B) {
 	sluice := buildWasmTB(b)
 	floor := buildFloor(b)
 	noMatch := `{"id":"r0","match":{"path_prefix":"/elsewhere"},"key":["user"],"algorithm":"gcra","limit":10,"window":"1s"}`
+	denyAll := `{"id":"r0","key":["user|client_ip"],"algorithm":"token_bucket","limit":1,"window":"1h"}`
 	for _, bc := range []struct {
-		name  string
-		bin   []byte
-		cfg   string
-		users int
+		name   string
+		bin    []byte
+		cfg    string
+		users  int
+		status int // every request's status; 0 means 200
 	}{
-		{"floor", floor, "", 1},
-		{"no_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(noMatch) + `}`, 1},
-		{"one_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(benchRule) + `}`, 1},
-		{"five_rules", sluice, `{"tick":"1m","policy":` + benchPolicy(fiveRules()...) + `}`, 1},
-		{"one_rule_1M_keys", sluice, `{"tick":"1m","policy":` + benchPolicy(benchRule) + `}`, 1_000_000},
+		{"floor", floor, "", 1, 0},
+		{"no_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(noMatch) + `}`, 1, 0},
+		{"one_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(benchRule) + `}`, 1, 0},
+		{"five_rules", sluice, `{"tick":"1m","policy":` + benchPolicy(fiveRules()...) + `}`, 1, 0},
+		{"one_rule_1M_keys", sluice, `{"tick":"1m","policy":` + benchPolicy(benchRule) + `}`, 1_000_000, 0},
+		{"one_rule_denied", sluice, `{"tick":"1m","policy":` + benchPolicy(denyAll) + `}`, 1, 429},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			h := benchHost(b, bc.bin, bc.cfg)
@@ -105,15 +112,32 @@ func BenchmarkRequest(b *testing.B) {
 			}
 			r := host.Request{Path: "/v1/api/items", Headers: host.Headers{{"x-user-id", ""}, {"x-tenant-id", "acme"}},
 				Info: host.StreamInfo{SourceAddress: "203.0.113.7:40000"}}
+			want := bc.status
+			if want == 0 {
+				want = 200
+			} else {
+				// The first request spends the limit of 1.
+				r.Headers[0][1] = users[0]
+				if resp, err := w.Do(ctx, r); err != nil || resp.Status != 200 {
+					b.Fatalf("first request: %d %v", resp.Status, err)
+				}
+			}
+			h.ResetImportCalls()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				r.Headers[0][1] = users[i%len(users)]
 				resp, err := w.Do(ctx, r)
-				if err != nil || resp.Status != 200 {
+				if err != nil || resp.Status != want {
 					b.Fatalf("request %d: %d %v", i, resp.Status, err)
 				}
 			}
+			b.StopTimer()
+			var calls uint64
+			for _, n := range h.ImportCalls() {
+				calls += n
+			}
+			b.ReportMetric(float64(calls)/float64(b.N), "hostcalls/op")
 		})
 	}
 }

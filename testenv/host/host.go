@@ -105,6 +105,7 @@ type Host struct {
 
 	store   *sharedStore
 	metrics *metricStore
+	calls   importCounters // written only by instantiateImports
 
 	workers []*vm
 

@@ -26,7 +26,9 @@ var statusResult = []api.ValueType{i32}
 func (h *Host) exportEnv(b wazero.HostModuleBuilder, name string, params []api.ValueType, fn func(v *vm, s []uint64) status) {
 	key := "env." + name
 	trace := h.cfg.Trace
+	calls := h.calls.counter(name)
 	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, s []uint64) {
+		calls.Add(1)
 		v := vmFrom(ctx)
 		if v.mem == nil {
 			v.mem = mod.Memory() // during _initialize
@@ -43,6 +45,7 @@ func (h *Host) exportEnv(b wazero.HostModuleBuilder, name string, params []api.V
 // instantiateImports builds the "env" module (proxy-wasm imports for the
 // module's ABI version) and Envoy's WASI modules.
 func (h *Host) instantiateImports(ctx context.Context) error {
+	h.calls = importCounters{}
 	b := h.rt.NewHostModuleBuilder("env")
 	h.exportEnv(b, "proxy_log", i32s(3), hostLog)
 	if h.abi == "proxy_abi_version_0_2_1" {

@@ -31,7 +31,9 @@ func (h *Host) instantiateWASI(ctx context.Context, module string) error {
 	wasi_snapshot_preview1.NewFunctionExporter().ExportFunctions(b)
 	trace := h.cfg.Trace
 	def := func(name string, params []api.ValueType, fn func(v *vm, s []uint64) uint32) {
+		calls := h.calls.counter(name)
 		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, mod api.Module, s []uint64) {
+			calls.Add(1)
 			v := vmFrom(ctx)
 			if v.mem == nil {
 				v.mem = mod.Memory() // during _initialize
@@ -177,7 +179,9 @@ func (h *Host) instantiateWASI(ctx context.Context, module string) error {
 		}
 		return errnoSuccess
 	})
+	exitCalls := h.calls.counter("proc_exit")
 	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, _ api.Module, s []uint64) {
+		exitCalls.Add(1)
 		v := vmFrom(ctx)
 		// CPPHOST only logs proc_exit; a Go guest would then run on in a
 		// dead runtime, so this host traps, which fails the VM as the
