@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,18 +22,52 @@ type policyState struct {
 	// version is the policy version (filter state policy_version).
 	version uint64
 	rules   []ruleState
-	// headerNames are the request headers to read (identity, match, key and
-	// cost headers), without duplicates; allHeaders is set when there are
-	// so many that one proxy_get_header_map_pairs is cheaper.
-	headerNames []string
-	allHeaders  bool
-	// needIP: some rule keys on client_ip or some exemption lists CIDRs;
-	// needUser, needTenant, needMethod, needPath: something uses the
-	// user or tenant id, the method or the path. Each saves a hostcall
-	// per request when false.
-	needIP, needUser, needTenant, needMethod, needPath bool
+	// match is what the request path reads before matching (match
+	// conditions and exemptions need it), key what it reads after a rule
+	// matched (key parts and cost headers), without what match read: a
+	// request no rule applies to costs only the match reads.
+	match, key reads
+	// allHeaders is set when the policy names so many headers that one
+	// proxy_get_header_map_pairs before matching is cheaper than reading
+	// them one at a time (then key reads no header).
+	allHeaders bool
 	// userHeader and tenantHeader are the policy's identity headers.
 	userHeader, tenantHeader string
+}
+
+// reads is what one phase of the request path reads: header values by
+// name, and the client address (ip), user and tenant identity headers,
+// :method and :path. Each costs a hostcall per request when set.
+type reads struct {
+	headerNames                   []string
+	ip, user, tenant, method, path bool
+}
+
+// add merges o into r, keeping header names unique.
+func (r *reads) add(o reads) {
+	for _, n := range o.headerNames {
+		r.addHeader(n)
+	}
+	r.ip, r.user, r.tenant = r.ip || o.ip, r.user || o.user, r.tenant || o.tenant
+	r.method, r.path = r.method || o.method, r.path || o.path
+}
+
+func (r *reads) addHeader(n string) {
+	if n != "" && !slices.Contains(r.headerNames, n) {
+		r.headerNames = append(r.headerNames, n)
+	}
+}
+
+// minus is what r reads that done does not.
+func (r reads) minus(done reads) reads {
+	out := reads{ip: r.ip && !done.ip, user: r.user && !done.user, tenant: r.tenant && !done.tenant,
+		method: r.method && !done.method, path: r.path && !done.path}
+	for _, n := range r.headerNames {
+		if !slices.Contains(done.headerNames, n) {
+			out.headerNames = append(out.headerNames, n)
+		}
+	}
+	return out
 }
 
 // ruleState is one rule of a policyState.
@@ -169,21 +204,14 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		rules:        make([]ruleState, c.Len()),
 		userHeader:   c.Policy.Identity.UserHeader,
 		tenantHeader: c.Policy.Identity.TenantHeader,
-		needIP:       len(c.Policy.Exempt.CIDRs) > 0,
-		needUser:     len(c.Policy.Exempt.Users) > 0,
-		needTenant:   len(c.Policy.Exempt.Tenants) > 0,
 	}
-	names := map[string]bool{}
 	// Every header a rule names is read as a header, pseudo-headers
-	// included: req.Method and req.Path (needMethod, needPath) serve the
+	// included: req.Method and req.Path (method, path) serve the
 	// "method"/"path" key parts and path/method matches, not req.Header,
 	// which header conditions and "header:<name>" key parts use.
-	add := func(n string) {
-		if n != "" && !names[n] {
-			names[n] = true
-			ps.headerNames = append(ps.headerNames, n)
-		}
-	}
+	match := reads{ip: len(c.Policy.Exempt.CIDRs) > 0, user: len(c.Policy.Exempt.Users) > 0,
+		tenant: len(c.Policy.Exempt.Tenants) > 0}
+	var key reads
 	for i := range ps.rules {
 		cr := c.Rule(i)
 		layout, _ := table.New(cr.Limiter, p.cfg.EntriesPerBucket) // checked by CheckPolicy
@@ -204,39 +232,40 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		p.initFleetRule(c, rs)
 		r := cr.Rule
 		for _, h := range r.Match.Headers {
-			add(h.Name)
+			match.addHeader(h.Name)
 		}
+		match.add(reads{ip: len(r.Exempt.CIDRs) > 0, user: len(r.Exempt.Users) > 0,
+			tenant: len(r.Exempt.Tenants) > 0, method: len(r.Match.Methods) > 0,
+			path: r.Match.Path != "" || r.Match.PathPrefix != ""})
 		for _, part := range r.Key {
 			for _, alt := range strings.Split(part, "|") {
 				switch {
 				case strings.HasPrefix(alt, "header:"):
-					add(alt[len("header:"):])
+					key.addHeader(alt[len("header:"):])
 				case alt == "client_ip":
-					ps.needIP = true
+					key.ip = true
 				case alt == "user":
-					ps.needUser = true
+					key.user = true
 				case alt == "tenant":
-					ps.needTenant = true
+					key.tenant = true
 				case alt == "method":
-					ps.needMethod = true
+					key.method = true
 				case alt == "path":
-					ps.needPath = true
+					key.path = true
 				}
 			}
 		}
-		add(r.CostHeader)
-		ps.needIP = ps.needIP || len(r.Exempt.CIDRs) > 0
-		ps.needUser = ps.needUser || len(r.Exempt.Users) > 0
-		ps.needTenant = ps.needTenant || len(r.Exempt.Tenants) > 0
-		ps.needMethod = ps.needMethod || len(r.Match.Methods) > 0
-		ps.needPath = ps.needPath || r.Match.Path != "" || r.Match.PathPrefix != ""
+		key.addHeader(r.CostHeader)
 	}
-	if ps.needUser {
-		add(ps.userHeader)
+	for _, r := range []*reads{&match, &key} {
+		if r.user {
+			r.addHeader(ps.userHeader)
+		}
+		if r.tenant {
+			r.addHeader(ps.tenantHeader)
+		}
 	}
-	if ps.needTenant {
-		add(ps.tenantHeader)
-	}
-	ps.allHeaders = len(ps.headerNames) > allHeadersThreshold
+	ps.match, ps.key = match, key.minus(match)
+	ps.allHeaders = len(ps.match.headerNames)+len(ps.key.headerNames) > allHeadersThreshold
 	return ps, nil
 }

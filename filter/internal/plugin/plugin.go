@@ -130,6 +130,8 @@ type pluginContext struct {
 type scratch struct {
 	req     rules.Request
 	headers []rules.Header
+	// haveAll: headers holds the whole request header map (allHeaders).
+	haveAll bool
 	matched []int
 	key     []byte
 	evals   []eval

@@ -94,8 +94,8 @@ func TestSwapPolicy(t *testing.T) {
 	if want := []string{"sluice/edge/a/e16b3/0", "sluice/edge/a/e16b3/1", "sluice/edge/a/e16b3/2"}; !reflect.DeepEqual(ps.rules[0].keys, want) {
 		t.Errorf("keys %q, want %q", ps.rules[0].keys, want)
 	}
-	if !ps.needIP || ps.needUser || ps.needTenant || ps.needMethod || ps.needPath || len(ps.headerNames) != 0 {
-		t.Errorf("v1 needs %+v", ps)
+	if want := (reads{ip: true}); !reflect.DeepEqual(ps.match, reads{}) || !reflect.DeepEqual(ps.key, want) {
+		t.Errorf("v1 reads %+v before matching, %+v after, want none, %+v", ps.match, ps.key, want)
 	}
 	ma := ps.rules[0].m
 	v2 := compile(t, `{"policy":"edge","version":2,"identity":{"user_header":"x-user","tenant_header":"x-tenant"},"rules":[
@@ -109,13 +109,15 @@ func TestSwapPolicy(t *testing.T) {
 	if ps.rules[0].m != ma {
 		t.Error("rule a's metrics were redefined")
 	}
-	if !ps.needUser || !ps.needTenant || !ps.needMethod || !ps.needPath || ps.allHeaders {
-		t.Errorf("v2 needs %+v", ps)
+	// Matching needs the method, the path and x-env; the keys and the cost
+	// the rest, read only once a rule matched.
+	if want := (reads{headerNames: []string{"x-env"}, method: true, path: true}); !reflect.DeepEqual(ps.match, want) || ps.allHeaders {
+		t.Errorf("v2 reads %+v before matching, want %+v", ps.match, want)
 	}
-	got := append([]string(nil), ps.headerNames...)
+	got := append([]string(nil), ps.key.headerNames...)
 	sort.Strings(got)
-	if want := []string{"x-cost", "x-env", "x-k", "x-tenant", "x-user"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("headers %q, want %q", got, want)
+	if want := []string{"x-cost", "x-k", "x-tenant", "x-user"}; !reflect.DeepEqual(got, want) || !ps.key.ip || !ps.key.user || !ps.key.tenant || ps.key.method || ps.key.path {
+		t.Errorf("v2 reads %+v after matching, want headers %q, ip, user and tenant", ps.key, want)
 	}
 	// A policy whose buckets would not fit is refused; the current one stays.
 	p.cfg.EntriesPerBucket = 64

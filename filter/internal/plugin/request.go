@@ -98,6 +98,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		p.releaseScratch()
 		return types.ActionContinue
 	}
+	p.readKeyParts(ps, req)
 	now := clockNow()
 	p.fleet.curRounds = h.fq.rounds
 	out := h.evaluate(ps, req, now)
@@ -116,52 +117,64 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	return action
 }
 
-// readRequest fills the reused rules.Request from the request headers and
-// the client address. Header values are views of host buffers: nothing is
-// copied, and nothing outlives the callback except what keepCharges and the
-// report copy.
+// readRequest fills the reused rules.Request with what matching needs
+// (ps.match); readKeyParts adds what keys and costs need once a rule
+// matched (ps.key). Header values are views of host buffers: nothing is
+// copied, and nothing outlives the callback except what keepCharges and
+// the report copy.
 func (p *pluginContext) readRequest(ps *policyState) *rules.Request {
 	s := &p.s
 	req := &s.req
 	*req = rules.Request{Headers: s.headers[:0]}
-	if ps.needMethod {
-		req.Method, _ = proxywasm.GetHttpRequestHeader(headerMethod)
-	}
-	if ps.needPath {
-		path, _ := proxywasm.GetHttpRequestHeader(headerPath)
-		req.Path = rules.PathOnly(path)
-	}
+	s.haveAll = false
 	// The whole map can fail to decode (pairs.DecodeString refuses more
 	// than 1024 pairs or 1 MiB, limits Envoy applies only to maps from the
 	// guest): a client sending that many headers then gets the same
 	// one-at-a-time reads, not a request without headers.
-	var all [][2]string
-	var err error
 	if ps.allHeaders {
-		all, err = proxywasm.GetHttpRequestHeaders()
-	}
-	if ps.allHeaders && err == nil {
-		for _, kv := range all {
-			req.Headers = append(req.Headers, rules.Header{Name: kv[0], Value: kv[1]})
+		if all, err := proxywasm.GetHttpRequestHeaders(); err == nil {
+			for _, kv := range all {
+				req.Headers = append(req.Headers, rules.Header{Name: kv[0], Value: kv[1]})
+			}
+			s.haveAll = true
 		}
-	} else {
-		for _, name := range ps.headerNames {
+	}
+	p.read(ps, &ps.match, req)
+	return req
+}
+
+// readKeyParts reads what ps.key names into req (after readRequest).
+func (p *pluginContext) readKeyParts(ps *policyState, req *rules.Request) {
+	p.read(ps, &ps.key, req)
+}
+
+// read performs one phase's reads r into req.
+func (p *pluginContext) read(ps *policyState, r *reads, req *rules.Request) {
+	s := &p.s
+	if r.method {
+		req.Method, _ = proxywasm.GetHttpRequestHeader(headerMethod)
+	}
+	if r.path {
+		path, _ := proxywasm.GetHttpRequestHeader(headerPath)
+		req.Path = rules.PathOnly(path)
+	}
+	if !s.haveAll {
+		for _, name := range r.headerNames {
 			if v, err := proxywasm.GetHttpRequestHeader(name); err == nil {
 				req.Headers = append(req.Headers, rules.Header{Name: name, Value: v})
 			}
 		}
 	}
 	s.headers = req.Headers
-	if ps.needUser && ps.userHeader != "" {
+	if r.user && ps.userHeader != "" {
 		req.User, _ = req.Header(ps.userHeader)
 	}
-	if ps.needTenant && ps.tenantHeader != "" {
+	if r.tenant && ps.tenantHeader != "" {
 		req.Tenant, _ = req.Header(ps.tenantHeader)
 	}
-	if ps.needIP {
+	if r.ip {
 		req.ClientIP = p.clientIP()
 	}
-	return req
 }
 
 // clientIP returns the client address: source.address, the trusted client
