@@ -213,11 +213,24 @@ func (m *emuMap) remove(key string, fold bool) {
 	m.ents = m.ents[:n]
 }
 
-// set replaces every entry of key with one (key, value): Envoy's "remove,
-// then add" for headers, and a filter-state write for properties.
+// set replaces every entry of key with one (key, value) at the end:
+// Envoy's "remove, then add" for headers.
 func (m *emuMap) set(key, value string, lower bool) {
 	m.remove(key, lower)
 	m.add(key, value, lower)
+}
+
+// put stores value under key in a map with unique keys (filter state),
+// overwriting the old value in place when it is at least as long, so that
+// rewriting a key does not grow the storage.
+func (m *emuMap) put(key, value string) {
+	if i := m.find(key, false); i >= 0 {
+		if e := &m.ents[i]; e.v1-e.v0 >= len(value) {
+			e.v1 = e.v0 + copy(m.data[e.v0:e.v1], value)
+			return
+		}
+	}
+	m.set(key, value, false)
 }
 
 // encode appends the map in the proxy-wasm pair serialization to dst.
@@ -1062,7 +1075,7 @@ func (e *Emulator) setProperty(path, value []byte) status {
 	if s == nil {
 		return statusNotFound // Envoy: a root context has no stream info
 	}
-	s.state.set(bytesString(path), bytesString(value), false)
+	s.state.put(bytesString(path), bytesString(value))
 	return statusOK
 }
 
