@@ -52,4 +52,9 @@
 //
 // On other platforms the package builds with every hostcall answering
 // UNIMPLEMENTED (ErrUnimplemented), so its logic can be unit-tested natively.
+// There, NewEmulator installs an in-memory host that drives a VMContext
+// through Envoy's callback sequences and counts hostcalls, so that plugin
+// packages can be tested, allocations included, without a wasm runtime.
+// Native hostcalls copy their results through proxy_on_memory_allocate as
+// the wasm build does, so both take the same allocation path.
 package proxywasm
