@@ -10,17 +10,110 @@ import "unsafe"
 // a Go pointer.
 var lastAlloc []byte
 
+// The host-scratch arena (BeginHostScratch, EndHostScratch): one reused
+// slab from which allocate serves requests while a scope is open.
+var (
+	// arenaSlab is the current slab; arenaOff is the first free byte.
+	arenaSlab []byte
+	arenaOff  int
+	// arenaOpen is true between BeginHostScratch and EndHostScratch.
+	arenaOpen bool
+)
+
+const (
+	// arenaMinBytes is the size of the first slab.
+	arenaMinBytes = 4 << 10
+	// arenaMaxBytes caps the slab: it never grows beyond, and a request
+	// the slab cannot serve is a fresh allocation.
+	arenaMaxBytes = 256 << 10
+	// arenaAlign is the alignment of every arena buffer, in bytes.
+	arenaAlign = 8
+)
+
+// BeginHostScratch opens a host-scratch scope. Until EndHostScratch, every
+// buffer the host obtains through proxy_on_memory_allocate (spec v0.2.1
+// "Memory management") to return a result (header values and maps,
+// properties, shared-data values, bodies, queue items, status messages) is
+// carved from one reused slab instead of being a fresh heap allocation, so
+// that reading host data allocates nothing once the slab has grown to what
+// a callback needs (it doubles from 4 KiB up to 256 KiB; a result that does
+// not fit falls back to a fresh allocation, and a result above 256 KiB
+// always does).
+//
+// Lifetime contract: every string or []byte that this package returns
+// inside the scope and that comes from the host (GetHttpRequestHeader,
+// GetHttpRequestHeaders, GetProperty, GetSharedData, GetHttpCallResponseBody,
+// ...) is valid only until EndHostScratch; after it the memory is reused
+// and its content changes. Copy (string(b), strings.Clone) what must live
+// longer. Results obtained outside a scope are fresh allocations owned by
+// the caller forever, and a later scope never touches them.
+//
+// Open the scope at the start of a callback and end it before the callback
+// returns; scopes do not nest: BeginHostScratch inside an open scope does
+// nothing (the scope still ends at the first EndHostScratch).
+func BeginHostScratch() { arenaOpen = true }
+
+// EndHostScratch closes the scope opened by BeginHostScratch and makes every
+// arena buffer handed out since then reusable: the caller promises that it
+// holds no view of any host result obtained inside the scope. Outside a
+// scope it does nothing. See BeginHostScratch.
+func EndHostScratch() {
+	arenaOpen = false
+	arenaOff = 0
+}
+
+// arenaAlloc returns an n-byte buffer (n > 0) from the slab, or nil if the
+// slab cannot serve it. When the rest of the slab is too small, the slab is
+// replaced by one twice as large (up to arenaMaxBytes, and at least n); the
+// buffers already handed out stay valid in the old slab, which the garbage
+// collector frees once nobody views it.
+func arenaAlloc(n uint32) []byte {
+	if n > arenaMaxBytes {
+		return nil
+	}
+	size := int(n+arenaAlign-1) &^ (arenaAlign - 1)
+	if arenaOff+size > len(arenaSlab) {
+		grown := 2 * len(arenaSlab)
+		if grown < arenaMinBytes {
+			grown = arenaMinBytes
+		}
+		for grown < size {
+			grown *= 2
+		}
+		if grown > arenaMaxBytes {
+			if len(arenaSlab) >= arenaMaxBytes {
+				return nil // full slab at the cap: the caller allocates
+			}
+			grown = arenaMaxBytes
+		}
+		arenaSlab = make([]byte, grown)
+		arenaOff = 0
+	}
+	buf := arenaSlab[arenaOff : arenaOff+int(n) : arenaOff+int(n)]
+	arenaOff += size
+	return buf
+}
+
 // allocate implements proxy_on_memory_allocate (spec v0.2.1 "Memory
-// management"): a GC-managed buffer of size bytes. Size 0 is answered with
-// a valid 1-byte buffer rather than a panic; hosts never ask for it (they
-// write ptr=0,size=0 instead, proxy-wasm-cpp-host WasmBase::copyToPointerSize).
+// management"): inside a host-scratch scope an arena buffer (see
+// BeginHostScratch), otherwise a GC-managed buffer of size bytes. Size 0 is
+// answered with a valid 1-byte buffer rather than a panic; hosts never ask
+// for it (they write ptr=0,size=0 instead, proxy-wasm-cpp-host
+// WasmBase::copyToPointerSize). Arena buffers are not zeroed: the host
+// overwrites all size bytes.
 func allocate(size uint32) (p unsafe.Pointer) {
 	defer catchPanic("proxy_on_memory_allocate")
 	n := size
 	if n == 0 {
 		n = 1
 	}
-	buf := make([]byte, n)
+	var buf []byte
+	if arenaOpen {
+		buf = arenaAlloc(n)
+	}
+	if buf == nil {
+		buf = make([]byte, n)
+	}
 	lastAlloc = buf[:size]
 	return unsafe.Pointer(&buf[0])
 }

@@ -181,20 +181,40 @@ func (h *fixedHost) getHeaderMapPairs(MapType) ([]byte, status)         { return
 func TestHeaderReadsDoNotAllocate(t *testing.T) {
 	h := &fixedHost{value: []byte("abc"), pairs: pairs.Encode([][2]string{{"a", "1"}, {"b", "2"}})}
 	host = h
-	t.Cleanup(func() { host = unimplementedHost{} })
-	if n := testing.AllocsPerRun(100, func() {
+	t.Cleanup(func() { host = unimplementedHost{}; EndHostScratch() })
+	readValue := func() {
 		if v, err := GetHttpRequestHeader("x-api-key"); err != nil || v != "abc" {
 			t.Fatal(v, err)
 		}
-	}); n != 0 {
-		t.Errorf("GetHttpRequestHeader: %v allocations, want 0", n)
 	}
-	if n := testing.AllocsPerRun(100, func() {
-		if ps, err := GetHttpRequestHeaders(); err != nil || len(ps) != 2 {
+	readMap := func() {
+		if ps, err := GetHttpRequestHeaders(); err != nil || len(ps) != 2 || ps[1] != [2]string{"b", "2"} {
 			t.Fatal(ps, err)
 		}
-	}); n != 1 {
-		t.Errorf("GetHttpRequestHeaders: %v allocations, want 1 (the result slice)", n)
+	}
+	// Outside a scope every result is a fresh buffer.
+	if n := testing.AllocsPerRun(100, readValue); n != 1 {
+		t.Errorf("GetHttpRequestHeader outside a scope: %v allocations, want 1 (the result buffer)", n)
+	}
+	if n := testing.AllocsPerRun(100, readMap); n != 2 {
+		t.Errorf("GetHttpRequestHeaders outside a scope: %v allocations, want 2 (buffer and result slice)", n)
+	}
+	// Inside a scope the arena serves them: ten reads per scope.
+	scoped := func(read func()) func() {
+		return func() {
+			BeginHostScratch()
+			for range 10 {
+				read()
+			}
+			EndHostScratch()
+		}
+	}
+	scoped(readValue)() // warm the slab
+	if n := testing.AllocsPerRun(100, scoped(readValue)); n != 0 {
+		t.Errorf("10 × GetHttpRequestHeader in a scope: %v allocations, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, scoped(readMap)); n != 10 {
+		t.Errorf("10 × GetHttpRequestHeaders in a scope: %v allocations, want 10 (the result slices)", n)
 	}
 }
 

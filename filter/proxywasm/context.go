@@ -41,6 +41,33 @@ type httpStream struct {
 	done   bool // OnHttpStreamDone has been called
 }
 
+// freeHTTPStreams holds httpStream records of deleted streams for reuse, so
+// that a new stream allocates nothing in the binding once warm. At most
+// maxFreeHTTPStreams are kept.
+var freeHTTPStreams []*httpStream
+
+const maxFreeHTTPStreams = 1024
+
+func newHTTPStream(ctx types.HttpContext, rootID uint32) *httpStream {
+	if n := len(freeHTTPStreams); n > 0 {
+		s := freeHTTPStreams[n-1]
+		freeHTTPStreams[n-1] = nil
+		freeHTTPStreams = freeHTTPStreams[:n-1]
+		*s = httpStream{ctx: ctx, rootID: rootID}
+		return s
+	}
+	return &httpStream{ctx: ctx, rootID: rootID}
+}
+
+// recycleHTTPStream returns a deleted stream's record to the free list,
+// dropping its reference to the plugin's context.
+func recycleHTTPStream(s *httpStream) {
+	*s = httpStream{}
+	if len(freeHTTPStreams) < maxFreeHTTPStreams {
+		freeHTTPStreams = append(freeHTTPStreams, s)
+	}
+}
+
 type tcpStream struct {
 	ctx    types.TcpContext
 	rootID uint32
@@ -103,7 +130,7 @@ func onContextCreate(id, parentID uint32) {
 		return
 	}
 	if hc := root.plugin.NewHttpContext(id); hc != nil {
-		httpStreams[id] = &httpStream{ctx: hc, rootID: parentID}
+		httpStreams[id] = newHTTPStream(hc, parentID)
 		return
 	}
 	if tc := root.plugin.NewTcpContext(id); tc != nil {
@@ -325,6 +352,7 @@ func onDelete(id uint32) {
 			s.done = true
 			s.ctx.OnHttpStreamDone()
 		}
+		recycleHTTPStream(s) // not reached if the callback panics: s is left to the GC
 		return
 	}
 	if s, ok := tcpStreams[id]; ok {

@@ -39,10 +39,22 @@
 // Data coming from the host (headers, bodies, shared data, properties) is
 // copied by the host into a buffer it obtains from proxy_on_memory_allocate;
 // that buffer belongs to the caller afterwards. Strings returned by this
-// package are views of such buffers and are never modified.
+// package are views of such buffers and are never modified by the package.
+//
+// By default every such buffer is a fresh heap allocation. A callback that
+// reads host data on the request path can open a host-scratch scope with
+// BeginHostScratch and close it with EndHostScratch before it returns: in
+// between, the buffers come from one reused slab, so that reading headers,
+// properties and shared data allocates nothing once warm, and every result
+// obtained in the scope is valid only until EndHostScratch.
 //
 // # Imports outside the wasm build
 //
 // On other platforms the package builds with every hostcall answering
 // UNIMPLEMENTED (ErrUnimplemented), so its logic can be unit-tested natively.
+// There, NewEmulator installs an in-memory host that drives a VMContext
+// through Envoy's callback sequences and counts hostcalls, so that plugin
+// packages can be tested, allocations included, without a wasm runtime.
+// Native hostcalls copy their results through proxy_on_memory_allocate as
+// the wasm build does, so both take the same allocation path.
 package proxywasm

@@ -2,12 +2,18 @@
 
 package proxywasm
 
+import "unsafe"
+
 // Outside the wasm build there is no host: every hostcall goes to host,
 // which answers UNIMPLEMENTED (status 12) unless a test installs a fake.
 // The functions mirror hostcalls_wasip1.go one for one.
 
-// hostAPI is the typed hostcall surface; results that a real host would
-// allocate through proxy_on_memory_allocate are returned as fresh slices.
+// hostAPI is the typed hostcall surface. A result that a real host would
+// copy into a buffer from proxy_on_memory_allocate may be a view of the
+// host's own storage, valid until the host's next call: the wrappers below
+// copy it into a buffer from allocate and claim it with takeAlloc, as the
+// wasm build does, so that native runs take the same allocation path
+// (arena or fresh buffer) as the .wasm.
 type hostAPI interface {
 	log(level LogLevel, msg string) status
 	getLogLevel() (LogLevel, status)
@@ -99,6 +105,20 @@ func (unimplementedHost) setProperty([]byte, []byte) status                  { r
 func (unimplementedHost) setEffectiveContext(uint32) status                  { return unimpl }
 func (unimplementedHost) done() status                                       { return unimpl }
 
+// copyResult plays the host's side of proxy_on_memory_allocate for a result
+// the native host answered with st and v: like proxy-wasm-cpp-host
+// WasmBase::copyToPointerSize it allocates only for a non-empty result,
+// copies v into the guest buffer and writes back its pointer and size,
+// which takeAlloc then checks and claims.
+func copyResult(v []byte, st status) ([]byte, status) {
+	if st != statusOK || len(v) == 0 {
+		return takeAlloc(st, 0, 0)
+	}
+	p := allocate(uint32(len(v)))
+	copy(unsafe.Slice((*byte)(p), len(v)), v)
+	return takeAlloc(st, uint32(uintptr(p)), uint32(len(v)))
+}
+
 func hostLog(level LogLevel, msg string) status { return host.log(level, msg) }
 func hostGetLogLevel() (LogLevel, status)       { return host.getLogLevel() }
 func hostGetCurrentTimeNanoseconds() (uint64, status) {
@@ -108,7 +128,7 @@ func hostSetTickPeriodMilliseconds(periodMillis uint32) status {
 	return host.setTickPeriodMilliseconds(periodMillis)
 }
 func hostGetBufferBytes(bt BufferType, start, maxSize uint32) ([]byte, status) {
-	return host.getBufferBytes(bt, start, maxSize)
+	return copyResult(host.getBufferBytes(bt, start, maxSize))
 }
 func hostSetBufferBytes(bt BufferType, start, size uint32, value []byte) status {
 	return host.setBufferBytes(bt, start, size, value)
@@ -116,11 +136,13 @@ func hostSetBufferBytes(bt BufferType, start, size uint32, value []byte) status 
 func hostGetBufferStatus(bt BufferType) (size, flags uint32, st status) {
 	return host.getBufferStatus(bt)
 }
-func hostGetHeaderMapSize(mt MapType) (uint32, status)     { return host.getHeaderMapSize(mt) }
-func hostGetHeaderMapPairs(mt MapType) ([]byte, status)    { return host.getHeaderMapPairs(mt) }
+func hostGetHeaderMapSize(mt MapType) (uint32, status) { return host.getHeaderMapSize(mt) }
+func hostGetHeaderMapPairs(mt MapType) ([]byte, status) {
+	return copyResult(host.getHeaderMapPairs(mt))
+}
 func hostSetHeaderMapPairs(mt MapType, data []byte) status { return host.setHeaderMapPairs(mt, data) }
 func hostGetHeaderMapValue(mt MapType, key string) ([]byte, status) {
-	return host.getHeaderMapValue(mt, key)
+	return copyResult(host.getHeaderMapValue(mt, key))
 }
 func hostAddHeaderMapValue(mt MapType, key, value string) status {
 	return host.addHeaderMapValue(mt, key, value)
@@ -131,9 +153,13 @@ func hostReplaceHeaderMapValue(mt MapType, key, value string) status {
 func hostRemoveHeaderMapValue(mt MapType, key string) status {
 	return host.removeHeaderMapValue(mt, key)
 }
-func hostContinueStream(st StreamType) status             { return host.continueStream(st) }
-func hostCloseStream(st StreamType) status                { return host.closeStream(st) }
-func hostGetStatus() (code uint32, msg []byte, st status) { return host.getStatus() }
+func hostContinueStream(st StreamType) status { return host.continueStream(st) }
+func hostCloseStream(st StreamType) status    { return host.closeStream(st) }
+func hostGetStatus() (code uint32, msg []byte, st status) {
+	code, msg, st = host.getStatus()
+	msg, st = copyResult(msg, st)
+	return code, msg, st
+}
 func hostSendLocalResponse(statusCode uint32, details string, body, headers []byte, grpcStatus int32) status {
 	return host.sendLocalResponse(statusCode, details, body, headers, grpcStatus)
 }
@@ -143,7 +169,11 @@ func hostHttpCall(upstream string, headers, body, trailers []byte, timeoutMillis
 func hostSetSharedData(key string, value []byte, cas uint32) status {
 	return host.setSharedData(key, value, cas)
 }
-func hostGetSharedData(key string) ([]byte, uint32, status) { return host.getSharedData(key) }
+func hostGetSharedData(key string) ([]byte, uint32, status) {
+	value, cas, st := host.getSharedData(key)
+	value, st = copyResult(value, st)
+	return value, cas, st
+}
 func hostRegisterSharedQueue(name string) (uint32, status) {
 	return host.registerSharedQueue(name)
 }
@@ -154,7 +184,7 @@ func hostEnqueueSharedQueue(queueID uint32, value []byte) status {
 	return host.enqueueSharedQueue(queueID, value)
 }
 func hostDequeueSharedQueue(queueID uint32) ([]byte, status) {
-	return host.dequeueSharedQueue(queueID)
+	return copyResult(host.dequeueSharedQueue(queueID))
 }
 func hostDefineMetric(mt MetricType, name string) (uint32, status) {
 	return host.defineMetric(mt, name)
@@ -162,7 +192,7 @@ func hostDefineMetric(mt MetricType, name string) (uint32, status) {
 func hostIncrementMetric(id uint32, delta int64) status { return host.incrementMetric(id, delta) }
 func hostRecordMetric(id uint32, value uint64) status   { return host.recordMetric(id, value) }
 func hostGetMetric(id uint32) (uint64, status)          { return host.getMetric(id) }
-func hostGetProperty(path []byte) ([]byte, status)      { return host.getProperty(path) }
+func hostGetProperty(path []byte) ([]byte, status)      { return copyResult(host.getProperty(path)) }
 func hostSetProperty(path, value []byte) status         { return host.setProperty(path, value) }
 func hostSetEffectiveContext(contextID uint32) status {
 	return host.setEffectiveContext(contextID)
