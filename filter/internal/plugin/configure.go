@@ -39,7 +39,7 @@ type policyState struct {
 // name, and the client address (ip), user and tenant identity headers,
 // :method and :path. Each costs a hostcall per request when set.
 type reads struct {
-	headerNames                   []string
+	headerNames                    []string
 	ip, user, tenant, method, path bool
 }
 

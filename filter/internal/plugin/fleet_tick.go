@@ -4,7 +4,6 @@ package plugin
 // reports and returns.
 
 import (
-
 	"github.com/sluice-proxy/sluice/filter/internal/fleet"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/quota"

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/rules"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
