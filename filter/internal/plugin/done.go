@@ -13,6 +13,8 @@ import (
 // rule's lease, which reclaims the slot.
 func (h *httpContext) OnHttpStreamDone() {
 	p := h.p
+	proxywasm.BeginHostScratch() // nothing read here outlives the callback
+	defer proxywasm.EndHostScratch()
 	h.fleetStreamDone()
 	if len(h.charges) > 0 {
 		now := clockNow()

@@ -89,6 +89,14 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 			return types.ActionContinue
 		}
 	}
+	// From here on the request path keeps no host buffer past the
+	// callback (releaseScratch drops the views; keys and charges are
+	// copies), so every buffer a hostcall returns comes from the binding's
+	// reused scratch: a warm request allocates nothing. The policy sync
+	// check and the hash key above keep what they read, so they run
+	// outside the scope.
+	proxywasm.BeginHostScratch()
+	defer proxywasm.EndHostScratch()
 	req := p.readRequest(ps)
 	s := &p.s
 	s.matched = ps.compiled.Match(req, s.matched[:0])

@@ -14,6 +14,8 @@ func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) ty
 		return types.ActionContinue // the local reply carries its headers
 	}
 	p := h.p
+	proxywasm.BeginHostScratch() // nothing read here outlives the callback
+	defer proxywasm.EndHostScratch()
 	if h.hasReport && !h.report.rule.cr.Shadow && p.cfg.HeadersOnAllow {
 		h.addLimitHeaders()
 	}
