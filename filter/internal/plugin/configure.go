@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/limit/table"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/shared/strictjson"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
@@ -87,6 +88,10 @@ type ruleState struct {
 	// window is the rule's window in whole seconds, rounded up (0 for
 	// concurrency), for RateLimit-Policy's w parameter.
 	windowSeconds uint64
+	// replyPrefix is the constant start of the rule's local-reply body
+	// (replyBodyPrefix); stateRule its quoted id for the filter state.
+	replyPrefix []byte
+	stateRule   []byte
 }
 
 // allHeadersThreshold is the number of distinct headers above which the
@@ -229,6 +234,12 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 			rs.order = 2
 		}
 		rs.windowSeconds = cr.PeriodSeconds
+		msg := messageLimited
+		if rs.concurrency {
+			msg = messageConcurrency
+		}
+		rs.replyPrefix = replyBodyPrefix(cr.Status, msg, cr.ID)
+		rs.stateRule = strictjson.AppendString(nil, cr.ID)
 		p.initFleetRule(c, rs)
 		r := cr.Rule
 		for _, h := range r.Match.Headers {

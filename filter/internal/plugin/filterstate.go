@@ -53,7 +53,7 @@ func (h *httpContext) writeState(st stateRecord) {
 	}
 	if h.hasReport {
 		b = append(b, `,"rule":`...)
-		b = strictjson.AppendString(b, r.rule.cr.ID)
+		b = append(b, r.rule.stateRule...)
 		if h.keyEnd <= len(p.s.key) {
 			b = append(b, `,"key":`...)
 			b = strictjson.AppendString(b, viewString(p.s.key[h.keyOff:h.keyEnd]))

@@ -148,6 +148,9 @@ type scratch struct {
 	body         []byte
 	replyHeaders [][2]string
 	replyText    []byte
+	// ts is the reply timestamp of second tsSec (appendTimestamp).
+	ts    []byte
+	tsSec int64
 }
 
 const maxKeepBytes = 64 << 10

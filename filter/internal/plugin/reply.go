@@ -65,10 +65,6 @@ func ceilSeconds(d time.Duration) uint64 {
 func (h *httpContext) deny(ps *policyState, ev *eval, now int64) {
 	h.denied = true
 	r := &h.report
-	msg := messageLimited
-	if ev.rule.concurrency {
-		msg = messageConcurrency
-	}
 	details, reason := detailsLimited, ""
 	if ev.exhausted {
 		details, reason = detailsCASExhausted, reasonCASExhausted
@@ -76,7 +72,7 @@ func (h *httpContext) deny(ps *policyState, ev *eval, now int64) {
 	id := traceID()
 	h.setState(ps, reason, id)
 	h.sendReply(localReply{
-		status: ev.rule.cr.Status, details: details, message: msg, rule: ev.rule.cr.ID,
+		status: ev.rule.cr.Status, details: details, prefix: ev.rule.replyPrefix,
 		limit: r.limit, remaining: r.remaining, resetSeconds: r.resetSeconds,
 		retryAfterSeconds: r.retryAfterSeconds, withLimits: true, traceID: id, now: now,
 	})
@@ -87,7 +83,7 @@ func (h *httpContext) denyNoPolicy() {
 	h.denied = true
 	id := traceID()
 	h.setFailClosedState(id)
-	h.sendReply(localReply{status: 503, details: detailsNoPolicy, message: messageNoPolicy,
+	h.sendReply(localReply{status: 503, details: detailsNoPolicy, prefix: noPolicyReplyPrefix,
 		retryAfterSeconds: noPolicyRetryAfterSecs, traceID: id, now: clockNow()})
 }
 
@@ -95,8 +91,7 @@ func (h *httpContext) denyNoPolicy() {
 type localReply struct {
 	status            int    // HTTP status: the rule's (429 or 503), or 503
 	details           string // Envoy's %RESPONSE_CODE_DETAILS%
-	message           string // the body's "message"
-	rule              string // the body's data.rule; "" when no rule decided
+	prefix            []byte // the body up to data.limit's value (replyBodyPrefix)
 	limit, remaining  uint64 // the body's data.limit and data.remaining, in the rule's units
 	resetSeconds      uint64 // the body's data.reset: seconds until the rule is back to full
 	retryAfterSeconds uint64 // Retry-After, whole seconds
@@ -118,30 +113,17 @@ type localReply struct {
 // finds the same trace_id as the body.
 func (h *httpContext) sendReply(lr localReply) {
 	p := h.p
-	w := strictjson.NewWriter(p.s.body[:0])
-	w.BeginObject()
-	w.AppendKey("code")
-	w.AppendInt(int64(lr.status))
-	w.AppendKey("message")
-	w.AppendString(lr.message)
-	w.AppendKey("data")
-	w.BeginObject()
-	w.AppendKey("rule")
-	w.AppendString(lr.rule)
-	w.AppendKey("limit")
-	w.AppendUint(lr.limit)
-	w.AppendKey("remaining")
-	w.AppendUint(lr.remaining)
-	w.AppendKey("reset")
-	w.AppendUint(lr.resetSeconds)
-	w.EndObject()
-	w.AppendKey("timestamp")
-	var ts [64]byte
-	w.AppendString(viewString(time.Unix(0, lr.now).UTC().AppendFormat(ts[:0], time.RFC3339)))
-	w.AppendKey("trace_id")
-	w.AppendString(lr.traceID)
-	w.EndObject()
-	body := w.Bytes()
+	b := append(p.s.body[:0], lr.prefix...)
+	b = strconv.AppendUint(b, lr.limit, 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendUint(b, lr.remaining, 10)
+	b = append(b, `,"reset":`...)
+	b = strconv.AppendUint(b, lr.resetSeconds, 10)
+	b = append(b, `},"timestamp":"`...)
+	b = p.appendTimestamp(b, lr.now)
+	b = append(b, `","trace_id":`...)
+	b = strictjson.AppendString(b, lr.traceID)
+	body := append(b, '}')
 
 	// The header values are views of p.s.replyText, sized up front so that
 	// no append moves it while earlier views point into it.
@@ -167,6 +149,39 @@ func (h *httpContext) sendReply(lr localReply) {
 	if cap(body) <= maxKeepBytes {
 		p.s.body = body[:0]
 	}
+}
+
+// replyBodyPrefix is the constant start of a local reply's body, up to
+// the value of data.limit: {"code":<status>,"message":"…","data":{"rule":"…","limit":
+// (rule "" for the no-policy reply). sendReply appends the rest.
+func replyBodyPrefix(status int, message, rule string) []byte {
+	w := strictjson.NewWriter(nil)
+	w.BeginObject()
+	w.AppendKey("code")
+	w.AppendInt(int64(status))
+	w.AppendKey("message")
+	w.AppendString(message)
+	w.AppendKey("data")
+	w.BeginObject()
+	w.AppendKey("rule")
+	w.AppendString(rule)
+	w.AppendKey("limit")
+	return w.Bytes()
+}
+
+// noPolicyReplyPrefix starts the 503 body of fail_mode "closed".
+var noPolicyReplyPrefix = replyBodyPrefix(503, messageNoPolicy, "")
+
+// appendTimestamp appends now (Unix ns) as RFC 3339 in UTC, whole seconds
+// (2026-01-02T03:04:05Z). A flood of denials repeats the same second, so
+// the last one formatted is kept.
+func (p *pluginContext) appendTimestamp(b []byte, now int64) []byte {
+	sec := now / int64(time.Second)
+	if sec != p.s.tsSec || len(p.s.ts) == 0 {
+		p.s.ts = time.Unix(sec, 0).UTC().AppendFormat(p.s.ts[:0], time.RFC3339)
+		p.s.tsSec = sec
+	}
+	return append(b, p.s.ts...)
 }
 
 // replyTextBytes bounds the numbers and fields of a reply's headers: five
