@@ -79,8 +79,8 @@ type hostcallCase struct {
 // most of the requests made (the steady state), and every distinct
 // per-request count with how many requests made it.
 type hostcallResult struct {
-	typical  callCounts
-	distinct map[string]int
+	costliest callCounts // the request with the most calls
+	distinct  map[string]int
 }
 
 // measureHostcalls starts one worker VM of the filter with the default
@@ -89,20 +89,17 @@ type hostcallResult struct {
 // upstream, response headers, on_log/on_done/on_delete) one at a time,
 // counting each stream's hostcalls.
 //
-// The budgets are the filter's steady state, which every request of a case
-// repeats exactly but for the Go runtime's own calls: a garbage collection
-// reads the WASI clock a dozen times in whichever request crosses the heap
-// goal, and even with GOGC=off (set here, so that the rare request is
-// rarer) about one request in a hundred reads it twice more. So the
-// budgets are checked against the counts most requests made, and every
-// other count seen is logged.
+// The budgets hold for every request: once warm the request path
+// allocates nothing (TestWarmRequestPathAllocatesNothing), so the Go
+// runtime does not collect, and a collection's clock reads cannot land in
+// a counted request. The request with the most calls is the one checked;
+// every distinct count seen is logged.
 func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 	t.Helper()
 	h, err := host.New(context.Background(), host.Config{
 		Wasm: buildWasmTB(t), VMID: "sluice", PluginName: "sluice", NoCanary: true,
 		PluginConfig: []byte(`{"tick":"1m","policy":` + benchPolicy(c.rules...) + `}`),
 		Clock:        host.NewVirtualClock(epoch), LogLevel: host.LogInfo,
-		Env: map[string]string{"GOGC": "off"},
 	})
 	if err != nil {
 		t.Fatalf("host.New: %v", err)
@@ -144,15 +141,15 @@ func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 		res.distinct[k]++
 		seen[k] = got
 	}
-	best := ""
+	worst := ""
 	for k, n := range res.distinct {
 		t.Logf("%d of %d requests: %s", n, hostcallRequests, k)
-		if best == "" || n > res.distinct[best] || (n == res.distinct[best] && k < best) {
-			best = k
+		if worst == "" || seen[k].total() > seen[worst].total() || (seen[k].total() == seen[worst].total() && k < worst) {
+			worst = k
 		}
 	}
-	res.typical = seen[best]
-	t.Logf("typical request: %s", best)
+	res.costliest = seen[worst]
+	t.Logf("costliest request: %s", worst)
 	return res
 }
 
@@ -168,20 +165,20 @@ func TestRequestHostCallBudget(t *testing.T) {
 	var allowedTotal uint64
 	t.Run("allowed", func(t *testing.T) {
 		r := measureHostcalls(t, hostcallCase{rules: []string{rule}, user: "user-0", path: path, status: 200, warm: others})
-		allowedTotal = r.typical.total()
-		if r.typical.total() > budgetAllowedTotal {
-			t.Errorf("hostcalls per request: %d, want ≤ %d", r.typical.total(), budgetAllowedTotal)
+		allowedTotal = r.costliest.total()
+		if r.costliest.total() > budgetAllowedTotal {
+			t.Errorf("hostcalls per request: %d, want ≤ %d", r.costliest.total(), budgetAllowedTotal)
 		}
-		if n := r.typical.clockReads(); n > budgetClockReads {
+		if n := r.costliest.clockReads(); n > budgetClockReads {
 			t.Errorf("clock reads (proxy_get_current_time_nanoseconds + clock_time_get): %d, want ≤ %d", n, budgetClockReads)
 		}
-		if n := r.typical["proxy_set_property"]; n > budgetSetProperty {
+		if n := r.costliest["proxy_set_property"]; n > budgetSetProperty {
 			t.Errorf("proxy_set_property: %d, want ≤ %d", n, budgetSetProperty)
 		}
-		if n := r.typical["proxy_get_shared_data"]; n != 1 {
+		if n := r.costliest["proxy_get_shared_data"]; n != 1 {
 			t.Errorf("proxy_get_shared_data: %d, want 1", n)
 		}
-		if n := r.typical["proxy_set_shared_data"]; n != 1 {
+		if n := r.costliest["proxy_set_shared_data"]; n != 1 {
 			t.Errorf("proxy_set_shared_data: %d, want 1", n)
 		}
 	})
@@ -190,7 +187,7 @@ func TestRequestHostCallBudget(t *testing.T) {
 		noMatch := `{"id":"r0","match":{"path_prefix":"/elsewhere"},"key":["user"],"algorithm":"token_bucket","limit":1,"window":"1h"}`
 		r := measureHostcalls(t, hostcallCase{rules: []string{noMatch}, user: "user-0", path: path, status: 200, warm: others})
 		var reads uint64
-		for k, v := range r.typical {
+		for k, v := range r.costliest {
 			switch k {
 			case "proxy_get_header_map_value", "proxy_get_header_map_pairs", "proxy_get_property":
 				reads += v
@@ -209,23 +206,23 @@ func TestRequestHostCallBudget(t *testing.T) {
 		if allowedTotal == 0 {
 			t.Fatal("the allowed case did not run (run the whole test)")
 		}
-		if r.typical.total() > allowedTotal {
-			t.Errorf("hostcalls per denied request: %d, want ≤ %d (an allowed request's)", r.typical.total(), allowedTotal)
+		if r.costliest.total() > allowedTotal {
+			t.Errorf("hostcalls per denied request: %d, want ≤ %d (an allowed request's)", r.costliest.total(), allowedTotal)
 		}
-		if n := r.typical["proxy_set_shared_data"]; n != 0 {
+		if n := r.costliest["proxy_set_shared_data"]; n != 0 {
 			t.Errorf("proxy_set_shared_data: %d, want 0", n)
 		}
 	})
 
 	t.Run("five_rules", func(t *testing.T) {
 		r := measureHostcalls(t, hostcallCase{rules: fiveRules(), user: "user-0", path: path, status: 200, warm: others})
-		if want := uint64(budgetAllowedTotal + budgetPerExtraRule*4); r.typical.total() > want {
-			t.Errorf("hostcalls per request: %d, want ≤ %d", r.typical.total(), want)
+		if want := uint64(budgetAllowedTotal + budgetPerExtraRule*4); r.costliest.total() > want {
+			t.Errorf("hostcalls per request: %d, want ≤ %d", r.costliest.total(), want)
 		}
-		if n := r.typical["proxy_get_shared_data"]; n > 5 {
+		if n := r.costliest["proxy_get_shared_data"]; n > 5 {
 			t.Errorf("proxy_get_shared_data: %d, want ≤ 5 (one per rule)", n)
 		}
-		if n := r.typical["proxy_set_shared_data"]; n > 5 {
+		if n := r.costliest["proxy_set_shared_data"]; n > 5 {
 			t.Errorf("proxy_set_shared_data: %d, want ≤ 5 (one per rule)", n)
 		}
 	})
