@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-proxy/sluice/testenv/devproxy"
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -57,10 +58,8 @@ func TestMain(m *testing.M) {
 
 // seedFields are the fields every access-log line carries (the README's
 // "Access log" section).
-var seedFields = []string{"timestamp", "env", "trace_id", "request_id", "user_id", "tenant_id", "method", "path",
-	"query", "status_code", "response_time_ms", "client_ip", "user_agent", "rate_limited",
-	"rate_limit_rule", "rate_limit_key", "rate_limit_limit", "rate_limit_remaining", "rate_limit_reset",
-	"rate_limit_shadow", "rate_limit_policy_version", "rate_limit_reason"}
+var seedFields = []string{"timestamp", "env", "traceparent", "request_id", "user_id", "tenant_id", "method", "path",
+	"query", "status_code", "response_time_ms", "client_ip", "user_agent", "rate_limit", "response_code_details"}
 
 func TestEnvoyBootstrap(t *testing.T) {
 	doc, err := os.ReadFile("envoy.yaml")
@@ -420,8 +419,19 @@ func TestAccessLogTraceIDMatchesReply(t *testing.T) {
 		if err := json.Unmarshal([]byte(lines[i]), &e); err != nil {
 			t.Fatal(err)
 		}
-		if e["trace_id"] != tc.traceID || e["traceparent"] != tc.loggedTP {
-			t.Errorf("request %d: log trace_id %#v traceparent %#v, want %#v %#v", i+1, e["trace_id"], e["traceparent"], tc.traceID, tc.loggedTP)
+		// The trace id is in the filter's rate_limit value, with a local
+		// reply only.
+		raw, _ := e["rate_limit"].(string)
+		rl, err := filterstate.Parse(raw)
+		if err != nil {
+			t.Fatalf("request %d: rate_limit %q: %v", i+1, raw, err)
+		}
+		var traceID any
+		if id, ok := rl["trace_id"]; ok {
+			traceID = id
+		}
+		if traceID != tc.traceID || e["traceparent"] != tc.loggedTP {
+			t.Errorf("request %d: log trace_id %#v traceparent %#v, want %#v %#v", i+1, traceID, e["traceparent"], tc.traceID, tc.loggedTP)
 		}
 		if tc.status == 429 {
 			var b struct {

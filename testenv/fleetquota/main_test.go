@@ -8,13 +8,11 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -220,14 +218,14 @@ func startEnvoyNode(t testing.TB, cpAddr string, workers int, extra string, want
 	return e
 }
 
-// awaitVersion waits until worker w enforces policy version v (read from the
-// filter state of probe requests that match no rule).
+// awaitVersion waits until worker w enforces policy version v: probe
+// requests make it check for a newer version, and its log says when it
+// took one up (proctest.WorkerVersions).
 func (e *envoy) awaitVersion(w int, v uint64) {
 	e.t.Helper()
-	want := strconv.FormatUint(v, 10)
 	ok := proctest.WaitFor(20*time.Second, func() bool {
-		resp, err := e.h.Worker(w).Do(context.Background(), host.Request{Path: "/probe"})
-		return err == nil && filterstate.Fields(resp.FilterState)["policy_version"] == want
+		_, err := e.h.Worker(w).Do(context.Background(), host.Request{Path: "/probe"})
+		return err == nil && proctest.WorkerVersions(e.h.Logs(), "default")[w] == v
 	})
 	if !ok {
 		e.t.Fatalf("worker %d never enforced policy version %d", w, v)

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -90,11 +89,22 @@ func (e *envoy) do(i int, path string) host.Response {
 	return resp
 }
 
-// version is the policy version worker i enforces, as its filter state
-// says for a request no rule matches ("" before any policy).
+// version is the policy version worker i enforces ("" before any
+// policy): a probe request makes it check for a newer one, and its log
+// says which it took up (proctest.WorkerVersions).
 func (e *envoy) version(i int) string {
 	e.t.Helper()
-	return filterstate.Fields(e.do(i, "/probe").FilterState)["policy_version"]
+	e.do(i, "/probe")
+	return e.loggedVersion(i)
+}
+
+// loggedVersion is the last policy version worker i logged as in use, ""
+// if none.
+func (e *envoy) loggedVersion(i int) string {
+	if v, ok := proctest.WorkerVersions(e.h.Logs(), "default")[i]; ok {
+		return strconv.FormatUint(v, 10)
+	}
+	return ""
 }
 
 // advance moves a virtual clock by one tick; with the real clock it sleeps
@@ -220,11 +230,10 @@ func (e *envoy) traffic(path string, gap time.Duration, stop <-chan struct{}, se
 					return
 				default:
 				}
-				resp, err := e.h.Worker(i).Do(context.Background(), host.Request{Path: path})
-				if err != nil {
+				if _, err := e.h.Worker(i).Do(context.Background(), host.Request{Path: path}); err != nil {
 					return
 				}
-				seen(i, filterstate.Fields(resp.FilterState)["policy_version"], time.Now())
+				seen(i, e.loggedVersion(i), time.Now())
 				time.Sleep(gap)
 			}
 		}()
