@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"reflect"
-	"runtime"
 	"testing"
 
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -114,32 +113,6 @@ func (p *trivialPlugin) OnHttpResponseHeaders(int, bool) types.Action {
 	return types.ActionContinue
 }
 
-// mallocs runs f runs times after one warm-up run, as testing.AllocsPerRun
-// does, and returns the total number of heap allocations, which
-// AllocsPerRun would divide by runs and round down, hiding up to runs-1 of
-// them. The runtime itself allocates now and then (about one measurement
-// in thirty sees 2 allocations whatever f does), so it measures up to three
-// times and returns the smallest total: an allocation in f shows in every
-// measurement.
-func mallocs(runs int, f func()) uint64 {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	f()
-	least := ^uint64(0)
-	for range 3 {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for range runs {
-			f()
-		}
-		runtime.ReadMemStats(&after)
-		least = min(least, after.Mallocs-before.Mallocs)
-		if least == 0 {
-			break
-		}
-	}
-	return least
-}
-
 func newTrivialEmulator(t *testing.T) (*trivialPlugin, *Emulator) {
 	t.Helper()
 	p := &trivialPlugin{t: t}
@@ -187,7 +160,7 @@ func TestEmulatorStreamsDoNotAllocate(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%v allocations per stream, want 0", allocs)
 	}
-	if n := mallocs(runs, stream); n != 0 {
+	if n := LeastHeapAllocs(runs, stream); n != 0 {
 		t.Errorf("%d allocations in %d streams, want 0", n, runs)
 	}
 	if p.failures != 0 {
@@ -576,7 +549,7 @@ func TestAPIDoesNotAllocate(t *testing.T) {
 			if allocs := testing.AllocsPerRun(100, scope); allocs != 0 {
 				t.Errorf("10 calls: %v allocations, want 0", allocs)
 			}
-			if n := mallocs(100, scope); n != 0 {
+			if n := LeastHeapAllocs(100, scope); n != 0 {
 				t.Errorf("100 × 10 calls: %d allocations, want 0", n)
 			}
 			if err != nil {

@@ -3,7 +3,6 @@
 package plugin
 
 import (
-	"runtime"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
@@ -66,7 +65,7 @@ func TestWarmRequestPathAllocatesNothing(t *testing.T) {
 				t.Fatalf("local reply %d, want %d", got, tc.status)
 			}
 			const runs = 1000
-			if n := leastMallocs(runs, stream); n != 0 {
+			if n := proxywasm.LeastHeapAllocs(runs, stream); n != 0 {
 				t.Errorf("%d heap allocations in %d warm streams, want 0", n, runs)
 			}
 			if got != tc.status {
@@ -74,24 +73,4 @@ func TestWarmRequestPathAllocatesNothing(t *testing.T) {
 			}
 		})
 	}
-}
-
-// leastMallocs is the fewest heap allocations (runtime.MemStats.Mallocs)
-// of three rounds of runs calls of f: the runtime itself allocates now and
-// then, and an allocation of f shows in every round.
-func leastMallocs(runs int, f func()) uint64 {
-	least := ^uint64(0)
-	for range 3 {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for range runs {
-			f()
-		}
-		runtime.ReadMemStats(&after)
-		least = min(least, after.Mallocs-before.Mallocs)
-		if least == 0 {
-			break
-		}
-	}
-	return least
 }
