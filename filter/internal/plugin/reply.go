@@ -3,7 +3,6 @@ package plugin
 import (
 	"strconv"
 	"time"
-	"unsafe"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/limit"
@@ -304,12 +303,4 @@ func allZero(s string) bool {
 		}
 	}
 	return true
-}
-
-// bytesOf views s as bytes for hostcalls that only read them.
-func bytesOf(s string) []byte {
-	if s == "" {
-		return nil
-	}
-	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
