@@ -8,6 +8,17 @@ import "unsafe"
 // functions for native builds. Results the host allocates are claimed with
 // takeAlloc.
 
+// Return slots of the hostcalls during which the host calls back into the
+// guest (proxy_on_memory_allocate, to place the result; proxy-wasm-cpp-host
+// WasmBase::copyToPointerSize allocates first and writes the pointer and
+// size after). They are package variables, in static memory, and not
+// locals: the callback runs Go code on the same goroutine, whose stack may
+// grow and move meanwhile, and the host would then write to where a local
+// used to be (the imports are //go:noescape, so locals stay on the stack).
+// A VM runs one call at a time and the allocator makes no hostcall, so one
+// set of slots serves every such call.
+var retPtr, retSize, retCas, retCode uint32
+
 func strPtr(s string) unsafe.Pointer   { return unsafe.Pointer(unsafe.StringData(s)) }
 func bytesPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
 
@@ -32,9 +43,8 @@ func hostSetTickPeriodMilliseconds(periodMillis uint32) status {
 }
 
 func hostGetBufferBytes(bt BufferType, start, maxSize uint32) ([]byte, status) {
-	var ptr, size uint32
-	st := status(proxyGetBufferBytes(uint32(bt), start, maxSize, unsafe.Pointer(&ptr), unsafe.Pointer(&size)))
-	return takeAlloc(st, ptr, size)
+	st := status(proxyGetBufferBytes(uint32(bt), start, maxSize, unsafe.Pointer(&retPtr), unsafe.Pointer(&retSize)))
+	return takeAlloc(st, retPtr, retSize)
 }
 
 func hostSetBufferBytes(bt BufferType, start, size uint32, value []byte) status {
@@ -53,9 +63,8 @@ func hostGetHeaderMapSize(mt MapType) (uint32, status) {
 }
 
 func hostGetHeaderMapPairs(mt MapType) ([]byte, status) {
-	var ptr, size uint32
-	st := status(proxyGetHeaderMapPairs(uint32(mt), unsafe.Pointer(&ptr), unsafe.Pointer(&size)))
-	return takeAlloc(st, ptr, size)
+	st := status(proxyGetHeaderMapPairs(uint32(mt), unsafe.Pointer(&retPtr), unsafe.Pointer(&retSize)))
+	return takeAlloc(st, retPtr, retSize)
 }
 
 func hostSetHeaderMapPairs(mt MapType, data []byte) status {
@@ -63,9 +72,8 @@ func hostSetHeaderMapPairs(mt MapType, data []byte) status {
 }
 
 func hostGetHeaderMapValue(mt MapType, key string) ([]byte, status) {
-	var ptr, size uint32
-	st := status(proxyGetHeaderMapValue(uint32(mt), strPtr(key), uint32(len(key)), unsafe.Pointer(&ptr), unsafe.Pointer(&size)))
-	return takeAlloc(st, ptr, size)
+	st := status(proxyGetHeaderMapValue(uint32(mt), strPtr(key), uint32(len(key)), unsafe.Pointer(&retPtr), unsafe.Pointer(&retSize)))
+	return takeAlloc(st, retPtr, retSize)
 }
 
 func hostAddHeaderMapValue(mt MapType, key, value string) status {
@@ -85,10 +93,9 @@ func hostContinueStream(st StreamType) status { return status(proxyContinueStrea
 func hostCloseStream(st StreamType) status { return status(proxyCloseStream(uint32(st))) }
 
 func hostGetStatus() (code uint32, msg []byte, st status) {
-	var ptr, size uint32
-	st = status(proxyGetStatus(unsafe.Pointer(&code), unsafe.Pointer(&ptr), unsafe.Pointer(&size)))
-	msg, st = takeAlloc(st, ptr, size)
-	return code, msg, st
+	st = status(proxyGetStatus(unsafe.Pointer(&retCode), unsafe.Pointer(&retPtr), unsafe.Pointer(&retSize)))
+	msg, st = takeAlloc(st, retPtr, retSize)
+	return retCode, msg, st
 }
 
 func hostSendLocalResponse(statusCode uint32, details string, body, headers []byte, grpcStatus int32) status {
@@ -115,10 +122,9 @@ func hostSetSharedData(key string, value []byte, cas uint32) status {
 }
 
 func hostGetSharedData(key string) ([]byte, uint32, status) {
-	var ptr, size, cas uint32
-	st := status(proxyGetSharedData(strPtr(key), uint32(len(key)), unsafe.Pointer(&ptr), unsafe.Pointer(&size), unsafe.Pointer(&cas)))
-	value, st := takeAlloc(st, ptr, size)
-	return value, cas, st
+	st := status(proxyGetSharedData(strPtr(key), uint32(len(key)), unsafe.Pointer(&retPtr), unsafe.Pointer(&retSize), unsafe.Pointer(&retCas)))
+	value, st := takeAlloc(st, retPtr, retSize)
+	return value, retCas, st
 }
 
 func hostRegisterSharedQueue(name string) (uint32, status) {
@@ -138,9 +144,8 @@ func hostEnqueueSharedQueue(queueID uint32, value []byte) status {
 }
 
 func hostDequeueSharedQueue(queueID uint32) ([]byte, status) {
-	var ptr, size uint32
-	st := status(proxyDequeueSharedQueue(queueID, unsafe.Pointer(&ptr), unsafe.Pointer(&size)))
-	return takeAlloc(st, ptr, size)
+	st := status(proxyDequeueSharedQueue(queueID, unsafe.Pointer(&retPtr), unsafe.Pointer(&retSize)))
+	return takeAlloc(st, retPtr, retSize)
 }
 
 func hostDefineMetric(mt MetricType, name string) (uint32, status) {
@@ -162,9 +167,8 @@ func hostGetMetric(id uint32) (uint64, status) {
 }
 
 func hostGetProperty(path []byte) ([]byte, status) {
-	var ptr, size uint32
-	st := status(proxyGetProperty(bytesPtr(path), uint32(len(path)), unsafe.Pointer(&ptr), unsafe.Pointer(&size)))
-	return takeAlloc(st, ptr, size)
+	st := status(proxyGetProperty(bytesPtr(path), uint32(len(path)), unsafe.Pointer(&retPtr), unsafe.Pointer(&retSize)))
+	return takeAlloc(st, retPtr, retSize)
 }
 
 func hostSetProperty(path, value []byte) status {
