@@ -63,8 +63,11 @@ func Parse(raw string) (map[string]string, error) {
 	return out, nil
 }
 
+// fieldError is Parse's error for a field that is not a string, number or
+// boolean.
 type fieldError struct{ field string }
 
+// Error names the field.
 func (e *fieldError) Error() string {
 	return "filter state field " + strconv.Quote(e.field) + " is not a string, number or boolean"
 }
