@@ -113,8 +113,16 @@ func TestWaitReplicas(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// With the replica online, a store whose WAIT timeout leaves a loaded
+	// machine time to replicate (100 ms was too tight beside a busy test
+	// suite on two cores).
+	s2, err := Open(Options{URL: master.URL(), HistoryDepth: 3, WaitReplicas: 1, WaitTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
 	c = store.Change{Name: "p", Base: 1, Doc: []byte(`{"v":2}`), Op: store.OpPutPolicy, Time: time.Now(), ID: "b"}
-	r, err := s.Commit(ctx, c)
+	r, err := s2.Commit(ctx, c)
 	if err != nil || r.Version != 2 {
 		t.Fatalf("commit with a replica = %+v, %v", r, err)
 	}
@@ -122,7 +130,7 @@ func TestWaitReplicas(t *testing.T) {
 		t.Fatalf("the replica has version %q after the acknowledged commit, want 2", got)
 	}
 	c.Base, c.ID = 0, "c"
-	if _, err := s.Commit(ctx, c); !errors.Is(err, store.ErrConflict) {
+	if _, err := s2.Commit(ctx, c); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("stale commit err %v, want ErrConflict", err)
 	}
 
