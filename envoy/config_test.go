@@ -421,10 +421,9 @@ func TestAccessLogTraceIDMatchesReply(t *testing.T) {
 		}
 		// The trace id is in the filter's rate_limit value, with a local
 		// reply only.
-		raw, _ := e["rate_limit"].(string)
-		rl, err := filterstate.Parse(raw)
+		rl, err := filterstate.FromLogLine(e)
 		if err != nil {
-			t.Fatalf("request %d: rate_limit %q: %v", i+1, raw, err)
+			t.Fatalf("request %d: rate_limit %v: %v", i+1, e[filterstate.LogField], err)
 		}
 		var traceID any
 		if id, ok := rl["trace_id"]; ok {

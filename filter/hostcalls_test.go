@@ -212,6 +212,15 @@ func TestRequestHostCallBudget(t *testing.T) {
 		if n := r.costliest["proxy_set_shared_data"]; n != 0 {
 			t.Errorf("proxy_set_shared_data: %d, want 0", n)
 		}
+		if n := r.costliest["proxy_get_shared_data"]; n != 1 {
+			t.Errorf("proxy_get_shared_data: %d, want 1", n)
+		}
+		if n := r.costliest.clockReads(); n > budgetClockReads {
+			t.Errorf("clock reads: %d, want ≤ %d", n, budgetClockReads)
+		}
+		if n := r.costliest["proxy_set_property"]; n > budgetSetProperty {
+			t.Errorf("proxy_set_property: %d, want ≤ %d (the trace id goes in the one value)", n, budgetSetProperty)
+		}
 	})
 
 	t.Run("five_rules", func(t *testing.T) {
@@ -224,6 +233,12 @@ func TestRequestHostCallBudget(t *testing.T) {
 		}
 		if n := r.costliest["proxy_set_shared_data"]; n > 5 {
 			t.Errorf("proxy_set_shared_data: %d, want ≤ 5 (one per rule)", n)
+		}
+		if n := r.costliest.clockReads(); n > budgetClockReads {
+			t.Errorf("clock reads: %d, want ≤ %d (one per request, not per rule)", n, budgetClockReads)
+		}
+		if n := r.costliest["proxy_set_property"]; n > budgetSetProperty {
+			t.Errorf("proxy_set_property: %d, want ≤ %d", n, budgetSetProperty)
 		}
 	})
 }

@@ -136,13 +136,11 @@ func get(t *testing.T, url string, log *syncWriter, xff ...string) (status int, 
 		t.Fatal(err)
 	}
 	clientIP, _ = e["client_ip"].(string)
-	if raw, ok := e["rate_limit"].(string); ok {
-		f, err := filterstate.Parse(raw)
-		if err != nil {
-			t.Fatalf("rate_limit %q: %v", raw, err)
-		}
-		key = f["key"]
+	f, err := filterstate.FromLogLine(e)
+	if err != nil {
+		t.Fatalf("rate_limit %v: %v", e[filterstate.LogField], err)
 	}
+	key = f["key"]
 	return resp.StatusCode, resp.Header.Get("X-Seen-Xff"), clientIP, key
 }
 

@@ -175,14 +175,10 @@ func (s *stack) logOf(id string) map[string]any {
 }
 
 // rateLimit returns the fields of an access-log line's rate_limit (the
-// filter's decision, a JSON object in a string; filterstate.Parse), empty
-// when the line has none.
+// filter's decision; filterstate.FromLogLine), empty when the line has
+// none, and one "error" entry when it cannot be read.
 func rateLimit(m map[string]any) map[string]string {
-	raw, _ := m["rate_limit"].(string)
-	if raw == "" {
-		return map[string]string{}
-	}
-	f, err := filterstate.Parse(raw)
+	f, err := filterstate.FromLogLine(m)
 	if err != nil {
 		return map[string]string{"error": err.Error()}
 	}

@@ -19,6 +19,25 @@ import (
 // testenv/host, in a stream's FilterState map) names it.
 const Key = "wasm.sluice"
 
+// LogField is the field of envoy/envoy.yaml's JSON access log that holds
+// the value (%FILTER_STATE(wasm.sluice:PLAIN)%, a string; null when no rule
+// applied to the request).
+const LogField = "rate_limit"
+
+// FromLogLine returns the fields of the value in one decoded JSON
+// access-log line (see Fields for their form), or an empty map when the
+// line has none. Errors: LogField is neither null nor a string, or Parse's.
+func FromLogLine(line map[string]any) (map[string]string, error) {
+	switch v := line[LogField].(type) {
+	case nil:
+		return map[string]string{}, nil
+	case string:
+		return Parse(v)
+	default:
+		return nil, &fieldError{field: LogField}
+	}
+}
+
 // Fields returns the fields of the sluice value in fs (a stream's filter
 // state: key → raw value) as strings: booleans "true" or "false", numbers
 // in decimal, strings as they are. A field the value does not carry is
