@@ -112,8 +112,18 @@ const (
 	StatusGranted = "granted"
 	// StatusPartial: less than Want but at least one unit was granted.
 	StatusPartial = "partial"
-	// StatusRefused: nothing could be granted now; RetryAfter says when more may be.
+	// StatusRefused: the key's budget is spent: nothing could be granted now, and
+	// RetryAfter says when more may be. The service answers it only when the
+	// limiter has no unit left (or the key's ledger is full), never because the
+	// key was contended.
 	StatusRefused = "refused"
+	// StatusRetry: the service could not decide the key in time (its store was
+	// contended or slow): nothing was granted, returned or recorded for it, used
+	// units included. The Envoy keeps its lease as it was (units it sent back may
+	// be taken back into a lease that is still live), reports the same use again,
+	// decides meanwhile as the rule's on_quota_failure says, and asks again after
+	// RetryAfter. It never means the budget is spent.
+	StatusRetry = "retry"
 	// StatusStalePolicy: the request's policy version is not the current one; the
 	// Envoy must resync its policy. Nothing was granted or returned.
 	StatusStalePolicy = "stale_policy"
@@ -157,7 +167,8 @@ type KeyResult struct {
 	// counted in.
 	ExpiresIn time.Duration
 	// RetryAfter ["retry_after_ns"]: for StatusRefused and StatusPartial, the time
-	// until more units may be available (limit.Never, 2^63-1, if never).
+	// until more units may be available (limit.Never, 2^63-1, if never); for
+	// StatusRetry, when to ask again.
 	RetryAfter time.Duration
 }
 
