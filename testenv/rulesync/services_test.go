@@ -54,10 +54,10 @@ const cpReadyTimeout = 15 * time.Second
 
 // startControlPlane runs the control plane against the Redis at redisAddr,
 // or, if redisAddr is "", its embedded store in a temporary directory.
-func startControlPlane(t testing.TB, redisAddr string) *controlPlane {
+func startControlPlane(t testing.TB, redisAddr string, extra ...string) *controlPlane {
 	t.Helper()
 	c := &controlPlane{t: t, addr: proctest.FreeAddr(t)}
-	args := []string{"--listen", c.addr, "--log-level", "warn", "--resync-interval", "200ms"}
+	args := append([]string{"--listen", c.addr, "--log-level", "warn", "--resync-interval", "200ms"}, extra...)
 	if redisAddr != "" {
 		args = append(args, "--redis-url", "redis://"+redisAddr)
 	} else {

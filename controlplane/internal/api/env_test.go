@@ -76,21 +76,32 @@ type option func(*api.Options)
 
 func startReplica(t testing.TB, b backend, opts ...option) *replica {
 	t.Helper()
-	return start(t, b, true, opts)
+	return start(t, b, true, nil, opts)
+}
+
+// startRestoringReplica starts a replica whose view writes back a policy
+// the store lost (snapshot.Options.RestoreLost).
+func startRestoringReplica(t testing.TB, b backend, opts ...option) *replica {
+	t.Helper()
+	return start(t, b, true, func(o *snapshot.Options) { o.RestoreLost = true }, opts)
 }
 
 // startReplicaUnsynced starts a replica without requiring its first resync
 // to succeed (the store may be down).
 func startReplicaUnsynced(t testing.TB, b backend, opts ...option) *replica {
 	t.Helper()
-	return start(t, b, false, opts)
+	return start(t, b, false, nil, opts)
 }
 
-func start(t testing.TB, b backend, sync bool, opts []option) *replica {
+func start(t testing.TB, b backend, sync bool, snapOpt func(*snapshot.Options), opts []option) *replica {
 	t.Helper()
 	st := b.open(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	snap := snapshot.New(snapshot.Options{Store: st, Logger: log, ResyncInterval: 250 * time.Millisecond})
+	so := snapshot.Options{Store: st, Logger: log, ResyncInterval: 250 * time.Millisecond}
+	if snapOpt != nil {
+		snapOpt(&so)
+	}
+	snap := snapshot.New(so)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := snap.Resync(ctx); err != nil && sync {
 		t.Fatalf("initial resync: %v", err)

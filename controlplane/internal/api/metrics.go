@@ -20,6 +20,7 @@ import (
 //	sluice_controlplane_store_errors_total         failed store operations
 //	sluice_controlplane_store_up                   1 if the store answered the last resync
 //	sluice_controlplane_store_regressions_total    times the store was found to have lost acknowledged writes
+//	sluice_controlplane_store_restores_total       lost policies this replica wrote back (--restore-lost-policies)
 //	sluice_controlplane_policies                   live policies in this replica's snapshot
 //	sluice_controlplane_policy_version{policy}     current version of a live policy, for the
 //	                                               first MaxPolicyMetrics policies by name only
@@ -59,6 +60,10 @@ func newMetrics(reg *prometheus.Registry, snap *snapshot.Snapshot) *metrics {
 			Name: "sluice_controlplane_store_regressions_total",
 			Help: "Times this replica found that the store had lost acknowledged writes of a policy (its version went back or its epoch changed); each is also logged at error level.",
 		}, func() float64 { return float64(snap.Regressions()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_controlplane_store_restores_total",
+			Help: "Policies the store had lost that this replica wrote back as a new version (--restore-lost-policies); each is also logged at error level.",
+		}, func() float64 { return float64(snap.Restores()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_controlplane_store_up",
 			Help: "1 if the store answered the last resync, else 0.",

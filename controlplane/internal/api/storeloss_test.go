@@ -1,6 +1,8 @@
 package api_test
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,4 +107,73 @@ func TestWritesAfterRedisLostDataAreServed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLostPolicyIsRestoredAsANewVersion: Redis without persistence restarts
+// empty under two replicas that serve v3 of a policy. Without anyone
+// re-applying it, the policy is served again within the guard time: its
+// last acknowledged document (limit 30), written back once (one replica
+// wins, the other adopts it) as version 1 of a new epoch, with a history
+// entry saying it was restored, counted in Restores. A write made after
+// that continues from it.
+func TestLostPolicyIsRestoredAsANewVersion(t *testing.T) {
+	b := redisBackend(t, redisproc.Options{})
+	a, other := startRestoringReplica(t, b), startRestoringReplica(t, b)
+	var lost string
+	for i, limit := range []int{10, 20, 30} {
+		resp := a.admin.Do("PUT", "/v1/policies/p", policyDoc("p", limit))
+		expect(t, resp, []int{201, 200, 200}[i], "write before the loss")
+		lost = resp.ETag()
+	}
+	awaitLimit(t, other.read, 30, "other replica before the loss")
+
+	b.redis.Restart() // no persistence: it comes back empty
+
+	// Wait until the store itself has the policy again.
+	deadline := time.Now().Add(guard)
+	var hist *apitest.Response
+	for {
+		hist = a.admin.Do("GET", "/v1/policies/p/versions", nil)
+		if hist.Status == 200 && strings.Contains(string(hist.Body), `"restore"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store never got the lost policy back: %d %s", hist.Status, hist.Body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, r := range []*replica{a, other} {
+		got := awaitLimit(t, r.read, 30, "after the loss")
+		if p := decodePolicy(t, got); p.Version != 1 {
+			t.Errorf("restored policy has version %d, want 1 (the store counts again)", p.Version)
+		}
+		if got.ETag() == lost {
+			t.Errorf("the restored document has the lost v3's ETag %s", lost)
+		}
+	}
+	var vs struct {
+		Current  uint64
+		Versions []struct {
+			Version uint64
+			Op      string
+			Actor   string
+			Detail  string
+		}
+	}
+	if err := json.Unmarshal(hist.Body, &vs); err != nil {
+		t.Fatal(err)
+	}
+	if vs.Current != 1 || len(vs.Versions) != 1 || vs.Versions[0].Op != "restore" ||
+		!strings.Contains(vs.Versions[0].Detail, "version 3") {
+		t.Fatalf("history after the restore: %s", hist.Body)
+	}
+	if n := a.snap.Restores() + other.snap.Restores(); n != 1 {
+		t.Errorf("restores counted %d, want 1 (one replica writes, the other adopts)", n)
+	}
+	resp := other.admin.Do("PUT", "/v1/policies/p", policyDoc("p", 40))
+	expect(t, resp, 200, "write after the restore")
+	if p := decodePolicy(t, resp); p.Version != 2 {
+		t.Fatalf("write after the restore got version %d, want 2", p.Version)
+	}
+	awaitLimit(t, a.read, 40, "after a write that follows the restore")
 }

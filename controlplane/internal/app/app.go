@@ -98,7 +98,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		return err
 	}
 	defer st.Close()
-	snap := snapshot.New(snapshot.Options{Store: st, Logger: log, ResyncInterval: s.ResyncInterval})
+	snap := snapshot.New(snapshot.Options{Store: st, Logger: log, ResyncInterval: s.ResyncInterval, RestoreLost: s.RestoreLostPolicies})
 	// A first resync before serving, so that a reachable store is served
 	// fresh from the first request; failure here is not fatal.
 	initCtx, cancel := context.WithTimeout(ctx, s.StoreTimeout)

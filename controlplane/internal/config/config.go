@@ -44,6 +44,10 @@ type Settings struct {
 	// not a valid store aside (sluice.db.damaged-<time>) and start with no
 	// policies, instead of refusing to start (default false).
 	ResetDamagedStore bool
+	// RestoreLostPolicies makes the control plane write back, as a new
+	// version, a policy the store lost (Redis restarted empty) that it still
+	// served (snapshot.Options.RestoreLost). Default true.
+	RestoreLostPolicies bool
 	// MaxPolicies bounds the number of live policies; creating one more is
 	// refused (default 1000).
 	MaxPolicies int
@@ -98,6 +102,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.IntVar(&s.RedisWaitReplicas, "redis-wait-replicas", 0, "acknowledge a write only once this many Redis replicas confirmed it (WAIT); 0: do not wait")
 	fs.DurationVar(&s.RedisWaitTimeout, "redis-wait-timeout", time.Second, "longest wait for --redis-wait-replicas (below 2s); a write not confirmed in time answers 503")
 	fs.StringVar(&s.DataDir, "data-dir", "sluice-data", "embedded store directory (used without --redis-url)")
+	fs.BoolVar(&s.RestoreLostPolicies, "restore-lost-policies", true, "when the store has lost a policy this replica still serves (Redis restarted empty), write it back as a new version; false stops serving it (404) until someone re-applies it")
 	fs.BoolVar(&s.ResetDamagedStore, "reset-damaged-store", false, "if the embedded store file is empty or damaged, move it aside (sluice.db.damaged-<time>) and start with NO policies; remove this flag once recovered")
 	fs.IntVar(&s.MaxPolicies, "max-policies", 1000, "most live policies (1-100000); creating one more is refused with 409")
 	fs.StringVar(&s.AdminToken, "admin-token", "", "admin bearer token (prefer SLUICE_ADMIN_TOKEN or --admin-token-file: flags are visible in ps)")

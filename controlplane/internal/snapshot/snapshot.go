@@ -23,6 +23,13 @@
 //     no longer has is dropped from the view (404); one that went back within
 //     its epoch gets a new epoch (store.Rotate), so that every replica and
 //     every filter learns the lower versions are newer.
+//   - With Options.RestoreLost, a policy the store no longer has at all is
+//     not dropped but written back: the last document this view served is
+//     committed as version 1 of a new history (store.OpRestore, Base 0), so
+//     proxies and the quota service recover with no human. Only one writer
+//     wins that commit; a replica that loses the race (or finds an
+//     operator's write there first) adopts what the store holds. Until the
+//     write succeeds the view keeps serving the document it held.
 //   - A record with the version and epoch held but another document (a loss
 //     nobody noticed, then a new write of the same number) replaces it and
 //     the policy gets a new epoch too.
@@ -41,12 +48,14 @@ import (
 	"errors"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/controlplane/internal/watch"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // Options configure New.
@@ -58,6 +67,12 @@ type Options struct {
 	// ResyncInterval is how often every version is re-read and the store
 	// pinged; 0 means 2 seconds.
 	ResyncInterval time.Duration
+	// RestoreLost makes the view write back a policy the store lost (see
+	// "Store regressions"); false drops it from the view (404).
+	RestoreLost bool
+	// Now is the clock for the history entry of a restore; nil means
+	// time.Now.
+	Now func() time.Time
 }
 
 // Snapshot is the in-memory view. It is safe for concurrent use.
@@ -66,6 +81,8 @@ type Snapshot struct {
 	log      *slog.Logger
 	interval time.Duration
 	hub      *watch.Hub
+	restore  bool
+	now      func() time.Time
 
 	mu   sync.RWMutex
 	recs map[string]held // every name seen with Version > 0, tombstones included
@@ -73,6 +90,7 @@ type Snapshot struct {
 	seq         atomic.Uint64     // last Ticket
 	rotate      chan store.Record // records whose epoch Run must rotate
 	regressions atomic.Uint64
+	restores    atomic.Uint64
 
 	healthy atomic.Bool
 	loaded  atomic.Bool
@@ -93,7 +111,11 @@ func New(o Options) *Snapshot {
 	if o.ResyncInterval <= 0 {
 		o.ResyncInterval = 2 * time.Second
 	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	return &Snapshot{st: o.Store, log: o.Logger, interval: o.ResyncInterval, hub: watch.New(),
+		restore: o.RestoreLost, now: o.Now,
 		recs: make(map[string]held), rotate: make(chan store.Record, 16)}
 }
 
@@ -210,6 +232,13 @@ func (s *Snapshot) check(ctx context.Context, cur store.Record) error {
 		return err
 	}
 	switch {
+	case r.Version == 0 && cur.Version > 0 && s.restore && cur.Exists():
+		s.mu.RLock()
+		h, ok := s.recs[cur.Name]
+		s.mu.RUnlock()
+		if ok && h.ticket < t {
+			return s.restoreLost(ctx, h.rec)
+		}
 	case r.Version == 0 && cur.Version > 0:
 		s.mu.Lock()
 		h, ok := s.recs[cur.Name]
@@ -230,6 +259,60 @@ func (s *Snapshot) check(ctx context.Context, cur store.Record) error {
 	}
 	return nil
 }
+
+// restoreLost writes was, the last document the view served of a policy
+// the store no longer has, back as version 1 (see "Store regressions"). On a
+// conflict (another replica restored it, or an operator wrote it) it adopts
+// the store's record; on a store error it keeps was in the view and the next
+// resync tries again.
+func (s *Snapshot) restoreLost(ctx context.Context, was store.Record) error {
+	p, err := rules.ParsePolicy(was.Doc)
+	if err != nil {
+		// A document this view served always parses; if it ever does not,
+		// drop it as without RestoreLost rather than write it back.
+		s.log.Error("snapshot: the lost policy does not parse; not restoring it", "policy", was.Name, "err", err)
+		s.mu.Lock()
+		delete(s.recs, was.Name)
+		s.mu.Unlock()
+		s.regressed(was, store.Record{Name: was.Name}, "the store no longer has the policy; it is no longer served")
+		s.hub.Notify(was.Name)
+		return nil
+	}
+	p.Version = 1
+	t := s.Ticket()
+	nr, err := s.st.Commit(ctx, store.Change{Name: was.Name, Base: 0, Doc: rules.EncodePolicy(p), Op: store.OpRestore,
+		Actor: restoreActor, Detail: "restored version " + strconv.FormatUint(was.Version, 10) + " of epoch " + was.Epoch + " after the store lost it",
+		Time: s.now().UTC(), ID: "restore-" + store.NewEpoch()})
+	switch {
+	case err == nil:
+		s.regressions.Add(1)
+		s.restores.Add(1)
+		s.log.Error("snapshot: STORE LOST ACKNOWLEDGED WRITES: the store no longer has the policy; wrote the last version served back as a new version",
+			"policy", was.Name, "was_version", was.Version, "was_epoch", was.Epoch, "version", nr.Version, "epoch", nr.Epoch)
+		s.applyRead(nr, t, false)
+		return nil
+	case errors.Is(err, store.ErrConflict):
+		// Someone wrote the policy first: serve what the store holds.
+		r, err := s.st.Get(ctx, was.Name)
+		if err != nil {
+			s.fail(err)
+			return err
+		}
+		s.log.Warn("snapshot: the store lost the policy and another writer wrote it back first; serving the store's",
+			"policy", was.Name, "was_version", was.Version, "version", r.Version, "epoch", r.Epoch)
+		if r.Version == 0 {
+			return nil // deleted meanwhile and lost again: the next resync looks again
+		}
+		s.applyRead(r, t, false)
+		return nil
+	default:
+		s.fail(err)
+		return err
+	}
+}
+
+// restoreActor is the history actor of a restore.
+const restoreActor = "sluice-controlplane"
 
 // rotateEpoch gives r's policy a new epoch in the store (if it still has
 // r's) and applies the result.
@@ -357,6 +440,10 @@ func (s *Snapshot) Loaded() bool { return s.loaded.Load() }
 
 // StoreErrors returns how many store operations the view saw fail.
 func (s *Snapshot) StoreErrors() uint64 { return s.errors.Load() }
+
+// Restores returns how many lost policies this view wrote back to the store
+// (Options.RestoreLost).
+func (s *Snapshot) Restores() uint64 { return s.restores.Load() }
 
 // Regressions returns how many times the view found that the store had lost
 // acknowledged writes of a policy (see "Store regressions").

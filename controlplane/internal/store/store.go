@@ -114,6 +114,9 @@ const (
 	OpPutRule      Operation = "put_rule"
 	OpDeleteRule   Operation = "delete_rule"
 	OpRollback     Operation = "rollback"
+	// OpRestore is a control plane writing back the last document it served
+	// of a policy the store lost (package snapshot, Options.RestoreLost).
+	OpRestore Operation = "restore"
 )
 
 // Change is one atomic write.
