@@ -159,12 +159,13 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 	// last wrote the key decides at that replica's time (the latest report in the
 	// ledger), at most maxSkew ahead of its own. Deciding at a time earlier than the
 	// state's would let one replica read the other's buckets as refilled (or as
-	// implausible, hence fresh) and grant again, every time.
+	// implausible, hence fresh) and grant again, every time. The cap is relative to
+	// this replica's own clock, whatever the order of the reports.
+	latest := now
 	for _, e := range v.entries {
-		if e.last > now {
-			now = min(e.last, now+int64(maxSkew))
-		}
+		latest = max(latest, e.last)
 	}
+	now = min(latest, now+int64(maxSkew))
 	cur := make([]byte, size)
 	tmp := make([]byte, size)
 	// Normalise the state at now (a probe decides nothing).

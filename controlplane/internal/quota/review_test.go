@@ -249,3 +249,34 @@ func TestReplicaClockSkewDoesNotResetTheBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyClockRunsAtMostMaxSkewAheadOfTheReplica: a key's ledger holds reports from
+// replicas 9 s and 18 s ahead of this one. The key's clock may run ahead of this
+// replica's by maxSkew (10 s) and no more: the replica decides at its own time +
+// 10 s, not at +18 s by stepping from one report to the next.
+func TestKeyClockRunsAtMostMaxSkewAheadOfTheReplica(t *testing.T) {
+	p := newPolicies(t)
+	b := NewMemory()
+	w := base() // a window of rule fw (1m) starts here
+	own, at9, at18 := &clock{}, &clock{}, &clock{}
+	own.set(w + int64(time.Second))
+	at9.set(own.Now() + int64(9*time.Second))
+	at18.set(own.Now() + int64(18*time.Second))
+	for i, clk := range []*clock{at9, at18, own} {
+		s := New(Options{Backend: b, Policies: p, Open: true, Now: clk.Now})
+		resp, err := s.Handle(context.Background(), &quota.Request{Envoy: "e" + strconv.Itoa(i), Policy: "p", Version: 1,
+			Env: testEnv, Interval: time.Second, Keys: []quota.KeyRequest{{Rule: "fw", Key: globalKey("fw"), Want: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := resp.Keys[0]
+		if clk != own {
+			continue
+		}
+		// The lease ends with the window, at w+60s; decided at own+maxSkew = w+11s.
+		if want := time.Duration(w + int64(time.Minute) - (own.Now() + int64(maxSkew))); r.ExpiresIn != want {
+			t.Fatalf("lease expires in %v, want %v: the key's clock ran %v ahead of the replica's, at most %v allowed",
+				r.ExpiresIn, want, time.Duration(w+int64(time.Minute)-int64(r.ExpiresIn)-own.Now()), maxSkew)
+		}
+	}
+}
