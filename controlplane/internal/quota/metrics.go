@@ -17,6 +17,10 @@ import (
 //	sluice_controlplane_quota_units_returned_total    units returned and credited back
 //	sluice_controlplane_quota_keys_total{status}      keys answered, by status (granted, partial, refused, stale_policy, ...)
 //	sluice_controlplane_quota_cas_retries_total       compare-and-swap conflicts retried (per key)
+//	sluice_controlplane_quota_rounds_total            read–decide–write rounds run (per key and attempt)
+//	sluice_controlplane_quota_contended_total{stage}  keys answered retry because of contention:
+//	                                                  stage "queued" (still queued at the request's deadline)
+//	                                                  or "round" (conflicts with other replicas past the timeout)
 //	sluice_controlplane_quota_request_duration_seconds{code}  request latency (histogram)
 //	sluice_controlplane_quota_keys_active{policy,rule}         keys asked for in the last minute, per rule
 //
@@ -24,6 +28,7 @@ import (
 // under rule "_other") and counts at most maxKeysPerRule keys per rule.
 type metrics struct {
 	asked, granted, returned, casRetries prometheus.Counter
+	rounds, queueTimeouts, roundTimeouts prometheus.Counter
 	keys                                 *prometheus.CounterVec
 	duration                             *prometheus.HistogramVec
 	active                               *activeKeys
@@ -45,6 +50,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Unused quota units returned by Envoys and credited back."}),
 		casRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_cas_retries_total",
 			Help: "Keys decided again after a compare-and-swap conflict."}),
+		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_rounds_total",
+			Help: "Read-decide-write rounds run on the backend, per key and attempt; asks per round shows how much contention was combined."}),
 		keys: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_keys_total",
 			Help: "Keys answered, by status."}, []string{"status"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_controlplane_quota_request_duration_seconds",
@@ -52,8 +59,12 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}, []string{"code"}),
 		active: &activeKeys{rules: make(map[[2]string]map[string]time.Time)},
 	}
+	contended := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_contended_total",
+		Help: "Keys answered retry because other asks held the key past the deadline (stage queued) or other replicas kept winning its compare-and-swap (stage round). Contention, not a backend outage."},
+		[]string{"stage"})
+	m.queueTimeouts, m.roundTimeouts = contended.WithLabelValues("queued"), contended.WithLabelValues("round")
 	if reg != nil {
-		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.keys, m.duration, m.active)
+		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, contended, m.keys, m.duration, m.active)
 	}
 	return m
 }

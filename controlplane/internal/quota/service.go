@@ -5,14 +5,17 @@
 // The global state of each counter key of a fleet rule lives in a Backend (Redis, or
 // memory with the embedded store) and is decided with the rule's own shared/limit
 // algorithm by compare-and-swap: load the key's value, decide in Go, store it back iff
-// it is unchanged (a Lua script on Redis), retry on conflict. A grant of n units is a
+// it is unchanged (a Lua script on Redis), retry on conflict. Concurrent asks for one
+// key are combined into one such round per replica (combine.go), so contention is
+// queued, never refused: a key that cannot be decided in time is answered
+// quota.StatusRetry. A grant of n units is a
 // Decide of cost n; returned units are an Adjust of -n, credited only while the
 // Envoy's lease is live, at most what it holds. See the README ("Fleet-wide limits")
 // for the bound of each algorithm and the sizing rule.
 //
-// Failure policy: when the backend does not answer within Options.Timeout the call is
-// answered 503 at once and nothing is granted; a grant is only ever answered after
-// the backend recorded it.
+// Failure policy: when the backend fails or does not answer within Options.Timeout
+// the call is answered 503 at once and nothing is granted; a grant is only ever
+// answered after the backend recorded it.
 package quota
 
 import (
@@ -55,8 +58,10 @@ type Options struct {
 	// Open allows quota calls without a token when Token is empty (the control
 	// plane runs without authentication, on loopback only).
 	Open bool
-	// Timeout bounds the backend calls of one request (default 250ms); past it the
-	// request is answered 503.
+	// Timeout bounds each backend call (default 250ms; past it the request is
+	// answered 503), the time an ask waits queued behind other asks for its key, and
+	// the conflict retries of a round (past those two, the key is answered
+	// quota.StatusRetry).
 	Timeout time.Duration
 	// Limits bound a request (defaults shared/quota's).
 	Limits quota.Limits
@@ -64,8 +69,6 @@ type Options struct {
 	// DefaultValidity), unless one unit refills more slowly: then a lease lasts one
 	// unit's refill time.
 	Validity time.Duration
-	// MaxAttempts bounds the compare-and-swap rounds per request (default 8).
-	MaxAttempts int
 	// Now is the clock in Unix nanoseconds (default time.Now().UnixNano).
 	Now func() int64
 	// Registry receives the metrics; nil registers none.
@@ -81,6 +84,7 @@ type Service struct {
 	log      *slog.Logger
 	m        *metrics
 
+	comb     *combiner
 	mu       sync.Mutex
 	cache    map[cacheKey]*compiled
 	lastWarn atomic.Int64
@@ -107,9 +111,6 @@ func New(o Options) *Service {
 	if o.Validity <= 0 {
 		o.Validity = DefaultValidity
 	}
-	if o.MaxAttempts <= 0 {
-		o.MaxAttempts = 8
-	}
 	if o.Limits.MaxBytes <= 0 {
 		o.Limits.MaxBytes = quota.DefaultMaxBytes
 	}
@@ -124,6 +125,7 @@ func New(o Options) *Service {
 	}
 	s := &Service{o: o, log: o.Logger, cache: make(map[cacheKey]*compiled), tokenSum: sha256.Sum256([]byte(o.Token))}
 	s.m = newMetrics(o.Registry)
+	s.comb = newCombiner()
 	return s
 }
 
@@ -280,7 +282,8 @@ func (s *Service) Handle(ctx context.Context, req *quota.Request) (*quota.Respon
 			c = nil // a stored policy that does not compile for this env: stale for the Envoy
 		}
 	}
-	var ws []work
+	start := time.Now()
+	var asks []keyAsk
 	for i := range req.Keys {
 		k := &req.Keys[i]
 		res := &resp.Keys[i]
@@ -298,75 +301,24 @@ func (s *Service) Handle(ctx context.Context, req *quota.Request) (*quota.Respon
 		case !c.c.Rule(ri).OwnsKey(k.Key):
 			res.Status = quota.StatusBadKey
 		default:
-			ws = append(ws, work{idx: i, f: c.fleet[ri], skey: c.pfx[ri] + k.Key})
+			asks = append(asks, keyAsk{w: work{idx: i, f: c.fleet[ri], skey: c.pfx[ri] + k.Key}, envoy: req.Envoy, k: k, interval: req.Interval})
 			s.m.touch(req.Policy, k.Rule, k.Key)
 		}
 	}
 	resp.Now = s.o.Now()
-	if len(ws) > 0 {
-		ctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
-		defer cancel()
-		if err := s.decideAll(ctx, req, resp, ws); err != nil {
-			return nil, errors.Join(ErrUnavailable, err)
+	if len(asks) > 0 {
+		s.decideAll(ctx, asks, start.Add(s.o.Timeout))
+		for i := range asks {
+			a := &asks[i]
+			if a.err != nil {
+				return nil, errors.Join(ErrUnavailable, a.err)
+			}
+			resp.Keys[a.w.idx] = a.res
+			resp.Now = max(resp.Now, a.at)
 		}
 	}
 	s.m.count(req, resp)
 	return resp, nil
-}
-
-func (s *Service) decideAll(ctx context.Context, req *quota.Request, resp *quota.Response, ws []work) error {
-	pending := ws
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == s.o.MaxAttempts {
-			// Still contended: answer refused, retry soon; nothing was granted.
-			for _, w := range pending {
-				k := &req.Keys[w.idx]
-				resp.Keys[w.idx] = quota.KeyResult{Key: k.Key, Status: quota.StatusRefused, RetryAfter: time.Millisecond}
-			}
-			return nil
-		}
-		if attempt > 0 {
-			s.m.casRetries.Add(float64(len(pending)))
-		}
-		keys := make([]string, len(pending))
-		for j, w := range pending {
-			keys[j] = w.skey
-		}
-		vals, err := s.o.Backend.Load(ctx, keys)
-		if err != nil {
-			return err
-		}
-		now := s.o.Now()
-		resp.Now = now
-		ops := make([]Op, 0, len(pending))
-		opOf := make([]int, len(pending)) // index in ops, -1 for an unchanged key
-		outs := make([]outcome, len(pending))
-		for j, w := range pending {
-			outs[j] = w.f.decide(vals[j], now, req.Envoy, &req.Keys[w.idx], req.Interval)
-			opOf[j] = -1
-			if outs[j].changed {
-				// An unchanged key is not written: its value keeps its own expiry.
-				opOf[j] = len(ops)
-				ops = append(ops, Op{Key: w.skey, Old: vals[j], New: outs[j].next, TTL: outs[j].ttl})
-			}
-		}
-		var applied []bool
-		if len(ops) > 0 {
-			if applied, err = s.o.Backend.Swap(ctx, ops); err != nil {
-				return err
-			}
-		}
-		next := pending[:0:0]
-		for j, w := range pending {
-			if opOf[j] < 0 || applied[opOf[j]] {
-				resp.Keys[w.idx] = outs[j].res
-				continue
-			}
-			next = append(next, w)
-		}
-		pending = next
-	}
-	return nil
 }
 
 type detail struct {

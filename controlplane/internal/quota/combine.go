@@ -1,0 +1,337 @@
+package quota
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/quota"
+)
+
+// Contention on one counter key is queued, not refused. Within a replica every ask
+// for a storage key joins the key's queue; one ask at a time leads a round for the
+// key: it takes every ask queued so far, loads the key once, decides the asks one
+// after another on the evolving value (each decision's output is the next one's
+// input, at one instant), and writes the result back with one compare-and-swap. Asks
+// that arrive during a round wait for the next, which the first of them leads
+// (group commit). However many Envoys share a hot key, a replica makes one Load and
+// one Swap per round, and its own rounds never conflict with each other.
+//
+// Between replicas a conflicting swap (another replica wrote the key since the load)
+// costs a retry of the round with everything in it, not an answer. A round that has
+// not completed by its deadline answers its asks quota.StatusRetry: nothing was
+// granted, returned or recorded for them. So does an ask still queued when its own
+// request's deadline passes. Only an error of the backend itself (Load or Swap
+// returned one) is an outage: the asks of that round fail and their requests are
+// answered 503.
+//
+// A request whose keys no other request is deciding leads all of them in one round,
+// so its loads and swaps stay one pipelined batch each, as without queueing.
+
+// retryAfterContended is the RetryAfter of a StatusRetry answer: soon, as the key is
+// being decided by other rounds and will be free again within a round trip or two.
+const retryAfterContended = 5 * time.Millisecond
+
+const combinerShards = 64
+
+// combiner holds the queue of each storage key being decided by this replica.
+type combiner struct {
+	seed   maphash.Seed
+	shards [combinerShards]combinerShard
+}
+
+type combinerShard struct {
+	mu sync.Mutex
+	// keys holds a queue for every key with a round under way or about to start;
+	// a key absent from the map is idle.
+	keys map[string]*keyQueue
+}
+
+// keyQueue is the asks waiting for a key's next round, in arrival order.
+type keyQueue struct {
+	waiting []*keyAsk
+}
+
+// Ask states, changed under the key's shard lock.
+const (
+	askQueued = iota // waiting for a round
+	askLead          // promoted: its own goroutine leads the next round
+	askTaken         // in a round under way
+	askDone          // answered (res or err)
+)
+
+// keyAsk is one key of one request.
+type keyAsk struct {
+	w        work
+	envoy    string
+	k        *quota.KeyRequest
+	interval time.Duration
+
+	state int
+	wake  chan struct{} // its request's, capacity 1: an ask promoted or answered
+	res   quota.KeyResult
+	err   error
+	at    int64 // the service clock its round decided at
+}
+
+func newCombiner() *combiner {
+	c := &combiner{seed: maphash.MakeSeed()}
+	for i := range c.shards {
+		c.shards[i].keys = make(map[string]*keyQueue)
+	}
+	return c
+}
+
+func (c *combiner) shard(key string) *combinerShard {
+	return &c.shards[maphash.String(c.seed, key)%combinerShards]
+}
+
+// enqueue registers a: it reports true when no round for a's key is under way, so
+// the caller leads one for it now (a is then taken), false when a is queued.
+func (c *combiner) enqueue(a *keyAsk) bool {
+	sh := c.shard(a.w.skey)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q, busy := sh.keys[a.w.skey]
+	if !busy {
+		sh.keys[a.w.skey] = &keyQueue{}
+		a.state = askTaken
+		return true
+	}
+	q.waiting = append(q.waiting, a)
+	a.state = askQueued
+	return false
+}
+
+// take removes and returns every ask queued for key (the promoted one first), all
+// marked taken.
+func (c *combiner) take(key string) []*keyAsk {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q := sh.keys[key]
+	batch := q.waiting
+	q.waiting = nil
+	for _, a := range batch {
+		a.state = askTaken
+	}
+	return batch
+}
+
+// handOff ends a round of key: the key becomes idle, or the first ask queued for
+// it is promoted to lead the next round.
+func (c *combiner) handOff(key string) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	q := sh.keys[key]
+	if len(q.waiting) == 0 {
+		delete(sh.keys, key)
+		return
+	}
+	next := q.waiting[0]
+	next.state = askLead
+	signal(next.wake)
+}
+
+// finish marks a answered and wakes its request.
+func (c *combiner) finish(a *keyAsk) {
+	sh := c.shard(a.w.skey)
+	sh.mu.Lock()
+	a.state = askDone
+	sh.mu.Unlock()
+	signal(a.wake)
+}
+
+// abandon answers a retry if it is still queued (its request's deadline passed
+// before a round took it) and reports whether it did. An ask already taken or
+// promoted is not abandoned: its round's answer is the one recorded.
+func (c *combiner) abandon(a *keyAsk) bool {
+	sh := c.shard(a.w.skey)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if a.state != askQueued {
+		return false
+	}
+	q := sh.keys[a.w.skey]
+	for i, b := range q.waiting {
+		if b == a {
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			break
+		}
+	}
+	a.state = askDone
+	a.res = quota.KeyResult{Key: a.k.Key, Status: quota.StatusRetry, RetryAfter: retryAfterContended}
+	return true
+}
+
+func (c *combiner) stateOf(a *keyAsk) int {
+	sh := c.shard(a.w.skey)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return a.state
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// group is one key's asks in a round.
+type group struct {
+	key  string
+	f    *fleetLimiter
+	asks []*keyAsk
+}
+
+// decideAll answers the asks of one request: it leads a round for the keys nobody
+// is deciding, then waits for the others until deadline, leading the rounds it is
+// promoted to. An ask still queued at deadline, or when ctx ends, is answered
+// StatusRetry. The request's asks share one wake channel, so a promotion of any of
+// them is acted on at once, whichever the request was waiting for (two requests
+// each queued behind the other's promoted ask would otherwise wait for each other).
+func (s *Service) decideAll(ctx context.Context, asks []keyAsk, deadline time.Time) {
+	wake := make(chan struct{}, 1)
+	var lead []*group
+	for i := range asks {
+		a := &asks[i]
+		a.wake = wake
+		if s.comb.enqueue(a) {
+			lead = append(lead, &group{key: a.w.skey, f: a.w.f, asks: []*keyAsk{a}})
+		}
+	}
+	if len(lead) > 0 {
+		s.round(lead)
+	}
+	var timer *time.Timer
+	expired := false
+	for {
+		waiting := 0
+		for i := range asks {
+			a := &asks[i]
+			switch s.comb.stateOf(a) {
+			case askLead:
+				s.round([]*group{{key: a.w.skey, f: a.w.f, asks: s.comb.take(a.w.skey)}})
+			case askQueued:
+				if expired && s.comb.abandon(a) {
+					s.m.queueTimeouts.Inc()
+					continue
+				}
+				waiting++
+			case askTaken:
+				waiting++
+			}
+		}
+		if waiting == 0 {
+			break
+		}
+		if expired {
+			<-wake // every ask left is in a round (or just promoted): it answers
+			continue
+		}
+		if timer == nil {
+			timer = time.NewTimer(time.Until(deadline))
+			defer timer.Stop()
+		}
+		select {
+		case <-wake:
+		case <-timer.C:
+			expired = true
+		case <-ctx.Done():
+			expired = true
+		}
+	}
+}
+
+// round decides groups, one key each, with one pipelined Load and one pipelined Swap
+// per attempt, retrying the groups whose swap conflicted until s.o.Timeout has
+// passed; then it answers every ask and hands each key to its next round. Each
+// backend call has its own Timeout, detached from the request that leads the round
+// (whose caller may go away): the round also answers asks of other requests.
+func (s *Service) round(gs []*group) {
+	start := time.Now()
+	pending := gs
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt > 0 {
+			s.m.casRetries.Add(float64(len(pending)))
+			if time.Since(start) >= s.o.Timeout {
+				for _, g := range pending {
+					for _, a := range g.asks {
+						a.res = quota.KeyResult{Key: a.k.Key, Status: quota.StatusRetry, RetryAfter: retryAfterContended}
+					}
+				}
+				s.m.roundTimeouts.Add(float64(len(pending)))
+				break
+			}
+		}
+		if err := s.attempt(&pending); err != nil {
+			for _, g := range pending {
+				for _, a := range g.asks {
+					a.err = err
+				}
+			}
+			break
+		}
+	}
+	for _, g := range gs {
+		for _, a := range g.asks {
+			s.comb.finish(a)
+		}
+		s.comb.handOff(g.key)
+	}
+}
+
+// attempt loads, decides and swaps the pending groups once; it leaves in pending the
+// groups whose swap conflicted.
+func (s *Service) attempt(pending *[]*group) error {
+	gs := *pending
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
+	defer cancel()
+	keys := make([]string, len(gs))
+	for j, g := range gs {
+		keys[j] = g.key
+	}
+	vals, err := s.o.Backend.Load(ctx, keys)
+	if err != nil {
+		return err
+	}
+	s.m.rounds.Add(float64(len(gs)))
+	now := s.o.Now()
+	ops := make([]Op, 0, len(gs))
+	opOf := make([]int, len(gs)) // index in ops, -1 for an unchanged key
+	for j, g := range gs {
+		cur := vals[j]
+		var ttl time.Duration
+		changed := false
+		for _, a := range g.asks {
+			out := g.f.decide(cur, now, a.envoy, a.k, a.interval)
+			a.res, a.at = out.res, now
+			if out.changed {
+				cur, ttl, changed = out.next, out.ttl, true
+			}
+		}
+		opOf[j] = -1
+		if changed {
+			// An unchanged key is not written: its value keeps its own expiry.
+			opOf[j] = len(ops)
+			ops = append(ops, Op{Key: g.key, Old: vals[j], New: cur, TTL: ttl})
+		}
+	}
+	var applied []bool
+	if len(ops) > 0 {
+		if applied, err = s.o.Backend.Swap(ctx, ops); err != nil {
+			return err
+		}
+	}
+	next := gs[:0:0]
+	for j, g := range gs {
+		if opOf[j] >= 0 && !applied[opOf[j]] {
+			next = append(next, g)
+		}
+	}
+	*pending = next
+	return nil
+}
