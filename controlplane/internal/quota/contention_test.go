@@ -163,7 +163,7 @@ type failing struct{}
 var errDown = errors.New("connection refused")
 
 func (failing) Load(context.Context, []string) ([][]byte, error) { return nil, errDown }
-func (failing) Swap(context.Context, []Op) ([]bool, error)      { return nil, errDown }
+func (failing) Swap(context.Context, []Op) ([]bool, error)       { return nil, errDown }
 
 // TestBackendErrorIsAnOutage: an error of the backend itself still fails the whole
 // request with ErrUnavailable (answered 503), unlike contention.
