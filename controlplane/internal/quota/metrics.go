@@ -1,8 +1,10 @@
 package quota
 
 import (
+	"hash/maphash"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,7 +59,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_controlplane_quota_request_duration_seconds",
 			Help:    "Quota request latency in seconds, by HTTP status code.",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}, []string{"code"}),
-		active: &activeKeys{rules: make(map[[2]string]map[string]time.Time)},
+		active: newActiveKeys(),
 	}
 	contended := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_contended_total",
 		Help: "Keys answered retry because other asks held the key past the deadline (stage queued) or other replicas kept winning its compare-and-swap (stage round). Contention, not a backend outage."},
@@ -85,55 +87,105 @@ func (m *metrics) count(req *quota.Request, resp *quota.Response) {
 
 func (m *metrics) touch(policy, rule, key string) { m.active.touch(policy, rule, key, time.Now()) }
 
-// activeKeys tracks, per rule, the keys asked for recently.
+// activeKeys tracks, per rule, the keys asked for recently. Every key ask touches
+// it, so it takes no lock shared by all asks: rules are found in a sync.Map, and each
+// rule's keys are spread over activeShards maps with a lock each.
 type activeKeys struct {
-	mu    sync.Mutex
-	rules map[[2]string]map[string]time.Time
+	seed  maphash.Seed
+	rules sync.Map   // [2]string{policy, rule} → *ruleKeys
+	mu    sync.Mutex // serialises adding and removing rules
+	nrule int        // rules in the map, under mu
+}
+
+const activeShards = 16
+
+// ruleKeys is one rule's recently asked keys.
+type ruleKeys struct {
+	n      atomic.Int64 // keys held, across shards
+	shards [activeShards]struct {
+		mu   sync.Mutex
+		last map[string]int64 // key → last ask, Unix ns
+	}
 }
 
 var activeDesc = prometheus.NewDesc("sluice_controlplane_quota_keys_active",
 	"Counter keys of each fleet rule asked for in the last minute (at most 100000 per rule).", []string{"policy", "rule"}, nil)
 
+func newActiveKeys() *activeKeys { return &activeKeys{seed: maphash.MakeSeed()} }
+
 func (a *activeKeys) touch(policy, rule, key string, now time.Time) {
+	id := [2]string{policy, rule}
+	v, ok := a.rules.Load(id)
+	if !ok {
+		v = a.add(id)
+	}
+	rk := v.(*ruleKeys)
+	sh := &rk.shards[maphash.String(a.seed, key)%activeShards]
+	sh.mu.Lock()
+	if _, seen := sh.last[key]; seen {
+		sh.last[key] = now.UnixNano()
+	} else if rk.n.Load() < maxKeysPerRule {
+		sh.last[key] = now.UnixNano()
+		rk.n.Add(1)
+	}
+	sh.mu.Unlock()
+}
+
+// add returns the keys of rule id, adding them (or, past maxRuleSeries rules, the
+// "_other" series).
+func (a *activeKeys) add(id [2]string) any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	id := [2]string{policy, rule}
-	ks, ok := a.rules[id]
-	if !ok {
-		if len(a.rules) >= maxRuleSeries {
-			id = [2]string{"_other", "_other"}
-			if ks, ok = a.rules[id]; !ok {
-				ks = make(map[string]time.Time)
-				a.rules[id] = ks
-			}
-		} else {
-			ks = make(map[string]time.Time)
-			a.rules[id] = ks
+	if v, ok := a.rules.Load(id); ok {
+		return v
+	}
+	if a.nrule >= maxRuleSeries {
+		id = [2]string{"_other", "_other"}
+		if v, ok := a.rules.Load(id); ok {
+			return v
 		}
 	}
-	if _, seen := ks[key]; seen || len(ks) < maxKeysPerRule {
-		ks[key] = now
+	rk := &ruleKeys{}
+	for i := range rk.shards {
+		rk.shards[i].last = make(map[string]int64)
 	}
+	a.rules.Store(id, rk)
+	a.nrule++
+	return rk
 }
 
 // Describe implements prometheus.Collector.
 func (a *activeKeys) Describe(ch chan<- *prometheus.Desc) { ch <- activeDesc }
 
-// Collect implements prometheus.Collector; it forgets keys idle for a minute.
+// Collect implements prometheus.Collector; it forgets keys idle for a minute, and
+// rules with no key left (an ask racing with that removal may go uncounted for up to
+// a minute).
 func (a *activeKeys) Collect(ch chan<- prometheus.Metric) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	cut := time.Now().Add(-activeWindow)
-	for id, ks := range a.rules {
-		for k, t := range ks {
-			if t.Before(cut) {
-				delete(ks, k)
+	cut := time.Now().Add(-activeWindow).UnixNano()
+	a.rules.Range(func(k, v any) bool {
+		id, rk := k.([2]string), v.(*ruleKeys)
+		for i := range rk.shards {
+			sh := &rk.shards[i]
+			sh.mu.Lock()
+			for key, t := range sh.last {
+				if t < cut {
+					delete(sh.last, key)
+					rk.n.Add(-1)
+				}
 			}
+			sh.mu.Unlock()
 		}
-		if len(ks) == 0 {
-			delete(a.rules, id)
-			continue
+		n := rk.n.Load()
+		if n == 0 {
+			a.mu.Lock()
+			if cur, ok := a.rules.Load(id); ok && cur == rk {
+				a.rules.Delete(id)
+				a.nrule--
+			}
+			a.mu.Unlock()
+			return true
 		}
-		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(len(ks)), id[0], id[1])
-	}
+		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(n), id[0], id[1])
+		return true
+	})
 }
