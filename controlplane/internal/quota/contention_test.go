@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // hotPolicyDoc has one fleet key whose budget many Envoys share and never spend.
@@ -233,4 +235,40 @@ func (g *gated) Load(ctx context.Context, keys []string) ([][]byte, error) {
 		<-g.release
 	}
 	return g.Backend.Load(ctx, keys)
+}
+
+// TestRestoredPolicyIsCompiledAfresh: a policy written back as version 1 of a new
+// epoch, with another document, is decided with that document's rules, not with
+// the rules the service compiled for the old epoch's version 1.
+func TestRestoredPolicyIsCompiledAfresh(t *testing.T) {
+	p := &policies{m: map[string]store.Record{}}
+	put := func(doc, epoch string) {
+		pol, err := rules.ParsePolicy([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := rules.EncodePolicy(pol)
+		p.mu.Lock()
+		p.m[pol.Name] = store.Record{Name: pol.Name, Version: pol.Version, Doc: d, Epoch: epoch, Sum: store.Sum(d)}
+		p.mu.Unlock()
+	}
+	clk := &clock{}
+	clk.set(base())
+	s := New(Options{Backend: NewMemory(), Policies: p, Open: true, Now: clk.Now})
+	ask := func() quota.KeyResult {
+		resp, err := s.Handle(context.Background(), &quota.Request{Envoy: "e", Policy: "r", Version: 1, Env: testEnv, Interval: time.Second,
+			Keys: []quota.KeyRequest{{Rule: "a", Key: "rl:" + testEnv + ":r/a:*:60s", Want: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Keys[0]
+	}
+	put(`{"policy":"r","version":1,"rules":[{"id":"a","algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet"}]}`, "e1")
+	if r := ask(); r.Status != quota.StatusGranted {
+		t.Fatalf("epoch e1: %+v", r)
+	}
+	put(`{"policy":"r","version":1,"rules":[{"id":"a","algorithm":"fixed_window","limit":10,"window":"1m"}]}`, "e2")
+	if r := ask(); r.Status != quota.StatusNotFleet {
+		t.Fatalf("epoch e2 made rule a envoy-scoped, the service answered %+v", r)
+	}
 }

@@ -90,10 +90,14 @@ type Service struct {
 	lastWarn atomic.Int64
 }
 
+// cacheKey identifies a compiled policy. A version number alone is not enough: a
+// policy the store lost is written back as version 1 of a new epoch, so (version,
+// epoch) and the document's sum both go in.
 type cacheKey struct {
-	policy string
-	ver    uint64
-	env    string
+	policy     string
+	ver        uint64
+	epoch, sum string
+	env        string
 }
 
 type compiled struct {
@@ -139,7 +143,7 @@ func StorageKey(fp uint64, key string) string {
 }
 
 func (s *Service) compile(rec store.Record, env string) (*compiled, error) {
-	k := cacheKey{rec.Name, rec.Version, env}
+	k := cacheKey{rec.Name, rec.Version, rec.Epoch, rec.Sum, env}
 	s.mu.Lock()
 	c, ok := s.cache[k]
 	s.mu.Unlock()
