@@ -52,6 +52,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/httpjson"
 	"github.com/sluice-proxy/sluice/controlplane/internal/registry"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
@@ -225,12 +226,8 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) 
 	if !s.authOn {
 		return roleOpen, true
 	}
-	h := r.Header.Get("Authorization")
-	scheme, token, found := strings.Cut(h, " ")
-	token = strings.TrimSpace(token)
-	if h == "" || !found || !strings.EqualFold(scheme, "Bearer") || token == "" {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-		writeError(w, http.StatusUnauthorized, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", nil)
+	token, ok := httpjson.BearerToken(w, r)
+	if !ok {
 		return roleNone, false
 	}
 	sum := sha256.Sum256([]byte(token))
@@ -242,12 +239,10 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) 
 	}
 	switch {
 	case who == roleNone:
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="invalid_token"`)
-		writeError(w, http.StatusForbidden, "forbidden", "the bearer token is not valid", nil)
+		httpjson.Forbidden(w, "invalid_token", "the bearer token is not valid")
 		return roleNone, false
 	case need == write && who != roleAdmin:
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="insufficient_scope"`)
-		writeError(w, http.StatusForbidden, "forbidden", "writes need the admin token", nil)
+		httpjson.Forbidden(w, "insufficient_scope", "writes need the admin token")
 		return roleNone, false
 	}
 	return who, true

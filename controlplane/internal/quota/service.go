@@ -22,19 +22,18 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/httpjson"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/shared/rules"
@@ -207,11 +206,11 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 		var fe quota.Errors
 		switch {
 		case errors.As(err, &tl):
-			return writeError(w, http.StatusRequestEntityTooLarge, "too_large", tl.Message, []detail{{Field: tl.Field, Message: tl.Message}})
+			return writeError(w, http.StatusRequestEntityTooLarge, "too_large", tl.Message, []httpjson.Detail{{Field: tl.Field, Message: tl.Message}})
 		case errors.As(err, &fe):
-			d := make([]detail, len(fe))
+			d := make([]httpjson.Detail, len(fe))
 			for i, e := range fe {
-				d[i] = detail{Field: e.Field, Message: e.Message}
+				d[i] = httpjson.Detail{Field: e.Field, Message: e.Message}
 			}
 			return writeError(w, http.StatusBadRequest, "invalid_document", "the request is malformed: "+fe.Error(), d)
 		}
@@ -226,17 +225,13 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 		w.Header().Set("Retry-After", "1")
 		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the quota store did not answer; nothing was granted", nil)
 	}
-	out := quota.AppendResponse(make([]byte, 0, 64+len(resp.Keys)*160), resp)
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(out)
+	httpjson.WriteRaw(w, http.StatusOK, quota.AppendResponse(make([]byte, 0, 64+len(resp.Keys)*160), resp))
 	return http.StatusOK
 }
 
-// authorize checks the quota bearer token (RFC 6750 §2.1), in constant time over its
-// SHA-256 as the API does: none 401, wrong 403.
+// authorize checks the quota bearer token (RFC 6750 §2.1, read by
+// httpjson.BearerToken as the API reads its tokens), in constant time over its
+// SHA-256: none 401, wrong 403.
 func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (int, bool) {
 	if s.o.Token == "" {
 		if s.o.Open {
@@ -244,17 +239,14 @@ func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (int, bool) 
 		}
 		return writeError(w, http.StatusForbidden, "forbidden", "quota calls are disabled: no quota token is configured (--quota-token)", nil), false
 	}
-	h := r.Header.Get("Authorization")
-	scheme, token, found := strings.Cut(h, " ")
-	token = strings.TrimSpace(token)
-	if h == "" || !found || !strings.EqualFold(scheme, "Bearer") || token == "" {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-		return writeError(w, http.StatusUnauthorized, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", nil), false
+	token, ok := httpjson.BearerToken(w, r)
+	if !ok {
+		return http.StatusUnauthorized, false
 	}
 	sum := sha256.Sum256([]byte(token))
 	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="invalid_token"`)
-		return writeError(w, http.StatusForbidden, "forbidden", "the bearer token is not the quota token", nil), false
+		httpjson.Forbidden(w, "invalid_token", "the bearer token is not the quota token")
+		return http.StatusForbidden, false
 	}
 	return 0, true
 }
@@ -325,28 +317,9 @@ func (s *Service) Handle(ctx context.Context, req *quota.Request) (*quota.Respon
 	return resp, nil
 }
 
-type detail struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
-
-// writeError writes the control plane's error body
-// {"error": {"code", "message", "details": [{"field", "message"}]}} and returns status.
-func writeError(w http.ResponseWriter, status int, code, message string, details []detail) int {
-	var b struct {
-		Error struct {
-			Code    string   `json:"code"`
-			Message string   `json:"message"`
-			Details []detail `json:"details,omitempty"`
-		} `json:"error"`
-	}
-	b.Error.Code, b.Error.Message, b.Error.Details = code, message, details
-	body, _ := json.Marshal(b)
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
+// writeError answers status with the control plane's one error body
+// (httpjson.WriteError) and returns status.
+func writeError(w http.ResponseWriter, status int, code, message string, details []httpjson.Detail) int {
+	httpjson.WriteError(w, status, code, message, details)
 	return status
 }

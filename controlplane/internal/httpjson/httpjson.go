@@ -1,0 +1,83 @@
+// Package httpjson is what every control-plane endpoint answers with: JSON bodies
+// with the same headers, the one error body, and the bearer-token check of RFC 6750.
+// The REST API (package api) and the quota service (package quota) both use it, so an
+// Envoy, sluicectl and a script see one format and one set of headers.
+package httpjson
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+)
+
+// Detail is one problem in a request document.
+type Detail struct {
+	// Field is the JSON path of the offending value ("rules[2].window"); empty
+	// for the document as a whole.
+	Field string `json:"field"`
+	// Message says what is wrong.
+	Message string `json:"message"`
+}
+
+// ErrorBody is the JSON body of every error response:
+// {"error": {"code": ..., "message": ..., "details": [...]}}.
+type ErrorBody struct {
+	Error struct {
+		Code    string   `json:"code"`
+		Message string   `json:"message"`
+		Details []Detail `json:"details,omitempty"`
+	} `json:"error"`
+}
+
+// WriteError answers status with an ErrorBody of code (a stable snake_case name),
+// message (for people) and details (nil for none).
+func WriteError(w http.ResponseWriter, status int, code, message string, details []Detail) {
+	var b ErrorBody
+	b.Error.Code, b.Error.Message, b.Error.Details = code, message, details
+	WriteJSON(w, status, b)
+}
+
+// WriteJSON answers status with v encoded by encoding/json (a 500 error body if v
+// cannot be encoded).
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encode response"}}`)
+	}
+	WriteRaw(w, status, body)
+}
+
+// WriteRaw answers status with body, a JSON document, and the headers of every
+// answer: Content-Type application/json, Cache-Control no-cache (a cache must ask
+// again before reusing it, RFC 9111 §5.2.2.4) and X-Content-Type-Options nosniff.
+func WriteRaw(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// BearerToken returns the token of r's "Authorization: Bearer <token>" header
+// (RFC 6750 §2.1; the scheme is case-insensitive). When the header is missing or
+// malformed it answers 401 unauthorized with a WWW-Authenticate challenge (§3) and
+// returns false.
+func BearerToken(w http.ResponseWriter, r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, token, found := strings.Cut(h, " ")
+	token = strings.TrimSpace(token)
+	if h == "" || !found || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+		WriteError(w, http.StatusUnauthorized, "unauthorized", "missing bearer token (Authorization: Bearer <token>)", nil)
+		return "", false
+	}
+	return token, true
+}
+
+// Forbidden answers 403 forbidden with message and a WWW-Authenticate challenge
+// carrying error="<reason>" (RFC 6750 §3.1: invalid_token or insufficient_scope).
+func Forbidden(w http.ResponseWriter, reason, message string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="`+reason+`"`)
+	WriteError(w, http.StatusForbidden, "forbidden", message, nil)
+}
