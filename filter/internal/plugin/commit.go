@@ -82,7 +82,7 @@ func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) o
 	}
 	s.next = s.next[:stateBytes]
 	for k := range s.evals {
-		if !p.readDecide(&s.evals[k], now) {
+		if !h.readDecide(&s.evals[k], now) {
 			h.failOpenRules(reasonSharedDataError)
 			return outcome{failed: reasonSharedDataError}
 		}
@@ -91,7 +91,7 @@ func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) o
 		h.recordDenial(d)
 		return outcome{deny: d}
 	}
-	if p.fleet.pending > 0 {
+	if h.fleetPending() {
 		if h.fleetWait(now) {
 			return outcome{wait: true}
 		}
@@ -105,11 +105,11 @@ func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) o
 
 // readDecide reads ev's bucket and decides the rule from it; false if shared
 // data could not be read. A fleet rule is decided from its lease (fleet.go).
-func (p *pluginContext) readDecide(ev *eval, now int64) bool {
+func (h *httpContext) readDecide(ev *eval, now int64) bool {
 	if ev.rule.fleet.mode != fleetNone && !ev.fl.degraded {
-		return p.readDecideFleet(ev, now)
+		return h.p.readDecideFleet(ev, now, h.fq.rounds)
 	}
-	return p.readDecideLocal(ev, now)
+	return h.p.readDecideLocal(ev, now)
 }
 
 // readDecideLocal is readDecide from the rule's counter bucket.
@@ -191,7 +191,7 @@ func (h *httpContext) commit(now int64) outcome {
 					}
 					break // a shadow rule: go on without its charge
 				}
-				if !p.readDecide(ev, now) {
+				if !h.readDecide(ev, now) {
 					h.failOpenRules(reasonSharedDataError)
 					h.finishAllowed()
 					return outcome{failed: reasonSharedDataError}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sluice-proxy/sluice/filter/internal/config"
+	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/limit/table"
@@ -34,6 +35,8 @@ type policyState struct {
 	allHeaders bool
 	// userHeader and tenantHeader are the policy's identity headers.
 	userHeader, tenantHeader string
+	// fleetPol is the policy as the quota client sees it (made on first use).
+	fleetPol *fleetclient.Policy
 }
 
 // reads is what one phase of the request path reads: header values by

@@ -3,9 +3,9 @@ package plugin
 import (
 	"errors"
 	"strconv"
-	"time"
 
 	"github.com/sluice-proxy/sluice/filter/internal/fleet"
+	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
@@ -27,23 +27,12 @@ const (
 
 // Fleet constants.
 const (
-	// maxQuotaRounds bounds how often one request waits for quota.
+	// maxQuotaRounds bounds how often one request waits for quota; a request
+	// that waited that often (other requests took the units granted meanwhile)
+	// is decided as on_quota_failure says.
 	maxQuotaRounds = 3
-	// maxFleetKeys bounds the keys a worker remembers.
-	maxFleetKeys = 4096
-	// maxKeyWaiters bounds the requests waiting on one key in a worker; more
-	// are decided as on_quota_failure says.
-	maxKeyWaiters = 4096
 	// maxQuotaAnswerBytes bounds the quota service's answer.
 	maxQuotaAnswerBytes = 1 << 20
-	// minWant is the fewest units a worker asks for a key, and what it asks
-	// for a key it was never granted (more if more requests wait on it).
-	minWant = 16
-	// sizedWant is what a worker asks for a key it was granted before: the
-	// service sizes the grant from the reported use (a little more than one
-	// quota_interval's worth, capped at a share of what is left), so the ask
-	// only bounds it.
-	sizedWant = 1 << 20
 	// reasonQuotaUnavailable is the filter state reason when a fleet rule degraded.
 	reasonQuotaUnavailable = "quota_unavailable"
 	quotaPath              = "/v1/quota"
@@ -72,63 +61,24 @@ type fleetEval struct {
 	entry    fleet.Entry
 }
 
-// fleetReq is an httpContext's fleet part.
+// fleetReq is an httpContext's fleet part: the request's own state of its
+// waits for quota.
 type fleetReq struct {
 	id     uint32 // the stream's context id
 	seq    uint64 // non-zero while waiting: matches the waiter entries
-	rounds int
+	rounds int    // quota rounds waited
 	waited bool
 }
 
-// fleetWorker is a worker's fleet state.
+// fleetWorker is a worker's fleet state: its quota client and the waits.
 type fleetWorker struct {
-	envoy      string
-	keys       map[string]*fleetKey
-	seq        uint64
-	pending    int
-	nextReport int64
-	// curRounds is the quota rounds of the request being decided.
-	curRounds int
-	calls     map[*quotaCall]struct{}
-	// orphans are dropped keys whose waiters the next tick re-decides.
-	orphans []*fleetKey
-	buf     []byte
-	m       fleetMetrics
-}
-
-// fleetKey is what a worker knows of one counter key of a fleet rule.
-type fleetKey struct {
-	key          string
-	ruleID       string
-	hash         uint64
-	bucket       int
-	waiters      []fleetWaiter
-	call         *quotaCall
-	want         uint64
-	refusedUntil int64
-	retryAfter   time.Duration
-	failedUntil  int64
-	lastSeen     int64
-	// granted: the service granted units for this key before (it then has
-	// use history to size grants from).
-	granted bool
-}
-
-type fleetWaiter struct {
-	h   *httpContext
-	seq uint64
-}
-
-// quotaCall is one quota request in flight.
-type quotaCall struct {
-	keys     []*fleetKey
-	sent     int64
-	deadline int64
-	done     bool
+	client *fleetclient.Client
+	seq    uint64
+	m      fleetMetrics
 }
 
 type fleetMetrics struct {
-	calls, failures, badAnswers, waits, degraded, refused, evictions counter
+	calls, failures, badAnswers, waits, degraded, refused, retried, unapplied, evictions counter
 }
 
 func (m *fleetMetrics) define() {
@@ -138,26 +88,42 @@ func (m *fleetMetrics) define() {
 	m.waits.m, _ = proxywasm.DefineCounterMetric("sluice.quota.waits")
 	m.degraded.m, _ = proxywasm.DefineCounterMetric("sluice.quota.degraded")
 	m.refused.m, _ = proxywasm.DefineCounterMetric("sluice.quota.refused_keys")
+	m.retried.m, _ = proxywasm.DefineCounterMetric("sluice.quota.retried_keys")
+	m.unapplied.m, _ = proxywasm.DefineCounterMetric("sluice.quota.unapplied_grants")
 	m.evictions.m, _ = proxywasm.DefineCounterMetric("sluice.quota.lease_evictions")
 }
 
 func (m *fleetMetrics) flush() {
-	for _, c := range [...]*counter{&m.calls, &m.failures, &m.badAnswers, &m.waits, &m.degraded, &m.refused, &m.evictions} {
+	for _, c := range [...]*counter{&m.calls, &m.failures, &m.badAnswers, &m.waits, &m.degraded, &m.refused, &m.retried, &m.unapplied, &m.evictions} {
 		c.flush()
 	}
 }
 
-// fleetStart defines the fleet metrics and picks the Envoy id.
+// fleetStart defines the fleet metrics, makes the quota client (keeping the
+// one of an earlier configuration, with its keys and calls) and picks the
+// Envoy id.
 func (p *pluginContext) fleetStart() {
 	p.fleet.m.define()
-	p.fleet.keys = map[string]*fleetKey{}
-	p.fleet.calls = map[*quotaCall]struct{}{}
-	if cp := p.cfg.ControlPlane; cp.Envoy != "" {
-		p.fleet.envoy = cp.Envoy
+	cp := p.cfg.ControlPlane
+	cfg := fleetclient.Config{Interval: cp.QuotaInterval, Timeout: cp.QuotaTimeout, Tick: p.cfg.Tick,
+		EntriesPerBucket: p.cfg.EntriesPerBucket, CASRetries: p.cfg.CASRetries}
+	if p.fleet.client == nil {
+		m := &p.fleet.m
+		p.fleet.client = fleetclient.New(quotaHost{p}, cfg, fleetclient.Metrics{
+			Calls: &m.calls, Failures: &m.failures, BadAnswers: &m.badAnswers, Refused: &m.refused,
+			Retried: &m.retried, Unapplied: &m.unapplied, Evictions: &m.evictions,
+			CASRetries: &p.m.casRetries, CASExhausted: &p.m.casExhausted})
+		p.fleet.client.Resume = p.resumeWaiters
+		p.fleet.client.Policy = p.fleetPolicy
+	} else {
+		p.fleet.client.SetConfig(cfg)
+	}
+	if cp.Envoy != "" {
+		p.fleet.client.Envoy = cp.Envoy
 		return
 	}
 	if p.hashKeyOK {
-		p.fleet.envoy = envoyID(p.hashKey)
+		p.fleet.client.Envoy = envoyID(p.hashKey)
 	} // else set on the first quota call after the hash key is read
 }
 
@@ -265,10 +231,3 @@ func (p *pluginContext) createLeaseBuckets(c *rules.Compiled) error {
 	}
 	return nil
 }
-
-// What a report does for a key.
-const (
-	askKey    uint8 = iota // report use and ask for units
-	returnKey              // report use and return the held units
-	reportKey              // report use only
-)

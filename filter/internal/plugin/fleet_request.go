@@ -8,15 +8,16 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/filter/internal/fleet"
+	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/limit"
-	"github.com/sluice-proxy/sluice/shared/quota"
 )
 
 // readDecideFleet decides a fleet rule: from the lease when it holds the
 // cost, else from what the worker knows of the key (refused, failed), else
-// pending. False if shared data could not be read.
-func (p *pluginContext) readDecideFleet(ev *eval, now int64) bool {
+// pending. rounds is the quota rounds the request has waited. False if
+// shared data could not be read.
+func (p *pluginContext) readDecideFleet(ev *eval, now int64, rounds int) bool {
 	rs := ev.rule
 	ev.fl = fleetEval{read: true}
 	value, cas, err := proxywasm.GetSharedData(rs.fleet.leaseKeys[ev.bucket])
@@ -38,30 +39,28 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64) bool {
 		ev.dec = limit.Decision{Allowed: true, Limit: lim, Remaining: e.Held, Reset: time.Duration(e.Expiry - now)}
 		return true
 	}
-	kr := p.fleet.keys[viewString(p.s.key[ev.keyOff:ev.keyEnd])]
+	interval := int64(p.cfg.ControlPlane.QuotaInterval)
+	kr := p.fleet.client.Lookup(viewString(p.s.key[ev.keyOff:ev.keyEnd]))
 	switch {
-	case !p.cfg.ControlPlane.Enabled || (kr != nil && kr.failedUntil > now):
-		until := now + int64(p.cfg.ControlPlane.QuotaInterval)
+	case !p.cfg.ControlPlane.Enabled || (kr != nil && kr.FailedUntil > now):
+		until := now + interval
 		if kr != nil {
-			until = kr.failedUntil
+			until = kr.FailedUntil
 		}
 		return p.degrade(ev, now, until)
-	case kr != nil && kr.refusedUntil > now:
-		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: max(kr.retryAfter, time.Duration(kr.refusedUntil-now)), Reset: kr.retryAfter}
-	case p.fleet.round() >= maxQuotaRounds:
-		// The request already waited its rounds (other requests took the
-		// units granted meanwhile): deny, as a refusal would.
-		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: time.Second, Reset: time.Second}
+	case kr != nil && kr.RefusedUntil > now:
+		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: max(kr.RetryAfter, time.Duration(kr.RefusedUntil-now)), Reset: kr.RetryAfter}
+	case rounds >= maxQuotaRounds:
+		// The request already waited its rounds and other requests took the
+		// units granted meanwhile; the budget is not known to be spent (that
+		// is a refusal, above), so the rule degrades rather than deny.
+		return p.degrade(ev, now, now+interval)
 	default:
 		ev.fl.pending = true
-		p.fleet.pending++
 		ev.dec = limit.Decision{Allowed: true, Limit: lim}
 	}
 	return true
 }
-
-// round is the quota rounds of the request being decided.
-func (w *fleetWorker) round() int { return w.curRounds }
 
 // degrade decides ev as its rule's on_quota_failure says.
 func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
@@ -90,47 +89,10 @@ func (p *pluginContext) writeLease(ev *eval, now int64) error {
 	return proxywasm.SetSharedData(ev.rule.fleet.leaseKeys[ev.bucket], out, ev.cas)
 }
 
-// modifyLease applies f to the entry of hash in a lease bucket by read → f
-// → CAS write, retrying up to max(cas_retries, minModifyRetries) times (a
-// lost correction leaves units spent that no request used). f gets the entry (found
-// reports whether it existed) and returns false to write nothing.
-func (p *pluginContext) modifyLease(key string, hash uint64, now int64, f func(e *fleet.Entry, found bool) bool) bool {
-	for attempt := 0; ; attempt++ {
-		value, cas, err := proxywasm.GetSharedData(key)
-		switch {
-		case errors.Is(err, proxywasm.ErrNotFound):
-			value, cas = nil, casAbsent
-		case err != nil:
-			return false
-		}
-		e, _, found := fleet.Find(value, hash)
-		if !found {
-			e = fleet.Entry{Hash: hash}
-		}
-		if !f(&e, found) {
-			return true
-		}
-		out, _ := fleet.Put(p.s.modBucket[:0], value, e, p.cfg.EntriesPerBucket, now)
-		p.s.modBucket = out[:0]
-		err = proxywasm.SetSharedData(key, out, cas)
-		if err == nil {
-			return true
-		}
-		if !errors.Is(err, proxywasm.ErrCasMismatch) {
-			return false
-		}
-		p.m.casRetries.Increment(1)
-		if attempt >= max(p.cfg.CASRetries, minModifyRetries) {
-			p.m.casExhausted.Increment(1)
-			return false
-		}
-	}
-}
-
 // undoLease gives a denied request's units back to the lease.
 func (p *pluginContext) undoLease(ev *eval, now int64) bool {
 	fp := ev.rule.cr.Fingerprint
-	return p.modifyLease(ev.rule.fleet.leaseKeys[ev.bucket], ev.hash, now, func(e *fleet.Entry, found bool) bool {
+	return p.fleet.client.ModifyLease(ev.rule.fleet.leaseKeys[ev.bucket], ev.hash, now, func(e *fleet.Entry, found bool) bool {
 		if !found || e.Fingerprint != fp {
 			return false
 		}
@@ -148,7 +110,6 @@ func (p *pluginContext) undoLease(ev *eval, now int64) bool {
 // at once and it returns false.
 func (h *httpContext) fleetWait(now int64) bool {
 	p := h.p
-	p.fleet.pending = 0
 	s := &p.s
 	wait := false
 	for k := range s.evals {
@@ -157,32 +118,33 @@ func (h *httpContext) fleetWait(now int64) bool {
 			wait = true
 		}
 	}
-	var batch []*fleetKey
+	var batch []*fleetclient.Key
 	seq := uint64(0)
 	if wait {
 		p.fleet.seq++
 		seq = p.fleet.seq
 	}
+	p.ensureEnvoyID()
 	for k := range s.evals {
 		ev := &s.evals[k]
 		if !ev.fl.pending {
 			continue
 		}
-		kr := p.fleetKeyFor(ev, now)
-		if kr == nil || (wait && len(kr.waiters) >= maxKeyWaiters) {
+		kr := p.fleet.client.KeyFor(p.s.key[ev.keyOff:ev.keyEnd], ev.rule.cr.ID, ev.hash, ev.bucket, now)
+		if kr == nil || (wait && len(kr.Waiters) >= fleetclient.MaxKeyWaiters) {
 			wait = false // no room: decide as on_quota_failure says
 			batch = nil
 			break
 		}
-		kr.want += ev.cost
+		kr.Want += ev.cost
 		if wait && !ev.rule.cr.Shadow {
-			kr.waiters = append(kr.waiters, fleetWaiter{h: h, seq: seq})
+			kr.Waiters = append(kr.Waiters, fleetclient.Waiter{Stream: h, Seq: seq})
 		}
-		if kr.call == nil {
+		if !kr.Asking() {
 			batch = append(batch, kr)
 		}
 	}
-	if len(batch) > 0 && !p.sendQuota(batch, now) {
+	if len(batch) > 0 && !p.fleet.client.Ask(batch, now) {
 		wait = false
 	}
 	if wait {
@@ -209,6 +171,18 @@ func (h *httpContext) fleetWait(now int64) bool {
 	return false
 }
 
+// fleetPending reports whether a rule of the request has no quota and waits
+// for the quota service.
+func (h *httpContext) fleetPending() bool {
+	s := &h.p.s
+	for k := range s.evals {
+		if s.evals[k].fl.pending {
+			return true
+		}
+	}
+	return false
+}
+
 // fleetCommitWait handles a fleet rule whose lease ran dry between its
 // read and its write (another worker spent it). If the request waits for
 // quota, what was written is undone (the request is decided afresh when it
@@ -222,42 +196,6 @@ func (h *httpContext) fleetCommitWait(ev *eval, now int64) (outcome, bool) {
 		return outcome{wait: true}, true
 	}
 	return outcome{}, false
-}
-
-// fleetKeyFor returns the worker's record of ev's key, creating it (nil if
-// the key is longer than quota.MaxKeyBytes, or if the worker already
-// remembers maxFleetKeys keys and none can be dropped).
-func (p *pluginContext) fleetKeyFor(ev *eval, now int64) *fleetKey {
-	key := viewString(p.s.key[ev.keyOff:ev.keyEnd])
-	if kr := p.fleet.keys[key]; kr != nil {
-		kr.lastSeen = now
-		return kr
-	}
-	if len(key) > quota.MaxKeyBytes {
-		// The service would refuse the whole batch (HTTP 400) for it: such a
-		// key (a client's oversized header) never travels, and degrades.
-		return nil
-	}
-	if len(p.fleet.keys) >= maxFleetKeys {
-		p.forgetIdleKeys(now, true)
-		if len(p.fleet.keys) >= maxFleetKeys {
-			return nil
-		}
-	}
-	kr := &fleetKey{key: string(p.s.key[ev.keyOff:ev.keyEnd]), ruleID: ev.rule.cr.ID, hash: ev.hash, bucket: ev.bucket, lastSeen: now}
-	p.fleet.keys[kr.key] = kr
-	return kr
-}
-
-// forgetIdleKeys drops records of keys with no call, no waiters and no
-// recent use (any such key when force).
-func (p *pluginContext) forgetIdleKeys(now int64, force bool) {
-	idle := now - 10*int64(p.cfg.ControlPlane.QuotaInterval)
-	for k, kr := range p.fleet.keys {
-		if kr.call == nil && len(kr.waiters) == 0 && (force || kr.lastSeen < idle) && kr.refusedUntil < now && kr.failedUntil < now {
-			delete(p.fleet.keys, k)
-		}
-	}
 }
 
 // fleetStreamDone forgets a stream that ended, so that an answer arriving

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 
+	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
 )
@@ -13,11 +14,9 @@ import (
 // keys to buckets, the same in every VM of an Envoy.
 const hashKeyKey = "sluice/hashkey"
 
-// casAbsent is the cas passed when writing a key that was absent when read:
-// Envoy creates a new key whatever the cas, and a non-zero cas makes the
-// write fail with CAS_MISMATCH if another VM created the key in between
-// (cas 0 would overwrite it). See the package doc for the residual case.
-const casAbsent = ^uint32(0)
+// casAbsent is the cas passed when writing a key that was absent when read
+// (fleetclient.CASAbsent). See the package doc for the residual case.
+const casAbsent = fleetclient.CASAbsent
 
 // loadHashKey reads the hash key from shared data. When it is absent (or
 // malformed) and create is set, it stores 16 fresh random bytes with

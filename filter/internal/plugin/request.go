@@ -108,7 +108,6 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	}
 	p.readKeyParts(ps, req)
 	now := clockNow()
-	p.fleet.curRounds = h.fq.rounds
 	out := h.evaluate(ps, req, now)
 	var action types.Action = types.ActionContinue
 	switch {
