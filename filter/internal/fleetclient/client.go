@@ -660,6 +660,7 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 		}
 		if resp != nil && resp.Keys[i].Status == quota.StatusRetry {
 			// Nothing was recorded for the key: what the report took goes back.
+			inc(c.m.Retried, 1)
 			if ok {
 				c.restore(k, r, cl.items[i], now)
 			}
@@ -756,7 +757,6 @@ func (c *Client) apply(k *Key, r Rule, res *quota.KeyResult, sent, now int64) {
 	case quota.StatusRetry:
 		// The service could not decide in time: the lease stays as it is, the
 		// key degrades (never denies for this) and is asked again soon.
-		inc(c.m.Retried, 1)
 		ra := res.RetryAfter
 		if ra <= 0 {
 			ra = time.Duration(interval)

@@ -1,0 +1,336 @@
+package fleetclient
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/filter/internal/fleet"
+	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/quota"
+)
+
+// fakeHost is shared data with Envoy's compare-and-swap semantics and a
+// recorder of quota calls, answered by the test.
+type fakeHost struct {
+	data    map[string]stored
+	cas     uint32
+	now     int64
+	calls   []*sentCall
+	failSet func(key string) bool // a write of key loses its compare-and-swap
+}
+
+type stored struct {
+	val []byte
+	cas uint32
+}
+
+type sentCall struct {
+	body     []byte
+	req      *quota.Request
+	onAnswer func(status string, body []byte)
+}
+
+func newFakeHost(t *testing.T) *fakeHost {
+	return &fakeHost{data: map[string]stored{}, now: int64(1000 * time.Hour)}
+}
+
+func (h *fakeHost) GetSharedData(key string) ([]byte, uint32, error) {
+	s, ok := h.data[key]
+	if !ok {
+		return nil, 0, proxywasm.ErrNotFound
+	}
+	return append([]byte(nil), s.val...), s.cas, nil
+}
+
+func (h *fakeHost) SetSharedData(key string, value []byte, cas uint32) error {
+	if h.failSet != nil && h.failSet(key) {
+		return proxywasm.ErrCasMismatch
+	}
+	if s, ok := h.data[key]; ok && cas != 0 && cas != s.cas {
+		return proxywasm.ErrCasMismatch
+	}
+	h.cas++
+	h.data[key] = stored{val: append([]byte(nil), value...), cas: h.cas}
+	return nil
+}
+
+func (h *fakeHost) Call(body []byte, timeout time.Duration, onAnswer func(string, []byte)) error {
+	req, err := quota.DecodeRequest(body, quota.Limits{MaxBytes: 64 << 20, MaxKeys: 1 << 20})
+	if err != nil {
+		return errors.New("the client sent a malformed request: " + err.Error())
+	}
+	h.calls = append(h.calls, &sentCall{body: append([]byte(nil), body...), req: req, onAnswer: onAnswer})
+	return nil
+}
+
+func (h *fakeHost) Debug(string) {}
+func (h *fakeHost) Now() int64   { return h.now }
+
+// answer answers call c with one result per key made by f.
+func (h *fakeHost) answer(c *sentCall, f func(k quota.KeyRequest) quota.KeyResult) {
+	resp := &quota.Response{Policy: c.req.Policy, Version: c.req.Version, Now: h.now}
+	for _, k := range c.req.Keys {
+		r := f(k)
+		r.Key = k.Key
+		resp.Keys = append(resp.Keys, r)
+	}
+	c.onAnswer("200", quota.AppendResponse(nil, resp))
+}
+
+type count struct{ n uint64 }
+
+func (c *count) Increment(n uint64) { c.n += n }
+
+const (
+	leaseKey = "sluice/p/r/lease/0"
+	fp       = 0xf1
+	interval = time.Second
+)
+
+type fixture struct {
+	t      *testing.T
+	h      *fakeHost
+	c      *Client
+	m      map[string]*count
+	policy *Policy
+}
+
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{t: t, h: newFakeHost(t), m: map[string]*count{}}
+	for _, n := range []string{"calls", "failures", "refused", "retried", "unapplied"} {
+		f.m[n] = &count{}
+	}
+	f.c = New(f.h, Config{Interval: interval, Timeout: 200 * time.Millisecond, Tick: 100 * time.Millisecond, EntriesPerBucket: 4096},
+		Metrics{Calls: f.m["calls"], Failures: f.m["failures"], Refused: f.m["refused"], Retried: f.m["retried"], Unapplied: f.m["unapplied"]})
+	f.c.Envoy = "envoy-1"
+	f.policy = &Policy{Name: "p", Version: 1, Env: "t", Rule: func(id string) (Rule, bool) {
+		return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp}, id == "r"
+	}}
+	f.c.Policy = func() *Policy { return f.policy }
+	return f
+}
+
+func (f *fixture) key(name string) *Key {
+	k := f.c.KeyFor([]byte(name), "r", hashOf(name), 0, f.h.now)
+	if k == nil {
+		f.t.Fatalf("no record for %s", name)
+	}
+	return k
+}
+
+func hashOf(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * 1099511628211
+	}
+	return h
+}
+
+func (f *fixture) setLease(k *Key, e fleet.Entry) {
+	e.Hash, e.Fingerprint = k.Hash, fp
+	old, cas, _ := f.h.GetSharedData(leaseKey)
+	out, _ := fleet.Put(nil, old, e, 4096, f.h.now)
+	if err := f.h.SetSharedData(leaseKey, out, cas); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) lease(k *Key) fleet.Entry {
+	v, _, _ := f.h.GetSharedData(leaseKey)
+	e, _, found := fleet.Find(v, k.Hash)
+	if !found {
+		f.t.Fatalf("no lease entry for %s", k.Key)
+	}
+	return e
+}
+
+// TestRetryKeepsTheLeaseAndGivesBackWhatTheReportTook: the service answers
+// retry (it recorded nothing): the units the report returned are held again
+// (the lease is live), the used units are reported again next time, and the
+// key degrades until min(retry_after, quota_interval), never refused.
+func TestRetryKeepsTheLeaseAndGivesBackWhatTheReportTook(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.setLease(k, fleet.Entry{Held: 10, Used: 5, Expiry: f.h.now + int64(time.Minute), LastUse: f.h.now})
+	f.c.Done(f.h.now) // returns everything it holds
+	if len(f.h.calls) != 1 {
+		t.Fatalf("%d calls, want 1", len(f.h.calls))
+	}
+	if kr := f.h.calls[0].req.Keys[0]; kr.Used != 5 || kr.Return != 10 {
+		t.Fatalf("report %+v, want used 5 and return 10", kr)
+	}
+	if e := f.lease(k); e.Held != 0 || e.Used != 0 {
+		t.Fatalf("lease after the report %+v, want emptied", e)
+	}
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusRetry, RetryAfter: 5 * time.Millisecond}
+	})
+	if e := f.lease(k); e.Held != 10 || e.Used != 5 {
+		t.Fatalf("lease after retry %+v, want held 10 and used 5 again", e)
+	}
+
+	// An ask answered retry: the key degrades briefly, it is not refused.
+	f.c.Ask([]*Key{k}, f.h.now)
+	f.h.answer(f.h.calls[1], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusRetry, RetryAfter: 5 * time.Millisecond}
+	})
+	if k.RefusedUntil > f.h.now {
+		t.Errorf("retry refused the key until +%v", time.Duration(k.RefusedUntil-f.h.now))
+	}
+	if want := f.h.now + int64(5*time.Millisecond); k.FailedUntil != want {
+		t.Errorf("key degrades until +%v, want +5ms (the service's retry_after)", time.Duration(k.FailedUntil-f.h.now))
+	}
+	if e := f.lease(k); e.Used != 5 {
+		t.Errorf("used units after the retried ask: %d, want 5 (reported again)", e.Used)
+	}
+	if f.m["retried"].n != 2 || f.m["refused"].n != 0 {
+		t.Errorf("retried %d refused %d, want 2 and 0", f.m["retried"].n, f.m["refused"].n)
+	}
+}
+
+// TestReportIsCutUnderTheServiceLimits: a thousand keys of 2 KB each (a key
+// part from a client's header) would make one report of 2 MB, over the
+// service's 1 MiB limit, and every key in it would lose its top-up. The
+// client sends several calls, each within the limits, carrying every key once.
+func TestReportIsCutUnderTheServiceLimits(t *testing.T) {
+	f := newFixture(t)
+	var keys []*Key
+	for i := 0; i < 1000; i++ {
+		keys = append(keys, f.key("rl:t:p/r:header:x-user="+strings.Repeat("u", 1950)+strconv.Itoa(i)+":60s"))
+	}
+	if !f.c.Ask(keys, f.h.now) {
+		t.Fatal("Ask failed")
+	}
+	if len(f.h.calls) < 2 {
+		t.Fatalf("%d call(s) for 1000 keys of 2 KB, want several", len(f.h.calls))
+	}
+	seen := map[string]int{}
+	for _, c := range f.h.calls {
+		if len(c.body) > quota.DefaultMaxBytes || len(c.req.Keys) > quota.DefaultMaxKeys {
+			t.Errorf("a call of %d bytes and %d keys, over the service's limits", len(c.body), len(c.req.Keys))
+		}
+		for _, k := range c.req.Keys {
+			seen[k.Key]++
+		}
+	}
+	for _, k := range keys {
+		if seen[k.Key] != 1 {
+			t.Fatalf("key sent %d times, want once", seen[k.Key])
+		}
+	}
+	// Each call's answer reaches its own keys.
+	for _, c := range f.h.calls {
+		f.h.answer(c, func(quota.KeyRequest) quota.KeyResult {
+			return quota.KeyResult{Status: quota.StatusGranted, Granted: 3, Held: 3, ExpiresIn: time.Minute}
+		})
+	}
+	for _, k := range keys {
+		if e := f.lease(k); e.Held != 3 || k.Asking() {
+			t.Fatalf("after the answers: lease %+v, asking %v", e, k.Asking())
+		}
+	}
+}
+
+// TestKeyInUseIsNotForgotten: requests spending from the lease never touch
+// the key's record; the tick reads the lease's last use, so a key in use keeps
+// its record (and its top-ups) however long it is used.
+func TestKeyInUseIsNotForgotten(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.setLease(k, fleet.Entry{Held: 1 << 30, Expiry: f.h.now + int64(time.Hour), LastUse: f.h.now})
+	for i := 0; i < 3*idleIntervals; i++ {
+		f.h.now += int64(interval)
+		e := f.lease(k)
+		e.LastUse, e.Used = f.h.now, 1 // a request spent from the lease
+		f.setLease(k, e)
+		f.c.Tick(f.h.now)
+		for _, c := range f.h.calls {
+			f.h.answer(c, func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusGranted} })
+		}
+		f.h.calls = nil
+		if f.c.Lookup(k.Key) == nil {
+			t.Fatalf("the key in use was forgotten after %d intervals", i+1)
+		}
+	}
+	// Once unused, it is forgotten.
+	for i := 0; i < 2*idleIntervals && f.c.Lookup(k.Key) != nil; i++ {
+		f.h.now += int64(interval)
+		f.c.Tick(f.h.now)
+		for _, c := range f.h.calls {
+			f.h.answer(c, func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusGranted} })
+		}
+		f.h.calls = nil
+	}
+	if f.c.Lookup(k.Key) != nil {
+		t.Fatal("an unused key is never forgotten")
+	}
+}
+
+// TestReportNeverReturnsUnitsStillInTheLease: when the lease edit that takes
+// the units out cannot be written (its compare-and-swap keeps losing), the
+// report says nothing of them: returning units the lease still holds would
+// let the fleet spend them twice.
+func TestReportNeverReturnsUnitsStillInTheLease(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.setLease(k, fleet.Entry{Held: 10, Used: 4, Expiry: f.h.now + int64(time.Minute), LastUse: f.h.now})
+	f.h.failSet = func(string) bool { return true }
+	f.c.Done(f.h.now)
+	f.c.Ask([]*Key{k}, f.h.now)
+	for _, c := range f.h.calls {
+		for _, kr := range c.req.Keys {
+			if kr.Return > 0 || kr.Used > 0 {
+				t.Errorf("reported %+v although the lease still holds its units", kr)
+			}
+		}
+	}
+	f.h.failSet = nil
+	if e := f.lease(k); e.Held != 10 || e.Used != 4 {
+		t.Fatalf("lease %+v, want untouched", e)
+	}
+}
+
+// TestGrantWhoseLeaseEditFailedIsAppliedLater: a grant the service recorded
+// but the client could not write into the lease is not dropped: it is counted
+// and applied on the next tick.
+func TestGrantWhoseLeaseEditFailedIsAppliedLater(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.c.Ask([]*Key{k}, f.h.now)
+	f.h.failSet = func(string) bool { return true }
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusGranted, Granted: 50, Held: 50, ExpiresIn: time.Minute}
+	})
+	if f.m["unapplied"].n == 0 {
+		t.Error("the grant that could not be written was not counted")
+	}
+	f.h.failSet = nil
+	f.h.now += int64(100 * time.Millisecond)
+	f.setLease(k, fleet.Entry{LastUse: f.h.now}) // a request is using the key: not idle
+	f.c.Tick(f.h.now)
+	if e := f.lease(k); e.Held != 50 {
+		t.Fatalf("lease after the tick %+v, want the 50 units granted", e)
+	}
+	// Applied once only.
+	f.c.Tick(f.h.now + 1)
+	if e := f.lease(k); e.Held != 50 {
+		t.Fatalf("lease after another tick %+v, want 50", e)
+	}
+}
+
+// TestRefusalStillRefuses: a spent budget (refused) is remembered until the
+// service's retry_after, at most one interval.
+func TestRefusalStillRefuses(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.c.Ask([]*Key{k}, f.h.now)
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusRefused, RetryAfter: 300 * time.Millisecond}
+	})
+	if k.RefusedUntil != f.h.now+int64(300*time.Millisecond) || k.FailedUntil > f.h.now {
+		t.Fatalf("refused until +%v, failed until +%v", time.Duration(k.RefusedUntil-f.h.now), time.Duration(k.FailedUntil-f.h.now))
+	}
+}
