@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -74,4 +75,40 @@ func parseKeyAlt(s string) (keyAlt, bool) {
 		return keyAlt{kind: partHeader, header: name, tag: string(appendEscaped([]byte("h."), name))}, true
 	}
 	return keyAlt{}, false
+}
+
+// KeySources is what a rule's key reads from a request: whether any
+// alternative of any key part reads each source, and the header names
+// (header:<name>) they read, in key order, each once.
+type KeySources struct {
+	ClientIP, User, Tenant, Route, Method, Path bool
+	Headers                                     []string
+}
+
+// KeySources returns what r's key (Rule.Key, as parsed by Compile) reads.
+func (r *CompiledRule) KeySources() KeySources {
+	var ks KeySources
+	for _, alts := range r.parts {
+		for _, a := range alts {
+			switch a.kind {
+			case partClientIP:
+				ks.ClientIP = true
+			case partUser:
+				ks.User = true
+			case partTenant:
+				ks.Tenant = true
+			case partRoute:
+				ks.Route = true
+			case partMethod:
+				ks.Method = true
+			case partPath:
+				ks.Path = true
+			case partHeader:
+				if !slices.Contains(ks.Headers, a.header) {
+					ks.Headers = append(ks.Headers, a.header)
+				}
+			}
+		}
+	}
+	return ks
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/sluice-proxy/sluice/filter/internal/config"
 	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
@@ -251,24 +250,11 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		match.add(reads{ip: len(r.Exempt.CIDRs) > 0, user: len(r.Exempt.Users) > 0,
 			tenant: len(r.Exempt.Tenants) > 0, method: len(r.Match.Methods) > 0,
 			path: r.Match.Path != "" || r.Match.PathPrefix != ""})
-		for _, part := range r.Key {
-			for _, alt := range strings.Split(part, "|") {
-				switch {
-				case strings.HasPrefix(alt, "header:"):
-					key.addHeader(alt[len("header:"):])
-				case alt == "client_ip":
-					key.ip = true
-				case alt == "user":
-					key.user = true
-				case alt == "tenant":
-					key.tenant = true
-				case alt == "method":
-					key.method = true
-				case alt == "path":
-					key.path = true
-				}
-			}
+		ks := cr.KeySources()
+		for _, h := range ks.Headers {
+			key.addHeader(h)
 		}
+		key.add(reads{ip: ks.ClientIP, user: ks.User, tenant: ks.Tenant, method: ks.Method, path: ks.Path})
 		key.addHeader(r.CostHeader)
 	}
 	for _, r := range []*reads{&match, &key} {
