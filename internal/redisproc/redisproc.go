@@ -160,6 +160,18 @@ func (s *Server) Kill() {
 	_ = cmd.Wait()
 }
 
+// Signal sends sig to the server: syscall.SIGSTOP freezes it (clients' calls
+// hang until their timeouts), syscall.SIGCONT resumes it. An error when it is not
+// running.
+func (s *Server) Signal(sig os.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("redisproc: " + s.Addr() + " is not running")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
 // Restart starts the server again on the same port: empty, unless it was started
 // with Options.AppendOnly.
 func (s *Server) Restart() {

@@ -1,0 +1,22 @@
+// Package fleettorture holds the fleet torture test: two control-plane replica
+// processes on a real redis-server (and on a three-node Redis Cluster), three
+// sluice-devproxy processes and N in-process Envoys (the real sluice.wasm under
+// the testenv host), all spending one hot fleet key, while the test kills a proxy
+// holding leases, freezes Redis (SIGSTOP) for 5 s, kills Redis and restarts it
+// empty, and kills a control-plane replica.
+//
+// It judges by counting, per window of the rules' fixed window:
+//
+//   - rule "tight" (limit L per window, on_quota_failure deny): admitted ≤ L in
+//     every window, except the window in which Redis lost its data, where the
+//     fleet counter restarts from zero (≤ 2L, the documented bound); with demand
+//     above L and no fault, admitted = L;
+//   - rule "loose" (limit 10^8): no 429 at all in a window without a fault, since
+//     its budget can never be spent (a 429 there is a false one).
+//
+// A request counts in a window when it was sent and answered within it (loopback
+// round trips are far shorter than a window); the few that straddle a boundary
+// count towards the upper bound of both windows and the lower bound of neither.
+// Every process listens on loopback only and is stopped by the test; the package
+// has no non-test code.
+package fleettorture
