@@ -126,3 +126,141 @@ func BenchmarkQuotaGrants(b *testing.B) {
 		})
 	}
 }
+
+// hotAsk is one simulated Envoy's quota call on the hot key: it reports what it
+// was granted last time as used and asks for 5 units. It returns the answer's
+// status ("5xx" for an HTTP error) and latency.
+func hotAsk(b *testing.B, hc *http.Client, url, envoy string, used uint64) (quota.KeyResult, string, time.Duration) {
+	doc := quota.AppendRequest(nil, &quota.Request{Envoy: envoy, Policy: "h", Version: 1, Env: testEnv, Interval: time.Second,
+		Keys: []quota.KeyRequest{{Rule: "hot", Key: hotKey, Used: used, Want: 5}}})
+	t0 := time.Now()
+	res, err := hc.Post(url+"/v1/quota", "application/json", bytes.NewReader(doc))
+	if err != nil {
+		b.Error(err)
+		return quota.KeyResult{}, "error", 0
+	}
+	data, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	d := time.Since(t0)
+	if res.StatusCode != http.StatusOK {
+		return quota.KeyResult{}, strconv.Itoa(res.StatusCode/100) + "xx", d
+	}
+	resp, err := quota.DecodeResponse(data)
+	if err != nil {
+		b.Error(err)
+		return quota.KeyResult{}, "error", d
+	}
+	return resp.Keys[0], resp.Keys[0].Status, d
+}
+
+// hotStack is two replicas (their production timeout, 250 ms) on one real
+// redis-server over loopback HTTP, with policy h (one key, limit 10^8 a minute).
+func hotStack(b *testing.B) []string {
+	rs := redisproc.Start(b)
+	p := newPolicies(b)
+	p.set(b, hotPolicyDoc)
+	var urls []string
+	for i := 0; i < 2; i++ {
+		c := redisClient(rs.Addr())
+		b.Cleanup(func() { c.Close() })
+		urls = append(urls, serve(b, New(Options{Backend: NewRedis(c), Policies: p, Open: true})).URL)
+	}
+	return urls
+}
+
+// report logs the answers by status and reports refused, retry and 5xx per
+// answer and the p50/p99 latency.
+func reportHot(b *testing.B, statuses map[string]int, lat []time.Duration) {
+	n := 0
+	for _, v := range statuses {
+		n += v
+	}
+	b.Logf("%d answers by status: %v", n, statuses)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	if len(lat) > 0 {
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99-ms")
+	}
+	if n > 0 {
+		b.ReportMetric(float64(statuses[quota.StatusRefused])/float64(n), "refused/answer")
+		b.ReportMetric(float64(statuses[quota.StatusRetry])/float64(n), "retry/answer")
+		b.ReportMetric(float64(statuses["5xx"])/float64(n), "5xx/answer")
+	}
+}
+
+// BenchmarkQuotaHotKey: 128 Envoys ask for one key in a tight loop, each
+// alternating between two replicas on one redis-server (limit 10^8: the budget
+// is never spent, so a refusal is always a false one). One op is one answer.
+func BenchmarkQuotaHotKey(b *testing.B) {
+	urls := hotStack(b)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	const clients = 128
+	var mu sync.Mutex
+	statuses := map[string]int{}
+	var lat []time.Duration
+	next := 0
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			var used uint64
+			for n := 0; ; n++ {
+				mu.Lock()
+				if next >= b.N {
+					mu.Unlock()
+					return
+				}
+				next++
+				mu.Unlock()
+				r, st, d := hotAsk(b, hc, urls[(c+n)%2], "envoy-"+strconv.Itoa(c), used)
+				used = r.Granted
+				mu.Lock()
+				statuses[st]++
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		}(c)
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportHot(b, statuses, lat)
+}
+
+// BenchmarkQuotaThousandEnvoys: 1,000 Envoys each report on one key once a
+// second (their quota_interval), spread over the second, half of them through
+// each of two replicas on one redis-server. One op is one second of the fleet:
+// 1,000 answers.
+func BenchmarkQuotaThousandEnvoys(b *testing.B) {
+	urls := hotStack(b)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	const envoys = 1000
+	var mu sync.Mutex
+	statuses := map[string]int{}
+	var lat []time.Duration
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for e := 0; e < envoys; e++ {
+		wg.Add(1)
+		go func(e int) {
+			defer wg.Done()
+			var used uint64
+			for n := 0; n < b.N; n++ {
+				// Envoy e reports at second n plus its own offset within the second.
+				at := start.Add(time.Duration(n)*time.Second + time.Duration(e)*time.Second/envoys)
+				time.Sleep(time.Until(at)) // the report's schedule, not a wait for an event
+				r, st, d := hotAsk(b, hc, urls[e%2], "envoy-"+strconv.Itoa(e), used)
+				used = r.Granted
+				mu.Lock()
+				statuses[st]++
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		}(e)
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportHot(b, statuses, lat)
+}

@@ -303,21 +303,23 @@ func (s *Service) attempt(pending *[]*group) error {
 	ops := make([]Op, 0, len(gs))
 	opOf := make([]int, len(gs)) // index in ops, -1 for an unchanged key
 	for j, g := range gs {
-		cur := vals[j]
-		var ttl time.Duration
+		// Decoded once, decided ask after ask, encoded once.
+		v := g.f.load(vals[j])
 		changed := false
+		var interval time.Duration
 		for _, a := range g.asks {
-			out := g.f.decide(cur, now, a.envoy, a.k, a.interval)
-			a.res, a.at = out.res, now
-			if out.changed {
-				cur, ttl, changed = out.next, out.ttl, true
-			}
+			var ch bool
+			a.res, ch = g.f.decide(&v, now, a.envoy, a.k, a.interval)
+			a.at = now
+			changed = changed || ch
+			interval = max(interval, a.interval)
 		}
 		opOf[j] = -1
 		if changed {
 			// An unchanged key is not written: its value keeps its own expiry.
+			next, ttl := g.f.store(&v, now, interval)
 			opOf[j] = len(ops)
-			ops = append(ops, Op{Key: g.key, Old: vals[j], New: cur, TTL: ttl})
+			ops = append(ops, Op{Key: g.key, Old: vals[j], New: next, TTL: ttl})
 		}
 	}
 	var applied []bool

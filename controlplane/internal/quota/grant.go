@@ -137,35 +137,55 @@ func (f *fleetLimiter) leaseEnd(tag uint64, now, start int64) int64 {
 	return now + int64(f.validity)
 }
 
-// outcome is one key's decision.
-type outcome struct {
-	res      quota.KeyResult
-	next     []byte        // the value to store; nil to delete
-	ttl      time.Duration // its expiry
-	changed  bool          // next differs from what was loaded
-	returned uint64
-}
-
-// decide applies one Envoy's report and ask for one key to the stored value old at
-// now (service clock, Unix ns), sizing the grant for a report interval of interval.
-func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyRequest, interval time.Duration) outcome {
+// load decodes a key's stored value; an absent or undecodable one is a fresh
+// key with no leases.
+func (f *fleetLimiter) load(old []byte) value {
 	size := f.lim.StateSize()
 	v, err := decodeValue(old, size)
 	if err != nil || v.state == nil {
 		v.state = make([]byte, size)
 		v.entries = v.entries[:0]
 	}
-	// The key's clock never goes back: a replica whose clock is behind the one that
-	// last wrote the key decides at that replica's time (the latest report in the
-	// ledger), at most maxSkew ahead of its own. Deciding at a time earlier than the
-	// state's would let one replica read the other's buckets as refilled (or as
-	// implausible, hence fresh) and grant again, every time. The cap is relative to
-	// this replica's own clock, whatever the order of the reports.
+	return v
+}
+
+// keyNow is the time a key is decided at by a replica whose clock says now.
+//
+// The key's clock never goes back: a replica whose clock is behind the one that
+// last wrote the key decides at that replica's time (the latest report in the
+// ledger), at most maxSkew ahead of its own. Deciding at a time earlier than the
+// state's would let one replica read the other's buckets as refilled (or as
+// implausible, hence fresh) and grant again, every time. The cap is relative to
+// this replica's own clock, whatever the order of the reports.
+func keyNow(v *value, now int64) int64 {
 	latest := now
 	for _, e := range v.entries {
 		latest = max(latest, e.last)
 	}
-	now = min(latest, now+int64(maxSkew))
+	return min(latest, now+int64(maxSkew))
+}
+
+// store encodes v for the backend, with its expiry: until the state is idle,
+// every lease has ended and every Envoy is forgotten (an Envoy counts as active
+// for retainReports of the longest report interval seen), plus ttlSlack.
+func (f *fleetLimiter) store(v *value, now int64, interval time.Duration) ([]byte, time.Duration) {
+	now = keyNow(v, now)
+	retain := int64(retainReports) * int64(interval)
+	until := f.lim.IdleAt(v.state, now)
+	for _, e := range v.entries {
+		until = max(until, e.exp, e.last+retain)
+	}
+	next := v.encode(make([]byte, 0, 3+len(v.state)+10+len(v.entries)*64))
+	return next, time.Duration(max(until-now, 0)) + ttlSlack
+}
+
+// decide applies one Envoy's report and ask for one key to the decoded value v at
+// now (service clock, Unix ns), sizing the grant for a report interval of
+// interval, and reports whether v changed. Several asks decided one after another
+// on one v are what a round records with one write.
+func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyRequest, interval time.Duration) (quota.KeyResult, bool) {
+	size := f.lim.StateSize()
+	now = keyNow(v, now)
 	cur := make([]byte, size)
 	tmp := make([]byte, size)
 	// Normalise the state at now (a probe decides nothing).
@@ -201,7 +221,7 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 		if len(v.entries) >= MaxEnvoysPerKey {
 			res.Status = quota.StatusRefused
 			res.RetryAfter = interval
-			return outcome{res: res, next: old, changed: false}
+			return res, false
 		}
 		v.entries = append(v.entries, entry{envoy: envoy})
 		me = &v.entries[len(v.entries)-1]
@@ -306,13 +326,7 @@ func (f *fleetLimiter) decide(old []byte, now int64, envoy string, k *quota.KeyR
 		res.ExpiresIn = time.Duration(me.exp - now)
 	}
 	v.state = cur
-	// TTL: until the state is idle, every lease has ended and every Envoy is forgotten.
-	until := f.lim.IdleAt(cur, now)
-	for _, e := range v.entries {
-		until = max(until, e.exp, e.last+retain)
-	}
-	next := v.encode(make([]byte, 0, 3+size+2+len(v.entries)*48))
-	return outcome{res: res, next: next, ttl: time.Duration(max(until-now, 0)) + ttlSlack, changed: true, returned: returned}
+	return res, true
 }
 
 // debtUnits returns ⌊D/Window⌋, the whole units a token_bucket or gcra state lacks
