@@ -272,3 +272,30 @@ func TestRestoredPolicyIsCompiledAfresh(t *testing.T) {
 		t.Fatalf("epoch e2 made rule a envoy-scoped, the service answered %+v", r)
 	}
 }
+
+// TestThousandEnvoysShareOneKey: a thousand Envoys reporting on one key every
+// interval all keep a ledger entry; none is refused while the budget lasts.
+func TestThousandEnvoysShareOneKey(t *testing.T) {
+	clk := &clock{}
+	clk.set(base() + int64(time.Second))
+	p := newPolicies(t)
+	p.set(t, hotPolicyDoc)
+	s := New(Options{Backend: NewMemory(), Policies: p, Open: true, Now: clk.Now})
+	refused := 0
+	for round := 0; round < 2; round++ {
+		for i := 0; i < 1000; i++ {
+			resp, err := s.Handle(context.Background(), &quota.Request{Envoy: "envoy-" + strconv.Itoa(i), Policy: "h", Version: 1,
+				Env: testEnv, Interval: time.Second, Keys: []quota.KeyRequest{{Rule: "hot", Key: hotKey, Used: uint64(round), Want: 5}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Keys[0].Status == quota.StatusRefused {
+				refused++
+			}
+		}
+		clk.add(time.Second)
+	}
+	if refused > 0 {
+		t.Fatalf("%d of 2000 asks refused on a key whose budget (10^8) was far from spent", refused)
+	}
+}

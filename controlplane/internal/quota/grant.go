@@ -21,7 +21,7 @@ const (
 	headroomNum, headroomDen = 5, 4
 	// MaxEnvoysPerKey bounds a key's ledger; a further Envoy is refused until an
 	// entry is free.
-	MaxEnvoysPerKey = 256
+	MaxEnvoysPerKey = 2048
 	// retainReports is how many report intervals an Envoy counts as active for a key
 	// after its last report (it shares the remainder while active).
 	retainReports = 3
