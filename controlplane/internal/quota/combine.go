@@ -43,14 +43,10 @@ type combiner struct {
 
 type combinerShard struct {
 	mu sync.Mutex
-	// keys holds a queue for every key with a round under way or about to start;
-	// a key absent from the map is idle.
-	keys map[string]*keyQueue
-}
-
-// keyQueue is the asks waiting for a key's next round, in arrival order.
-type keyQueue struct {
-	waiting []*keyAsk
+	// keys holds, for every key with a round under way or about to start, the
+	// asks waiting for its next round, in arrival order (nil for none); a key
+	// absent from the map is idle.
+	keys map[string][]*keyAsk
 }
 
 // Ask states, changed under the key's shard lock.
@@ -78,7 +74,7 @@ type keyAsk struct {
 func newCombiner() *combiner {
 	c := &combiner{seed: maphash.MakeSeed()}
 	for i := range c.shards {
-		c.shards[i].keys = make(map[string]*keyQueue)
+		c.shards[i].keys = make(map[string][]*keyAsk)
 	}
 	return c
 }
@@ -95,11 +91,11 @@ func (c *combiner) enqueue(a *keyAsk) bool {
 	defer sh.mu.Unlock()
 	q, busy := sh.keys[a.w.skey]
 	if !busy {
-		sh.keys[a.w.skey] = &keyQueue{}
+		sh.keys[a.w.skey] = nil
 		a.state = askTaken
 		return true
 	}
-	q.waiting = append(q.waiting, a)
+	sh.keys[a.w.skey] = append(q, a)
 	a.state = askQueued
 	return false
 }
@@ -110,9 +106,8 @@ func (c *combiner) take(key string) []*keyAsk {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	q := sh.keys[key]
-	batch := q.waiting
-	q.waiting = nil
+	batch := sh.keys[key]
+	sh.keys[key] = nil
 	for _, a := range batch {
 		a.state = askTaken
 	}
@@ -126,11 +121,11 @@ func (c *combiner) handOff(key string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	q := sh.keys[key]
-	if len(q.waiting) == 0 {
+	if len(q) == 0 {
 		delete(sh.keys, key)
 		return
 	}
-	next := q.waiting[0]
+	next := q[0]
 	next.state = askLead
 	signal(next.wake)
 }
@@ -155,9 +150,9 @@ func (c *combiner) abandon(a *keyAsk) bool {
 		return false
 	}
 	q := sh.keys[a.w.skey]
-	for i, b := range q.waiting {
+	for i, b := range q {
 		if b == a {
-			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			sh.keys[a.w.skey] = append(q[:i], q[i+1:]...)
 			break
 		}
 	}
@@ -185,6 +180,7 @@ type group struct {
 	key  string
 	f    *fleetLimiter
 	asks []*keyAsk
+	one  [1]*keyAsk // asks of a round led on arrival: no queue, one ask
 }
 
 // decideAll answers the asks of one request: it leads a round for the keys nobody
@@ -195,16 +191,25 @@ type group struct {
 // each queued behind the other's promoted ask would otherwise wait for each other).
 func (s *Service) decideAll(ctx context.Context, asks []keyAsk, deadline time.Time) {
 	wake := make(chan struct{}, 1)
-	var lead []*group
+	var lead []group
+	queued := false
 	for i := range asks {
 		a := &asks[i]
 		a.wake = wake
 		if s.comb.enqueue(a) {
-			lead = append(lead, &group{key: a.w.skey, f: a.w.f, asks: []*keyAsk{a}})
+			lead = append(lead, group{key: a.w.skey, f: a.w.f, one: [1]*keyAsk{a}})
+		} else {
+			queued = true
 		}
 	}
 	if len(lead) > 0 {
+		for i := range lead {
+			lead[i].asks = lead[i].one[:]
+		}
 		s.round(lead)
+	}
+	if !queued {
+		return // every ask was in that round, which answered it
 	}
 	var timer *time.Timer
 	expired := false
@@ -214,7 +219,7 @@ func (s *Service) decideAll(ctx context.Context, asks []keyAsk, deadline time.Ti
 			a := &asks[i]
 			switch s.comb.stateOf(a) {
 			case askLead:
-				s.round([]*group{{key: a.w.skey, f: a.w.f, asks: s.comb.take(a.w.skey)}})
+				s.round([]group{{key: a.w.skey, f: a.w.f, asks: s.comb.take(a.w.skey)}})
 			case askQueued:
 				if expired && s.comb.abandon(a) {
 					s.m.queueTimeouts.Inc()
@@ -251,7 +256,7 @@ func (s *Service) decideAll(ctx context.Context, asks []keyAsk, deadline time.Ti
 // passed; then it answers every ask and hands each key to its next round. Each
 // backend call has its own Timeout, detached from the request that leads the round
 // (whose caller may go away): the round also answers asks of other requests.
-func (s *Service) round(gs []*group) {
+func (s *Service) round(gs []group) {
 	start := time.Now()
 	pending := gs
 	for attempt := 0; len(pending) > 0; attempt++ {
@@ -286,7 +291,7 @@ func (s *Service) round(gs []*group) {
 
 // attempt loads, decides and swaps the pending groups once; it leaves in pending the
 // groups whose swap conflicted.
-func (s *Service) attempt(pending *[]*group) error {
+func (s *Service) attempt(pending *[]group) error {
 	gs := *pending
 	ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 	defer cancel()
