@@ -307,3 +307,59 @@ func awaitWindowStart() int64 {
 	time.Sleep(time.Until(time.Unix(0, w*int64(window)))) // a clock boundary, not an event: windows are wall-clock time
 	return w
 }
+
+// press starts n quota clients that ask the replicas, in turn, for 5 units of
+// the loose rule's key of the hot user in a tight loop, reporting what they were
+// granted as used (as Envoys would); the returned function stops them and fails
+// the test if none was ever granted (the key would be wrong) or one got a
+// non-200 answer.
+func (s *stack) press(n int) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	var granted, bad atomic.Int64
+	var wg sync.WaitGroup
+	key := "rl:dev:default/loose:user=" + hotUser + ":2s"
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			var used uint64
+			for k := 0; ctx.Err() == nil; k++ {
+				body := `{"envoy":"pressure-` + strconv.Itoa(i) + `","policy":"default","version":` + strconv.FormatUint(s.version, 10) +
+					`,"env":"dev","interval":"1s","keys":[{"rule":"loose","key":"` + key + `","used":` + strconv.FormatUint(used, 10) + `,"want":5}]}`
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.cpAddrs[(i+k)%2]+"/v1/quota", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+quotaToken)
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := hc.Do(req)
+				if err != nil {
+					continue // stopped, or a replica down
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					bad.Add(1)
+					continue
+				}
+				used = 0
+				if j := strings.Index(string(b), `"granted":`); j >= 0 {
+					v, _ := strconv.ParseUint(strings.TrimRight(strings.SplitN(string(b[j+len(`"granted":`):]), ",", 2)[0], "}]"), 10, 64)
+					used = v
+					if v > 0 {
+						granted.Add(1)
+					}
+				}
+			}
+		}(i)
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+		if granted.Load() == 0 {
+			s.t.Errorf("the %d pressing quota clients were never granted a unit (is the key %q right?)", n, key)
+		}
+		if bad.Load() > 0 {
+			s.t.Errorf("the pressing quota clients got %d answers other than 200", bad.Load())
+		}
+		s.t.Logf("%d quota clients pressing on the loose key: %d answers granted units", n, granted.Load())
+	}
+}

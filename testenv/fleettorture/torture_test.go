@@ -22,6 +22,10 @@ func (s span) touches(w int64) bool {
 // scenario is one run of the load with at most one fault.
 type scenario struct {
 	name string
+	// pressure is how many more quota clients ask for the loose rule's hot key
+	// in a tight loop, straight to the replicas, all through the scenario: a
+	// hot key's contention, which must cost no false 429.
+	pressure int
 	// fault injects the fault and undoes it (or not: a dead proxy stays dead),
 	// returning when it is over, and the interval in which Redis held no data
 	// (zero when it did not lose any).
@@ -39,6 +43,9 @@ type tally struct {
 // a table.
 func (s *stack) run(sc scenario, rate int) {
 	t := s.t
+	if sc.pressure > 0 {
+		defer s.press(sc.pressure)()
+	}
 	l := s.startLoad(rate)
 	first := awaitWindowStart() + 1 // the window the load warmed up in is not counted
 	time.Sleep(time.Until(time.Unix(0, (first+1)*int64(window))))
@@ -196,7 +203,8 @@ func TestFleetHoldsUnderFaults(t *testing.T) {
 }
 
 // TestFleetHoldsWithManyEnvoys: 3 dev proxies and 32 in-process Envoys (128 with
-// SLUICE_TORTURE_BIG=1) on one hot key, no fault and a replica killed.
+// SLUICE_TORTURE_BIG=1) on one hot key: no fault, then 64 more quota clients
+// pressing on the loose rule's key, then a replica killed.
 func TestFleetHoldsWithManyEnvoys(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the torture test runs for about a minute")
@@ -206,7 +214,8 @@ func TestFleetHoldsWithManyEnvoys(t *testing.T) {
 		n = 128
 	}
 	s := startStack(t, n, false)
-	for _, sc := range []scenario{{name: "no fault, " + strconv.Itoa(n+3) + " Envoys"}, killReplica} {
+	for _, sc := range []scenario{{name: "no fault, " + strconv.Itoa(n+3) + " Envoys"},
+		{name: "no fault, hot key pressed by 64 more quota clients", pressure: 64}, killReplica} {
 		s.run(sc, rate)
 	}
 }
