@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
@@ -381,6 +382,45 @@ func TestEnvoysSharingANodeIDAreTwoQuotaClients(t *testing.T) {
 	for id := range ids {
 		if !strings.HasPrefix(id, "edge~") {
 			t.Errorf("envoy id %q does not start with the node id", id)
+		}
+	}
+}
+
+// TestNoQuotaAnswerWithoutSpentBudgetDenies: a key the service answers retry (it
+// could not decide in time), and a request that waited its three rounds while
+// every grant vanished before it could spend it (here: leases that end at once),
+// are decided by on_quota_failure: passed with pass, denied only with deny. The
+// budget is not known to be spent, so no 429 comes from the quota itself.
+func TestNoQuotaAnswerWithoutSpentBudgetDenies(t *testing.T) {
+	answers := map[string]func(k quota.KeyRequest) quota.KeyResult{
+		"retry": func(k quota.KeyRequest) quota.KeyResult {
+			return quota.KeyResult{Key: k.Key, Status: quota.StatusRetry, RetryAfter: 5 * time.Millisecond}
+		},
+		"grants that end at once": func(k quota.KeyRequest) quota.KeyResult {
+			return quota.KeyResult{Key: k.Key, Status: quota.StatusGranted, Granted: 1, Held: 1, ExpiresIn: time.Nanosecond}
+		},
+	}
+	for name, answer := range answers {
+		for _, m := range []struct{ mode, members string }{{"pass", `,"on_quota_failure":"pass"`}, {"deny", `,"on_quota_failure":"deny"`}} {
+			t.Run(name+"/"+m.mode, func(t *testing.T) {
+				_, qp, e := setupFleet(t, fixedHour("100", m.members), 1, quiet)
+				qp.setAnswer(func(req *quota.Request) *quota.Response {
+					resp := &quota.Response{Policy: req.Policy, Version: req.Version}
+					for _, k := range req.Keys {
+						resp.Keys = append(resp.Keys, answer(k))
+					}
+					return resp
+				})
+				r := e.do(0, "gina")
+				fs := filterstate.Fields(r.FilterState)
+				want := 200
+				if m.mode == "deny" {
+					want = 429
+				}
+				if r.Status != want || fs["quota"] != "degraded" || fs["reason"] != "quota_unavailable" {
+					t.Fatalf("status %d, filter state %v; want %d decided by on_quota_failure %s", r.Status, r.FilterState, want, m.mode)
+				}
+			})
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -76,6 +77,7 @@ type quotaProxy struct {
 	bodies []string
 	gate   chan struct{} // non-nil: quota calls wait until it is closed
 	fault  func(w http.ResponseWriter) bool
+	answer func(req *quota.Request) *quota.Response // non-nil: answers every quota call
 }
 
 func newQuotaProxy(t testing.TB, target string) *quotaProxy {
@@ -94,8 +96,18 @@ func newQuotaProxy(t testing.TB, target string) *quotaProxy {
 			q.calls++
 			q.keys += strings.Count(string(body), `"key":`)
 			q.bodies = append(q.bodies, string(body))
-			gate, fault := q.gate, q.fault
+			gate, fault, answer := q.gate, q.fault, q.answer
 			q.mu.Unlock()
+			if answer != nil {
+				req, err := quota.DecodeRequest(body, quota.Limits{})
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.Write(quota.AppendResponse(nil, answer(req)))
+				return
+			}
 			if gate != nil {
 				select {
 				case <-gate:
@@ -153,6 +165,13 @@ func (q *quotaProxy) hold() (release func()) {
 			close(gate)
 		})
 	}
+}
+
+// setAnswer makes the proxy answer every quota call itself, with f's response.
+func (q *quotaProxy) setAnswer(f func(req *quota.Request) *quota.Response) {
+	q.mu.Lock()
+	q.answer = f
+	q.mu.Unlock()
 }
 
 // setFault makes the proxy answer quota calls with f (when it returns true).
