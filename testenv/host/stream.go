@@ -230,39 +230,52 @@ func (st *stream) sendLocalReply(lr *LocalReply) {
 // (stopNextIteration), → Paused; effects deferred by the guest (local
 // reply, continue, close) apply after the call.
 func (s *Stream) phase(ctx context.Context, response, body bool, prepare func(st *stream) (string, []uint64)) (Status, error) {
-	var out Status
+	// The status comes back through a channel: when ctx ends first, run returns
+	// while the callback may still be running on the loop, and the status it
+	// then writes must not be read here.
+	res := make(chan Status, 1)
 	err := s.v.run(ctx, func() error {
-		st := s.st
-		if st.finished {
-			return ErrStreamState
-		}
-		if st.status == Replied || st.status == Reset {
-			out = st.status
-			return nil
-		}
-		if st.status == Paused && !(body && st.pausedBody && st.pausedResp == response) {
-			return ErrStreamState
-		}
-		if err := st.ensureCreated(); err != nil {
-			return err
-		}
-		name, args := prepare(st)
-		_, err := s.v.call(name, func(r uint64) {
-			if uint32(r) == 1 || s.v.forceStop {
-				st.status, st.pausedResp, st.pausedBody = Paused, response, body
-			} else {
-				st.status = Continue
-				if body {
-					st.pausedResp = response
-					st.pausedBody = true
-					st.flushBody()
-				}
-			}
-		}, args...)
-		out = st.status
+		out, err := s.runPhase(response, body, prepare)
+		res <- out
 		return err
 	})
+	var out Status
+	select {
+	case out = <-res:
+	default:
+	}
 	return out, err
+}
+
+// runPhase is phase's work on the loop.
+func (s *Stream) runPhase(response, body bool, prepare func(st *stream) (string, []uint64)) (Status, error) {
+	st := s.st
+	if st.finished {
+		return 0, ErrStreamState
+	}
+	if st.status == Replied || st.status == Reset {
+		return st.status, nil
+	}
+	if st.status == Paused && !(body && st.pausedBody && st.pausedResp == response) {
+		return 0, ErrStreamState
+	}
+	if err := st.ensureCreated(); err != nil {
+		return 0, err
+	}
+	name, args := prepare(st)
+	_, err := s.v.call(name, func(r uint64) {
+		if uint32(r) == 1 || s.v.forceStop {
+			st.status, st.pausedResp, st.pausedBody = Paused, response, body
+		} else {
+			st.status = Continue
+			if body {
+				st.pausedResp = response
+				st.pausedBody = true
+				st.flushBody()
+			}
+		}
+	}, args...)
+	return st.status, err
 }
 
 func boolArg(b bool) uint64 {
@@ -345,7 +358,9 @@ func (s *Stream) Wait(ctx context.Context) (Status, error) {
 			return nil
 		})
 		if err != nil {
-			return stat, err
+			// ctx ended or the VM closed before the read ran: stat may still be
+			// written by it, so it is not read.
+			return Paused, err
 		}
 		if stat != Paused {
 			return stat, nil
