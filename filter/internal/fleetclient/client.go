@@ -383,10 +383,15 @@ func (c *Client) Tick(now int64) {
 			}
 		}
 	}
+	interval := int64(c.cfg.Interval)
+	if c.nextReport == 0 {
+		// The first report is an interval after the first tick with a policy,
+		// however late that tick runs: what was used before it is reported then.
+		c.nextReport = now + interval
+	}
 	if now < c.nextReport {
 		return
 	}
-	interval := int64(c.cfg.Interval)
 	c.nextReport = now + interval
 	var keys []*Key
 	var kinds []Kind
