@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,41 +27,13 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	code, err := setup(m)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-func setup(m *testing.M) (int, error) {
-	var err error
-	if repo, err = filepath.Abs("../.."); err != nil {
-		return 1, err
-	}
-	if binDir, err = os.MkdirTemp("", "sluice-e2e"); err != nil {
-		return 1, err
-	}
-	err = proctest.BuildAll(repo,
-		proctest.Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"},
-			Args: []string{"-trimpath", "-buildmode=c-shared", "-o", filepath.Join(binDir, "sluice.wasm"), "./filter"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-controlplane"), "./controlplane/cmd/sluice-controlplane"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-devproxy"), "./testenv/cmd/sluice-devproxy"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-echo"), "./testenv/cmd/sluice-echo"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-run"), "./testenv/cmd/sluice-run"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluicectl"), "./controlplane/cmd/sluicectl"}},
-	)
-	if err != nil {
-		return 1, err
-	}
-	if wasmBin, err = os.ReadFile(filepath.Join(binDir, "sluice.wasm")); err != nil {
-		return 1, err
-	}
-	return m.Run(), nil
+	proctest.MainWithBinaries(m, []string{"./controlplane/cmd/sluice-controlplane", "./testenv/cmd/sluice-devproxy",
+		"./testenv/cmd/sluice-echo", "./testenv/cmd/sluice-run", "./controlplane/cmd/sluicectl"},
+		func(dir, root string) (err error) {
+			binDir, repo = dir, root
+			wasmBin, err = os.ReadFile(filepath.Join(dir, "sluice.wasm"))
+			return err
+		})
 }
 
 // startProc starts a process of the stack in the repository root, where

@@ -2,7 +2,6 @@ package fleettorture
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -28,39 +27,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code, err := setup(m)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
-	os.Exit(code)
-}
-
-func setup(m *testing.M) (int, error) {
-	var err error
-	if repo, err = filepath.Abs("../.."); err != nil {
-		return 1, err
-	}
-	if binDir, err = os.MkdirTemp("", "sluice-torture"); err != nil {
-		return 1, err
-	}
-	err = proctest.BuildAll(repo,
-		proctest.Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"},
-			Args: []string{"-trimpath", "-buildmode=c-shared", "-o", filepath.Join(binDir, "sluice.wasm"), "./filter"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-controlplane"), "./controlplane/cmd/sluice-controlplane"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-devproxy"), "./testenv/cmd/sluice-devproxy"}},
-		proctest.Build{Args: []string{"-trimpath", "-o", filepath.Join(binDir, "sluice-echo"), "./testenv/cmd/sluice-echo"}},
-	)
-	if err != nil {
-		return 1, err
-	}
-	if wasmBin, err = os.ReadFile(filepath.Join(binDir, "sluice.wasm")); err != nil {
-		return 1, err
-	}
-	return m.Run(), nil
+	proctest.MainWithBinaries(m, []string{"./controlplane/cmd/sluice-controlplane", "./testenv/cmd/sluice-devproxy", "./testenv/cmd/sluice-echo"},
+		func(dir, root string) (err error) {
+			binDir, repo = dir, root
+			wasmBin, err = os.ReadFile(filepath.Join(dir, "sluice.wasm"))
+			return err
+		})
 }
 
 const (

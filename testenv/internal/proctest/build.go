@@ -79,3 +79,45 @@ func runWithFilterAndControlPlane(m *testing.M, set func(wasm []byte, cpBin stri
 	set(wasm, cpBin)
 	return m.Run(), nil
 }
+
+// MainWithBinaries is the TestMain of a suite that runs the real binaries: it
+// builds sluice.wasm (GOOS=wasip1 GOARCH=wasm, -buildmode=c-shared) and each
+// command of cmds (packages relative to the module root, such as
+// "./controlplane/cmd/sluice-controlplane", each built as its last path
+// element), all with -trimpath, from the module root (two directories above
+// the test's package) into a temporary directory. It hands set that directory
+// and the module root, runs the tests, removes the directory and exits with
+// the tests' code, or with 1 and the error when a build or set fails. It does
+// not return.
+func MainWithBinaries(m *testing.M, cmds []string, set func(binDir, root string) error) {
+	code, err := runWithBinaries(m, cmds, set)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func runWithBinaries(m *testing.M, cmds []string, set func(binDir, root string) error) (int, error) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		return 1, err
+	}
+	dir, err := os.MkdirTemp("", "sluice-bin")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(dir)
+	builds := []Build{{Env: []string{"GOOS=wasip1", "GOARCH=wasm"},
+		Args: []string{"-trimpath", "-buildmode=c-shared", "-o", filepath.Join(dir, "sluice.wasm"), "./filter"}}}
+	for _, c := range cmds {
+		builds = append(builds, Build{Args: []string{"-trimpath", "-o", filepath.Join(dir, filepath.Base(c)), c}})
+	}
+	if err := BuildAll(root, builds...); err != nil {
+		return 1, err
+	}
+	if err := set(dir, root); err != nil {
+		return 1, err
+	}
+	return m.Run(), nil
+}
