@@ -1,6 +1,7 @@
 package fleettorture
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
@@ -297,9 +299,9 @@ func (s *stack) press(n int) (stop func()) {
 			defer wg.Done()
 			var used uint64
 			for k := 0; ctx.Err() == nil; k++ {
-				body := `{"envoy":"pressure-` + strconv.Itoa(i) + `","policy":"default","version":` + strconv.FormatUint(s.version, 10) +
-					`,"env":"dev","interval":"1s","keys":[{"rule":"loose","key":"` + key + `","used":` + strconv.FormatUint(used, 10) + `,"want":5}]}`
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.cpAddrs[(i+k)%2]+"/v1/quota", strings.NewReader(body))
+				body := quota.AppendRequest(nil, &quota.Request{Envoy: "pressure-" + strconv.Itoa(i), Policy: "default", Version: s.version,
+					Env: "dev", Interval: time.Second, Keys: []quota.KeyRequest{{Rule: "loose", Key: key, Used: used, Want: 5}}})
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.cpAddrs[(i+k)%2]+"/v1/quota", bytes.NewReader(body))
 				req.Header.Set("Authorization", "Bearer "+quotaToken)
 				req.Header.Set("Content-Type", "application/json")
 				resp, err := hc.Do(req)
@@ -313,12 +315,13 @@ func (s *stack) press(n int) (stop func()) {
 					continue
 				}
 				used = 0
-				if j := strings.Index(string(b), `"granted":`); j >= 0 {
-					v, _ := strconv.ParseUint(strings.TrimRight(strings.SplitN(string(b[j+len(`"granted":`):]), ",", 2)[0], "}]"), 10, 64)
-					used = v
-					if v > 0 {
+				if r, err := quota.DecodeResponse(b); err == nil && len(r.Keys) == 1 {
+					used = r.Keys[0].Granted
+					if used > 0 {
 						granted.Add(1)
 					}
+				} else {
+					bad.Add(1)
 				}
 			}
 		}(i)

@@ -110,6 +110,9 @@ type Rule struct {
 
 // Policy is the policy in use, as the quota request names it.
 type Policy struct {
+	// Name and Version are the policy's name and version (the request's
+	// "policy" and "version"); Env is the filter's env ("env"), which the
+	// service compiles the policy for.
 	Name    string
 	Version uint64
 	Env     string
