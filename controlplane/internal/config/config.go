@@ -93,7 +93,7 @@ var ErrHelp = flag.ErrHelp
 // Usage and flag errors are written to out.
 func Parse(args []string, getenv func(string) string, readFile func(string) ([]byte, error), out io.Writer) (Settings, error) {
 	var s Settings
-	var adminFile, readFileName string
+	var adminFile, readFileName, quotaFile string
 	fs := flag.NewFlagSet("sluice-controlplane", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
@@ -107,9 +107,10 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.IntVar(&s.MaxPolicies, "max-policies", 1000, "most live policies (1-100000); creating one more is refused with 409")
 	fs.StringVar(&s.AdminToken, "admin-token", "", "admin bearer token (prefer SLUICE_ADMIN_TOKEN or --admin-token-file: flags are visible in ps)")
 	fs.StringVar(&s.ReadToken, "read-token", "", "read bearer token (prefer SLUICE_READ_TOKEN or --read-token-file)")
-	fs.StringVar(&s.QuotaToken, "quota-token", "", "quota bearer token for POST /v1/quota (prefer SLUICE_QUOTA_TOKEN: flags are visible in ps)")
+	fs.StringVar(&s.QuotaToken, "quota-token", "", "quota bearer token for POST /v1/quota (prefer SLUICE_QUOTA_TOKEN or --quota-token-file: flags are visible in ps)")
 	fs.StringVar(&adminFile, "admin-token-file", "", "file holding the admin bearer token")
 	fs.StringVar(&readFileName, "read-token-file", "", "file holding the read bearer token")
+	fs.StringVar(&quotaFile, "quota-token-file", "", "file holding the quota bearer token")
 	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")
 	fs.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 1<<20+64<<10, "largest request body in bytes")
 	fs.DurationVar(&s.MaxWait, "max-wait", 60*time.Second, "longest long-poll wait")
@@ -147,7 +148,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 		token *string
 		file  string
 		flag  string
-	}{{&s.AdminToken, adminFile, "admin-token"}, {&s.ReadToken, readFileName, "read-token"}} {
+	}{{&s.AdminToken, adminFile, "admin-token"}, {&s.ReadToken, readFileName, "read-token"}, {&s.QuotaToken, quotaFile, "quota-token"}} {
 		if t.file == "" {
 			continue
 		}

@@ -53,11 +53,11 @@ func TestParse(t *testing.T) {
 					t.Fatalf("flags = %+v", s)
 				}
 			}},
-		{"token files, trimmed", []string{"--admin-token-file", "/a", "--listen", ":8080"},
-			map[string]string{"SLUICE_READ_TOKEN_FILE": "/r"}, map[string]string{"/a": "adm\n", "/r": " rd "},
+		{"token files, trimmed", []string{"--admin-token-file", "/a", "--listen", ":8080", "--quota-token-file", "/q"},
+			map[string]string{"SLUICE_READ_TOKEN_FILE": "/r"}, map[string]string{"/a": "adm\n", "/r": " rd ", "/q": "qt\n"},
 			func(t *testing.T, s Settings) {
-				if s.AdminToken != "adm" || s.ReadToken != "rd" {
-					t.Fatalf("tokens %q %q", s.AdminToken, s.ReadToken)
+				if s.AdminToken != "adm" || s.ReadToken != "rd" || s.QuotaToken != "qt" {
+					t.Fatalf("tokens %q %q %q", s.AdminToken, s.ReadToken, s.QuotaToken)
 				}
 			}},
 		{"localhost without tokens", []string{"--listen", "localhost:0"}, nil, nil, func(t *testing.T, s Settings) {}},
@@ -94,6 +94,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad listen", []string{"--listen", "nowhere"}, nil, "--listen"},
 		{"token and token file", []string{"--admin-token-file", "/a"}, map[string]string{"SLUICE_ADMIN_TOKEN": "x"}, "both"},
 		{"missing token file", []string{"--read-token-file", "/missing"}, nil, "--read-token-file"},
+		{"quota token and quota token file", []string{"--quota-token-file", "/a"}, map[string]string{"SLUICE_QUOTA_TOKEN": "x"}, "both"},
 		{"same tokens", nil, map[string]string{"SLUICE_ADMIN_TOKEN": "x", "SLUICE_READ_TOKEN": "x"}, "must differ"},
 		{"master without url", []string{"--redis-master-name", "m"}, nil, "--redis-master-name"},
 		{"wait without url", []string{"--redis-wait-replicas", "1"}, nil, "--redis-wait-replicas needs"},
