@@ -7,10 +7,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
-	"mime"
 	"net/http"
 	"strconv"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/httpjson"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
@@ -39,15 +39,10 @@ type writeOpts struct {
 }
 
 // readBody reads a JSON request body: 415 for a Content-Type other than
-// application/json (parameters such as charset allowed), 413 beyond
-// MaxBodyBytes. Other JSON media types are refused on purpose: a patch
-// (application/merge-patch+json, RFC 7396; application/json-patch+json, RFC
-// 6902) must never be taken for a whole replacement.
+// application/json (httpjson.CheckJSON), 413 beyond MaxBodyBytes.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	ct := r.Header.Get("Content-Type")
-	mt, _, err := mime.ParseMediaType(ct)
-	if ct == "" || err != nil || mt != "application/json" {
-		return nil, errf(http.StatusUnsupportedMediaType, "unsupported_media_type", "Content-Type must be application/json, got "+strconv.Quote(ct))
+	if msg, ok := httpjson.CheckJSON(r); !ok {
+		return nil, errf(http.StatusUnsupportedMediaType, "unsupported_media_type", msg)
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
 	if err != nil {

@@ -6,7 +6,9 @@ package httpjson
 
 import (
 	"encoding/json"
+	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -80,4 +82,19 @@ func BearerToken(w http.ResponseWriter, r *http.Request) (string, bool) {
 func Forbidden(w http.ResponseWriter, reason, message string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="sluice", error="`+reason+`"`)
 	WriteError(w, http.StatusForbidden, "forbidden", message, nil)
+}
+
+// CheckJSON reports whether r's body is declared application/json (RFC 8259
+// §11), parameters such as charset allowed; when it is not, it returns the
+// message of the 415 unsupported_media_type to answer. Other JSON media types
+// are refused on purpose: a patch (application/merge-patch+json, RFC 7396;
+// application/json-patch+json, RFC 6902) must never be taken for a whole
+// document.
+func CheckJSON(r *http.Request) (message string, ok bool) {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if ct == "" || err != nil || mt != "application/json" {
+		return "Content-Type must be application/json, got " + strconv.Quote(ct), false
+	}
+	return "", true
 }

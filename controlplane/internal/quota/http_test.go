@@ -31,6 +31,7 @@ type errBody struct {
 func rawPost(t *testing.T, url, token, body string) (int, errBody, http.Header) {
 	t.Helper()
 	hr, _ := http.NewRequest(http.MethodPost, url+"/v1/quota", strings.NewReader(body))
+	hr.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		hr.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -279,4 +280,29 @@ func TestRedisKilledUnderLoadNeverOverGrants(t *testing.T) {
 		t.Fatalf("granted only %d", total)
 	}
 	t.Logf("granted %d (limit 1000) in %d answers, %d answered 503", total, ok, unavailable)
+}
+
+// TestQuotaBodyMustBeJSON: a body declared as anything but application/json is
+// 415 unsupported_media_type, with the quota token and a valid document; a
+// charset parameter is fine.
+func TestQuotaBodyMustBeJSON(t *testing.T) {
+	clk := &clock{}
+	clk.set(base())
+	srv := serve(t, New(Options{Backend: NewMemory(), Policies: newPolicies(t), Token: "quota-secret", Now: clk.Now}))
+	for ct, want := range map[string]int{"": 415, "text/plain": 415, "application/merge-patch+json": 415, "application/json; charset=utf-8": 200} {
+		hr, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/quota", strings.NewReader(okBody))
+		hr.Header.Set("Authorization", "Bearer quota-secret")
+		if ct != "" {
+			hr.Header.Set("Content-Type", ct)
+		}
+		res, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != want || (want == 415 && !strings.Contains(string(b), "unsupported_media_type")) {
+			t.Errorf("Content-Type %q: %d %s, want %d", ct, res.StatusCode, b, want)
+		}
+	}
 }

@@ -94,7 +94,9 @@ func FuzzQuotaHandler(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		clk.add(time.Millisecond)
 		rec := httptest.NewRecorder()
-		s.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/quota", bytes.NewReader(body)))
+		hr := httptest.NewRequest(http.MethodPost, "/v1/quota", bytes.NewReader(body))
+		hr.Header.Set("Content-Type", "application/json")
+		s.ServeHTTP(rec, hr)
 		switch rec.Code {
 		case http.StatusOK:
 			if _, err := quota.DecodeResponse(rec.Body.Bytes()); err != nil {

@@ -192,6 +192,9 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 	if code, ok := s.authorize(w, r); !ok {
 		return code
 	}
+	if msg, ok := httpjson.CheckJSON(r); !ok {
+		return writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", msg, nil)
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.o.Limits.MaxBytes)))
 	if err != nil {
 		var mbe *http.MaxBytesError
