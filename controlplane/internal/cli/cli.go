@@ -87,6 +87,7 @@ func Main(args []string, env Env) int {
 	var ee *exitError
 	var se *serverError
 	var ne *networkError
+	var fe *foreignError
 	switch {
 	case errors.As(err, &ee):
 		if ee.err != nil {
@@ -98,6 +99,9 @@ func Main(args []string, env Env) int {
 		return se.exitCode()
 	case errors.As(err, &ne):
 		fmt.Fprintln(env.Stderr, "sluicectl:", ne)
+		return ExitServer
+	case errors.As(err, &fe):
+		fmt.Fprintln(env.Stderr, "sluicectl:", fe)
 		return ExitServer
 	}
 	// cobra's own errors: unknown command or flag, wrong arguments.

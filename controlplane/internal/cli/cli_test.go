@@ -3,10 +3,12 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -243,4 +245,44 @@ func TestUnreachableServerExits3(t *testing.T) {
 	c := &ctl{t: t, server: "http://127.0.0.1:1"}
 	c.must(3, "get")
 	c.must(2, "get", "--server", "ftp://x")
+}
+
+// TestServerThatIsNotAControlPlaneIsNeverASuccess: pointed at a web server that
+// answers every request 200 (one echoing the request as JSON, headers
+// included, as the demo upstream does; one answering HTML), apply fails with
+// exit 3 naming --server and SLUICE_SERVER, and prints no token.
+func TestServerThatIsNotAControlPlaneIsNeverASuccess(t *testing.T) {
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		b, _ := json.Marshal(map[string]any{"method": r.Method, "path": r.URL.Path, "headers": r.Header})
+		w.Write(b)
+	}))
+	defer echo.Close()
+	html := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.Write([]byte("<html>hello</html>"))
+	}))
+	defer html.Close()
+	file := writeFile(t, t.TempDir(), "demo.yaml", demoV1)
+	for _, srv := range []string{echo.URL, html.URL} {
+		c := &ctl{t: t, server: srv}
+		for _, args := range [][]string{{"apply", "-f", file}, {"diff", "-f", file}, {"get", "demo"}} {
+			r := c.run("", args...)
+			if r.code != ExitServer {
+				t.Errorf("sluicectl %s against %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), srv, r.code, ExitServer, r.stdout, r.stderr)
+			}
+			mustContain(t, "stderr", r.stderr, "not answer as a sluice control plane", "--server", "SLUICE_SERVER")
+			if strings.Contains(r.stdout+r.stderr, adminTok) || strings.Contains(r.stdout+r.stderr, readTok) {
+				t.Errorf("sluicectl %s printed a token:\n%s%s", strings.Join(args, " "), r.stdout, r.stderr)
+			}
+		}
+	}
+}
+
+// TestUnreachableServerNamesTheSetting: a refused connection names the
+// address and where it came from.
+func TestUnreachableServerNamesTheSetting(t *testing.T) {
+	c := &ctl{t: t, server: "http://127.0.0.1:1"}
+	r := c.run("", "get")
+	mustContain(t, "stderr", r.stderr, "http://127.0.0.1:1", "--server", "SLUICE_SERVER")
 }

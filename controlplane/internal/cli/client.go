@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -56,6 +57,9 @@ func (e *serverError) Error() string {
 			fmt.Fprintf(&b, "\n  %s", d.Message)
 		}
 	}
+	if e.Status == http.StatusUnauthorized || e.Status == http.StatusForbidden {
+		b.WriteString("\n  tokens: --token or SLUICE_ADMIN_TOKEN for writes; --read-token or SLUICE_READ_TOKEN for reads")
+	}
 	return b.String()
 }
 
@@ -69,9 +73,24 @@ func (e *serverError) exitCode() int {
 }
 
 // networkError is a request that got no HTTP answer.
-type networkError struct{ err error }
+type networkError struct {
+	base string
+	err  error
+}
 
-func (e *networkError) Error() string { return "cannot reach the control plane: " + e.err.Error() }
+func (e *networkError) Error() string {
+	return "cannot reach the control plane at " + e.base + " (--server, SLUICE_SERVER): " + e.err.Error()
+}
+
+// foreignError is an answer that did not come from a sluice control plane:
+// something else listens at --server (a proxy, a web server).
+type foreignError struct {
+	base, why string
+}
+
+func (e *foreignError) Error() string {
+	return "the server at " + e.base + " does not answer as a sluice control plane (" + e.why + "); check --server or SLUICE_SERVER"
+}
 
 // do sends one request; write selects the admin token (else the read
 // token, or the admin token when no read token is set). It returns a
@@ -83,7 +102,7 @@ func (c *client) do(ctx context.Context, method, path string, body []byte, write
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return nil, &networkError{err}
+		return nil, &networkError{c.base, err}
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -105,14 +124,37 @@ func (c *client) do(ctx context.Context, method, path string, body []byte, write
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, &networkError{err}
+		return nil, &networkError{c.base, err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, &networkError{err}
+		return nil, &networkError{c.base, err}
+	}
+	// Whatever is printed of an answer never shows a token: a server that is
+	// not the control plane may echo the request's headers.
+	for _, tok := range []string{c.adminTok, c.readTok} {
+		if tok != "" {
+			b = bytes.ReplaceAll(b, []byte(tok), []byte("[token]"))
+		}
+	}
+	// Every answer of the API but 304 is JSON (controlplane/openapi.yaml).
+	if resp.StatusCode != http.StatusNotModified {
+		if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			return nil, &foreignError{c.base, fmt.Sprintf("%s %s answered %d with Content-Type %q", method, path, resp.StatusCode, resp.Header.Get("Content-Type"))}
+		}
 	}
 	return &response{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// policyETag checks that a policy answer carries the API's entity tag
+// "v<version>.<epoch>.<sum>" and returns it.
+func (c *client) policyETag(r *response, what string) (string, error) {
+	tag := r.Header.Get("ETag")
+	if tagVersion(tag) == 0 {
+		return "", &foreignError{c.base, fmt.Sprintf("%s answered %d without a policy ETag", what, r.Status)}
+	}
+	return tag, nil
 }
 
 // apiError returns the serverError of a response with status ≥ 400.
@@ -160,9 +202,16 @@ func (c *client) getPolicy(ctx context.Context, name string) (doc []byte, etag s
 		return nil, "", err
 	}
 	if r.Status == http.StatusNotFound {
+		if r.apiError().Code == "" {
+			return nil, "", &foreignError{c.base, "GET of policy " + name + " answered 404 without the API's error body"}
+		}
 		return nil, "", nil
 	}
-	return r.Body, r.Header.Get("ETag"), nil
+	tag, err := c.policyETag(r, "GET of policy "+name)
+	if err != nil {
+		return nil, "", err
+	}
+	return r.Body, tag, nil
 }
 
 // putPolicy writes doc as policy name: with If-Match etag, or If-None-Match:
@@ -177,7 +226,14 @@ func (c *client) putPolicy(ctx context.Context, name string, doc []byte, etag st
 	if etag != "" {
 		cond = []string{"If-Match", etag}
 	}
-	return accept(http.StatusOK, http.StatusCreated)(c.do(ctx, http.MethodPut, path, doc, true, cond...))
+	r, err := accept(http.StatusOK, http.StatusCreated)(c.do(ctx, http.MethodPut, path, doc, true, cond...))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.policyETag(r, "PUT of policy "+name); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // tagVersion reads the version out of an ETag "v<version>.<epoch>.<sum>"

@@ -274,6 +274,13 @@ func getCmd(g *globals, env *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if len(args) > 0 {
+				if _, err := c.policyETag(r, "GET "+path); err != nil {
+					return err
+				}
+			} else if !bytes.Contains(r.Body, []byte(`"policies"`)) {
+				return &foreignError{c.base, "GET /v1/policies answered without a policy list"}
+			}
 			if output != "table" {
 				return printDoc(env, output, r.Body)
 			}
