@@ -33,6 +33,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/registry"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/controlplane/internal/tlsconf"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -126,6 +127,12 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	mux := http.NewServeMux()
 	mux.Handle("/v1/quota", srv.GuardOpen(qsvc))
 	mux.Handle("/", srv)
+	var tlsSrv *tlsconf.Server
+	if s.TLSCertFile != "" {
+		if tlsSrv, err = tlsconf.New(tlsconf.Files{CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile, ClientCAFile: s.ClientCAFile}, log); err != nil {
+			return err
+		}
+	}
 	l, err := net.Listen("tcp", s.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
@@ -143,13 +150,29 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	if s.AdminToken == "" && s.ReadToken == "" {
 		auth = "NONE (no token configured; allowed because the listener is loopback-only)"
 	}
-	log.Info("sluice-controlplane listening", "addr", l.Addr().String(), "store", kind, "auth", auth,
+	scheme, identity := "http", "the request's envoy field"
+	if tlsSrv != nil {
+		scheme, hs.TLSConfig = "https", tlsSrv.Config()
+	}
+	switch {
+	case s.ClientCAFile != "":
+		identity = "client certificate (URI SAN, else DNS SAN)"
+	case s.TrustXFCC:
+		identity = "x-forwarded-client-cert header (trusted sidecar)"
+	}
+	log.Info("sluice-controlplane listening", "addr", l.Addr().String(), "scheme", scheme, "store", kind, "auth", auth, "quota_identity", identity,
 		"history_depth", s.HistoryDepth, "max_wait", s.MaxWait.String())
 	if listening != nil {
 		listening(l.Addr())
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.Serve(l) }()
+	go func() {
+		if tlsSrv != nil {
+			serveErr <- hs.ServeTLS(l, "", "") // the certificate comes from hs.TLSConfig
+			return
+		}
+		serveErr <- hs.Serve(l)
+	}()
 	select {
 	case err := <-serveErr:
 		return err
@@ -183,8 +206,15 @@ func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Regist
 	} else {
 		b = quota.NewMemory()
 	}
+	mode := quota.IdentityBody
+	switch {
+	case s.ClientCAFile != "":
+		mode = quota.IdentityCertificate
+	case s.TrustXFCC:
+		mode = quota.IdentityXFCC
+	}
 	return quota.New(quota.Options{
-		Backend: b, Policies: snap, Token: s.QuotaToken,
+		Backend: b, Policies: snap, Token: s.QuotaToken, Identity: mode, MaxEntriesPerIdentity: s.QuotaMaxEntriesPerIdentity,
 		Open:     s.QuotaToken == "" && s.AdminToken == "" && s.ReadToken == "",
 		Registry: reg, Logger: log,
 	}), close, nil

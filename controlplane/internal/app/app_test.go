@@ -36,6 +36,13 @@ func TestMainBadFlag(t *testing.T) {
 // function that cancels it and returns Run's error.
 func server(t *testing.T, args []string, env map[string]string) (*apitest.Client, func() error) {
 	t.Helper()
+	a, stop := serve(t, args, env)
+	return apitest.New(t, "http://"+a.String(), env["SLUICE_ADMIN_TOKEN"]), stop
+}
+
+// serve is server without the client: it returns the bound address.
+func serve(t *testing.T, args []string, env map[string]string) (net.Addr, func() error) {
+	t.Helper()
 	s, err := config.Parse(append([]string{"--listen", "127.0.0.1:0"}, args...), func(k string) string { return env[k] }, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +77,7 @@ func server(t *testing.T, args []string, env map[string]string) (*apitest.Client
 		}
 	}
 	t.Cleanup(func() { stop() })
-	return apitest.New(t, "http://"+a.String(), env["SLUICE_ADMIN_TOKEN"]), stop
+	return a, stop
 }
 
 const doc = `{"policy":"p","rules":[{"id":"r1","algorithm":"fixed_window","limit":1,"window":"1m"}]}`

@@ -59,6 +59,20 @@ type Settings struct {
 	// from the admin and read tokens. Empty: quota calls are refused, unless no
 	// token at all is configured (loopback only).
 	QuotaToken string
+	// TLSCertFile and TLSKeyFile, both or neither, serve HTTPS on Listen (TLS 1.2
+	// or later) with that PEM certificate chain and key, re-read when they change.
+	TLSCertFile, TLSKeyFile string
+	// ClientCAFile (needs TLS) holds the CA certificates that Envoys' client
+	// certificates are verified against; then POST /v1/quota requires one, and an
+	// Envoy is identified by its certificate (quota.IdentityCertificate).
+	ClientCAFile string
+	// TrustXFCC identifies Envoys by the x-forwarded-client-cert header of a mesh
+	// sidecar that terminates mTLS in front of the control plane
+	// (quota.IdentityXFCC). Safe only when that sidecar is the sole way in.
+	TrustXFCC bool
+	// QuotaMaxEntriesPerIdentity bounds the ledger entries of one identity per
+	// counter key (default 16; quota.Options.MaxEntriesPerIdentity).
+	QuotaMaxEntriesPerIdentity int
 	// HistoryDepth is how many versions of each policy are kept (default 50).
 	HistoryDepth int
 	// MaxBodyBytes bounds request bodies in bytes (default 1 MiB + 64 KiB).
@@ -111,6 +125,11 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&adminFile, "admin-token-file", "", "file holding the admin bearer token")
 	fs.StringVar(&readFileName, "read-token-file", "", "file holding the read bearer token")
 	fs.StringVar(&quotaFile, "quota-token-file", "", "file holding the quota bearer token")
+	fs.StringVar(&s.TLSCertFile, "tls-cert-file", "", "serve HTTPS with this PEM certificate chain (re-read when it changes); needs --tls-key-file")
+	fs.StringVar(&s.TLSKeyFile, "tls-key-file", "", "the PEM private key of --tls-cert-file")
+	fs.StringVar(&s.ClientCAFile, "client-ca-file", "", "PEM CA certificates verifying Envoys' client certificates: POST /v1/quota then requires one and identifies the Envoy by its URI SAN (SPIFFE ID), else its first DNS SAN; needs --tls-cert-file")
+	fs.BoolVar(&s.TrustXFCC, "trust-xfcc", false, "identify Envoys by the x-forwarded-client-cert header of a mesh sidecar terminating mTLS (its URI=, else DNS=); ONLY safe when that sidecar is the sole way to this port")
+	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 16, "most ledger entries (Envoy ids) one certificate identity holds per counter key; a further id replaces its least recent one (1-2048)")
 	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")
 	fs.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 1<<20+64<<10, "largest request body in bytes")
 	fs.DurationVar(&s.MaxWait, "max-wait", 60*time.Second, "longest long-poll wait")
@@ -195,6 +214,14 @@ func (s Settings) Check() error {
 		return errors.New("config: the admin and read tokens must differ")
 	}
 	switch {
+	case (s.TLSCertFile == "") != (s.TLSKeyFile == ""):
+		return errors.New("config: --tls-cert-file and --tls-key-file go together: give both or neither")
+	case s.ClientCAFile != "" && s.TLSCertFile == "":
+		return errors.New("config: --client-ca-file needs --tls-cert-file and --tls-key-file (client certificates are only seen over TLS)")
+	case s.ClientCAFile != "" && s.TrustXFCC:
+		return errors.New("config: --client-ca-file and --trust-xfcc both name where Envoy identities come from; use one")
+	case s.QuotaMaxEntriesPerIdentity < 1 || s.QuotaMaxEntriesPerIdentity > 2048:
+		return fmt.Errorf("config: --quota-max-entries-per-identity %d: want 1 to 2048", s.QuotaMaxEntriesPerIdentity)
 	case s.HistoryDepth < 1 || s.HistoryDepth > 10000:
 		return fmt.Errorf("config: --history-depth %d: want 1 to 10000", s.HistoryDepth)
 	case s.MaxBodyBytes < 1024:

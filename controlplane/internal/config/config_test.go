@@ -104,6 +104,11 @@ func TestParseErrors(t *testing.T) {
 		{"log format", []string{"--log-format", "xml"}, nil, "--log-format"},
 		{"no policies allowed", []string{"--max-policies", "0"}, nil, "--max-policies"},
 		{"too many policies allowed", nil, map[string]string{"SLUICE_MAX_POLICIES": "1000000"}, "--max-policies"},
+		{"cert without key", []string{"--tls-cert-file", "/c"}, nil, "--tls-cert-file and --tls-key-file go together"},
+		{"key without cert", nil, map[string]string{"SLUICE_TLS_KEY_FILE": "/k"}, "go together"},
+		{"client CA without TLS", []string{"--client-ca-file", "/ca"}, nil, "--client-ca-file needs --tls-cert-file"},
+		{"two identity sources", []string{"--tls-cert-file", "/c", "--tls-key-file", "/k", "--client-ca-file", "/ca", "--trust-xfcc"}, nil, "use one"},
+		{"no entries per identity", []string{"--quota-max-entries-per-identity", "0"}, nil, "--quota-max-entries-per-identity"},
 		{"reset with redis", []string{"--reset-damaged-store", "--redis-url", "redis://127.0.0.1:6379"}, nil, "--reset-damaged-store"},
 	}
 	for _, tc := range tests {

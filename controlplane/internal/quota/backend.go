@@ -37,16 +37,28 @@ type Op struct {
 type Memory struct {
 	// Now is the clock for expiry; nil means time.Now.
 	Now func() time.Time
+	// MaxKeys bounds the live keys (default DefaultMemoryMaxKeys): a swap that
+	// would create one more, after expired keys are swept, fails with
+	// ErrMemoryFull, as a Redis at its maxmemory refuses writes (OOM), so the
+	// request is answered 503 and the Envoys degrade per on_quota_failure.
+	MaxKeys int
 
-	mu    sync.Mutex
-	m     map[string]memEntry
-	swaps int
+	mu        sync.Mutex
+	m         map[string]memEntry
+	swaps     int
+	lastSweep time.Time // of a sweep for room: at most one a second while full
 }
 
 type memEntry struct {
 	val []byte
 	exp time.Time
 }
+
+// DefaultMemoryMaxKeys is Memory.MaxKeys' default: a million counter keys.
+const DefaultMemoryMaxKeys = 1 << 20
+
+// ErrMemoryFull is the error of a Memory swap that would hold more than MaxKeys keys.
+var ErrMemoryFull = errors.New("quota: the in-memory quota store holds its maximum number of keys")
 
 // NewMemory returns an empty Memory backend.
 func NewMemory() *Memory { return &Memory{m: make(map[string]memEntry)} }
@@ -86,6 +98,11 @@ func (m *Memory) Swap(ctx context.Context, ops []Op) ([]bool, error) {
 		if !bytes.Equal(cur, op.Old) {
 			continue
 		}
+		if op.New != nil && cur == nil {
+			if err := m.room(now); err != nil {
+				return nil, err
+			}
+		}
 		out[i] = true
 		if op.New == nil {
 			delete(m.m, op.Key)
@@ -95,13 +112,36 @@ func (m *Memory) Swap(ctx context.Context, ops []Op) ([]bool, error) {
 	}
 	// Sweep expired entries now and then so the map does not grow without bound.
 	if m.swaps++; m.swaps%1024 == 0 {
-		for k, e := range m.m {
-			if !now.Before(e.exp) {
-				delete(m.m, k)
-			}
-		}
+		m.sweep(now)
 	}
 	return out, nil
+}
+
+// room makes sure one more key fits, sweeping expired ones if need be.
+func (m *Memory) room(now time.Time) error {
+	maxKeys := m.MaxKeys
+	if maxKeys <= 0 {
+		maxKeys = DefaultMemoryMaxKeys
+	}
+	if len(m.m) < maxKeys {
+		return nil
+	}
+	if now.Sub(m.lastSweep) >= time.Second {
+		m.lastSweep = now
+		m.sweep(now)
+		if len(m.m) < maxKeys {
+			return nil
+		}
+	}
+	return ErrMemoryFull
+}
+
+func (m *Memory) sweep(now time.Time) {
+	for k, e := range m.m {
+		if !now.Before(e.exp) {
+			delete(m.m, k)
+		}
+	}
 }
 
 // Len returns the number of live keys (for tests and metrics).

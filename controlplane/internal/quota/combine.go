@@ -60,7 +60,8 @@ const (
 // keyAsk is one key of one request.
 type keyAsk struct {
 	w        work
-	envoy    string
+	envoy    string // the ledger entry's name: owner then the request's "envoy"
+	owner    string // identity prefix (Owner), "" without identities
 	k        *quota.KeyRequest
 	interval time.Duration
 
@@ -314,6 +315,9 @@ func (s *Service) attempt(pending *[]group) error {
 		var interval time.Duration
 		for _, a := range g.asks {
 			var ch bool
+			if makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity) {
+				s.m.evictions.Inc()
+			}
 			a.res, ch = g.f.decide(&v, now, a.envoy, a.k, a.interval)
 			a.at = now
 			changed = changed || ch

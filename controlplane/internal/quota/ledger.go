@@ -109,3 +109,37 @@ func (v *value) encode(dst []byte) []byte {
 	}
 	return dst
 }
+
+// makeRoom keeps one identity from filling a key's ledger: when the entry name (owner
+// then the Envoy's id) is not in v and owner already has maxN entries, it removes the
+// owner's entry that reported least recently and reports true. owner "" (no
+// identity) is never limited.
+//
+// Removing an entry never lets the fleet admit more than the limit: the units its
+// lease held were counted in the limiter state when granted, and are simply no longer
+// returnable. So an Envoy that restarted (a new id under the same certificate) takes
+// its old instance's place instead of being refused, and an identity posting made-up
+// ids only ever churns its own entries.
+func makeRoom(v *value, name, owner string, maxN int) bool {
+	if owner == "" || maxN <= 0 {
+		return false
+	}
+	n, oldest := 0, -1
+	for i := range v.entries {
+		e := &v.entries[i]
+		if e.envoy == name {
+			return false
+		}
+		if len(e.envoy) >= len(owner) && e.envoy[:len(owner)] == owner {
+			n++
+			if oldest < 0 || e.last < v.entries[oldest].last {
+				oldest = i
+			}
+		}
+	}
+	if n < maxN {
+		return false
+	}
+	v.entries = append(v.entries[:oldest], v.entries[oldest+1:]...)
+	return true
+}

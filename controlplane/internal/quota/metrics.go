@@ -23,6 +23,8 @@ import (
 //	sluice_controlplane_quota_contended_total{stage}  keys answered retry because of contention:
 //	                                                  stage "queued" (still queued at the request's deadline)
 //	                                                  or "round" (conflicts with other replicas past the timeout)
+//	sluice_controlplane_quota_ledger_evictions_total   entries removed to make room for another
+//	                                                  Envoy id of an identity at its cap (makeRoom)
 //	sluice_controlplane_quota_request_duration_seconds{code}  request latency (histogram)
 //	sluice_controlplane_quota_keys_active{policy,rule}         keys asked for in the last minute, per rule
 //
@@ -31,6 +33,7 @@ import (
 type metrics struct {
 	asked, granted, returned, casRetries prometheus.Counter
 	rounds, queueTimeouts, roundTimeouts prometheus.Counter
+	evictions                            prometheus.Counter
 	keys                                 *prometheus.CounterVec
 	duration                             *prometheus.HistogramVec
 	active                               *activeKeys
@@ -54,6 +57,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Keys decided again after a compare-and-swap conflict."}),
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_rounds_total",
 			Help: "Read-decide-write rounds run on the backend, per key and attempt; asks per round shows how much contention was combined."}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_ledger_evictions_total",
+			Help: "Ledger entries removed because their identity reached its cap of entries per key and asked under another Envoy id (restarts, or made-up ids)."}),
 		keys: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_keys_total",
 			Help: "Keys answered, by status."}, []string{"status"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_controlplane_quota_request_duration_seconds",
@@ -66,7 +71,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		[]string{"stage"})
 	m.queueTimeouts, m.roundTimeouts = contended.WithLabelValues("queued"), contended.WithLabelValues("round")
 	if reg != nil {
-		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, contended, m.keys, m.duration, m.active)
+		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, m.evictions, contended, m.keys, m.duration, m.active)
 	}
 	return m
 }

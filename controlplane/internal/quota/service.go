@@ -62,6 +62,16 @@ type Options struct {
 	// the conflict retries of a round (past those two, the key is answered
 	// quota.StatusRetry).
 	Timeout time.Duration
+	// Identity selects who an Envoy is (default IdentityBody: the request's
+	// "envoy" field). With IdentityCertificate or IdentityXFCC the ledger is keyed
+	// under the identity: a caller reports, returns and reads only its own entries,
+	// whatever its "envoy" field says.
+	Identity IdentityMode
+	// MaxEntriesPerIdentity bounds the ledger entries one identity holds per key
+	// (default DefaultMaxEntriesPerIdentity): a further Envoy id of that identity
+	// takes the place of its least recently reporting one (makeRoom), so no
+	// identity can fill a key's MaxEnvoysPerKey entries.
+	MaxEntriesPerIdentity int
 	// Limits bound a request (defaults shared/quota's).
 	Limits quota.Limits
 	// Validity is the longest lease of a token_bucket or gcra key (default
@@ -113,6 +123,9 @@ func New(o Options) *Service {
 	}
 	if o.Validity <= 0 {
 		o.Validity = DefaultValidity
+	}
+	if o.MaxEntriesPerIdentity <= 0 {
+		o.MaxEntriesPerIdentity = DefaultMaxEntriesPerIdentity
 	}
 	if o.Limits.MaxBytes <= 0 {
 		o.Limits.MaxBytes = quota.DefaultMaxBytes
@@ -192,6 +205,10 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 	if code, ok := s.authorize(w, r); !ok {
 		return code
 	}
+	owner, _, code, ok := s.identify(w, r)
+	if !ok {
+		return code
+	}
 	if msg, ok := httpjson.CheckJSON(r); !ok {
 		return writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type", msg, nil)
 	}
@@ -219,14 +236,18 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 		}
 		return writeError(w, http.StatusBadRequest, "invalid_document", err.Error(), nil)
 	}
-	resp, err := s.Handle(r.Context(), req)
+	resp, err := s.HandleFor(r.Context(), owner, req)
 	if err != nil {
 		if now := time.Now().UnixNano(); now-s.lastWarn.Load() >= int64(time.Second) {
 			s.lastWarn.Store(now) // at most about one warning a second during an outage
 			s.log.Warn("quota: backend unavailable", "err", err)
 		}
 		w.Header().Set("Retry-After", "1")
-		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the quota store did not answer; nothing was granted", nil)
+		msg := "the quota store did not answer; nothing was granted"
+		if errors.Is(err, ErrMemoryFull) {
+			msg = "the in-memory quota store is full (" + strconv.Itoa(DefaultMemoryMaxKeys) + " counter keys by default); nothing was granted"
+		}
+		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", msg, nil)
 	}
 	httpjson.WriteRaw(w, http.StatusOK, quota.AppendResponse(make([]byte, 0, 64+len(resp.Keys)*160), resp))
 	return http.StatusOK
@@ -237,8 +258,8 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 // SHA-256: none 401, wrong 403.
 func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (int, bool) {
 	if s.o.Token == "" {
-		if s.o.Open {
-			return 0, true
+		if s.o.Open || s.o.Identity != IdentityBody {
+			return 0, true // no token, or the identity alone authenticates
 		}
 		return writeError(w, http.StatusForbidden, "forbidden", "quota calls are disabled: no quota token is configured (--quota-token)", nil), false
 	}
@@ -269,6 +290,12 @@ var ErrUnavailable = errors.New("quota: backend unavailable")
 // error wrapping ErrUnavailable, and grants nothing, when the backend does not
 // answer within Options.Timeout.
 func (s *Service) Handle(ctx context.Context, req *quota.Request) (*quota.Response, error) {
+	return s.HandleFor(ctx, "", req)
+}
+
+// HandleFor is Handle for a caller of ledger owner owner (Owner of its identity; ""
+// for none): its entries are named owner+req.Envoy.
+func (s *Service) HandleFor(ctx context.Context, owner string, req *quota.Request) (*quota.Response, error) {
 	resp := &quota.Response{Policy: req.Policy, Keys: make([]quota.KeyResult, len(req.Keys))}
 	rec, _ := s.o.Policies.Get(req.Policy)
 	if rec.Exists() {
@@ -300,7 +327,7 @@ func (s *Service) Handle(ctx context.Context, req *quota.Request) (*quota.Respon
 		case !c.c.Rule(ri).OwnsKey(k.Key):
 			res.Status = quota.StatusBadKey
 		default:
-			asks = append(asks, keyAsk{w: work{idx: i, f: c.fleet[ri], skey: c.pfx[ri] + k.Key}, envoy: req.Envoy, k: k, interval: req.Interval})
+			asks = append(asks, keyAsk{w: work{idx: i, f: c.fleet[ri], skey: c.pfx[ri] + k.Key}, envoy: owner + req.Envoy, owner: owner, k: k, interval: req.Interval})
 			s.m.touch(req.Policy, k.Rule, k.Key)
 		}
 	}

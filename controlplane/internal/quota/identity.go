@@ -1,0 +1,142 @@
+package quota
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"net/http"
+	"strings"
+)
+
+// IdentityMode selects who the service believes an Envoy is.
+type IdentityMode int
+
+const (
+	// IdentityBody trusts the request's "envoy" field: every holder of the quota
+	// token is one trust domain (the default, and the only mode without TLS).
+	IdentityBody IdentityMode = iota
+	// IdentityCertificate takes the identity from the verified client certificate
+	// of the TLS connection: its first URI SAN (the SPIFFE ID Istio and SPIRE issue,
+	// https://github.com/spiffe/spiffe/blob/main/standards/X509-SVID.md), else its
+	// first DNS SAN. A request without a verified certificate is 401.
+	IdentityCertificate
+	// IdentityXFCC takes it from the x-forwarded-client-cert header a sidecar Envoy
+	// that terminated mTLS set: the last element's first URI, else its first DNS
+	// (https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_conn_man/headers#x-forwarded-client-cert).
+	// Safe only when that sidecar is the sole way to the control plane: anyone who
+	// reaches it directly can write the header.
+	IdentityXFCC
+)
+
+// DefaultMaxEntriesPerIdentity is Options.MaxEntriesPerIdentity's default.
+const DefaultMaxEntriesPerIdentity = 16
+
+// identify returns the ledger owner of a request, "" under IdentityBody, else a
+// prefix naming the identity ("<16 base64url chars of its SHA-256>/"), and the
+// identity itself for logs. It answers 401 and reports false when the request
+// carries none.
+func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner, id string, code int, ok bool) {
+	switch s.o.Identity {
+	case IdentityCertificate:
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+			return "", "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
+				"quota calls need a client certificate signed by the control plane's client CA (--client-ca-file)", nil), false
+		}
+		leaf := r.TLS.VerifiedChains[0][0]
+		switch {
+		case len(leaf.URIs) > 0:
+			id = leaf.URIs[0].String()
+		case len(leaf.DNSNames) > 0:
+			id = leaf.DNSNames[0]
+		default:
+			return "", "", writeError(w, http.StatusForbidden, "no_identity",
+				"the client certificate has neither a URI nor a DNS subject alternative name to identify the Envoy by", nil), false
+		}
+	case IdentityXFCC:
+		id = XFCCIdentity(r.Header.Values("X-Forwarded-Client-Cert"))
+		if id == "" {
+			return "", "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
+				"quota calls need the x-forwarded-client-cert header of the mesh sidecar, with a URI or DNS element (--trust-xfcc)", nil), false
+		}
+	default:
+		return "", "", 0, true
+	}
+	return Owner(id), id, 0, true
+}
+
+// Owner returns the ledger prefix of an identity: 16 base64url characters (96 bits)
+// of its SHA-256, then "/". A ledger entry's name is the owner then the request's
+// "envoy" field, so an identity reaches only entries of its own, and the stored
+// name stays short whatever the identity's length.
+func Owner(identity string) string {
+	sum := sha256.Sum256([]byte(identity))
+	return base64.RawURLEncoding.EncodeToString(sum[:12]) + "/"
+}
+
+// XFCCIdentity returns the identity in x-forwarded-client-cert header values: the
+// last element (the one the nearest proxy added; elements are separated by ',' and
+// the header may repeat), its first URI key, else its first DNS key; "" if there is
+// none. Keys are case-insensitive; a value may be double-quoted, with \" inside.
+func XFCCIdentity(values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	elems := splitQuoted(values[len(values)-1], ',')
+	if len(elems) == 0 {
+		return ""
+	}
+	var uri, dns string
+	for _, kv := range splitQuoted(elems[len(elems)-1], ';') {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			continue
+		}
+		k, v = strings.TrimSpace(k), unquote(strings.TrimSpace(v))
+		switch {
+		case strings.EqualFold(k, "URI") && uri == "" && v != "":
+			uri = v
+		case strings.EqualFold(k, "DNS") && dns == "" && v != "":
+			dns = v
+		}
+	}
+	if uri != "" {
+		return uri
+	}
+	return dns
+}
+
+// splitQuoted splits s at sep outside double quotes (a backslash escapes the next
+// byte inside them).
+func splitQuoted(s string, sep byte) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case quoted && c == '\\':
+			i++
+		case c == '"':
+			quoted = !quoted
+		case !quoted && c == sep:
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
+}
+
+func unquote(v string) string {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return v
+	}
+	v = v[1 : len(v)-1]
+	if !strings.Contains(v, `\`) {
+		return v
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' && i+1 < len(v) {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String()
+}
