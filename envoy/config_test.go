@@ -464,3 +464,43 @@ func (s *syncLines) get() []string {
 	defer s.mu.Unlock()
 	return append([]string(nil), s.lines...)
 }
+
+// TestEnvoyMTLSBootstrap: envoy-mtls.yaml is envoy.yaml with the control_plane
+// cluster's TLS transport socket presenting the Envoy's certificate, verifying the
+// control plane's, and a plugin configuration without a quota token (the certificate
+// identifies the Envoy); the filter takes that configuration.
+func TestEnvoyMTLSBootstrap(t *testing.T) {
+	plain, err := devproxy.LoadEnvoyConfig("envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := devproxy.LoadEnvoyConfig("envoy-mtls.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := c.ClusterTLS["control_plane"]
+	if u == nil || u.Cert.Filename == "" || u.Key.Filename == "" || u.TrustedCA.Filename == "" || len(u.SANs) == 0 {
+		t.Fatalf("control_plane cluster TLS: %+v", u)
+	}
+	if len(c.ClusterTLS) != 1 || len(plain.ClusterTLS) != 0 {
+		t.Fatalf("TLS clusters: mtls %d, plain %d", len(c.ClusterTLS), len(plain.ClusterTLS))
+	}
+	var pc, ppc map[string]any
+	if err := json.Unmarshal(c.Filter.PluginConfig, &pc); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(plain.Filter.PluginConfig, &ppc); err != nil {
+		t.Fatal(err)
+	}
+	cp := pc["control_plane"].(map[string]any)
+	if _, ok := cp["quota_token"]; ok {
+		t.Error("envoy-mtls.yaml: the plugin configuration still carries a quota token")
+	}
+	delete(ppc["control_plane"].(map[string]any), "quota_token")
+	a, _ := json.Marshal(pc)
+	b, _ := json.Marshal(ppc)
+	if string(a) != string(b) || c.Filter.WasmFile != plain.Filter.WasmFile || c.Listen != plain.Listen {
+		t.Errorf("envoy-mtls.yaml differs from envoy.yaml beyond the control plane's TLS:\n%s\n%s", a, b)
+	}
+	startFilter(t, c.Filter.PluginConfig, c.Filter.VMConfig)
+}

@@ -65,6 +65,9 @@ type EnvoyConfig struct {
 	// Clusters maps each STATIC or STRICT_DNS cluster's name to the
 	// "host:port" of its first endpoint.
 	Clusters map[string]string
+	// ClusterTLS holds, for each cluster with an envoy.transport_sockets.tls
+	// transport socket, its UpstreamTlsContext; its connections are TLS.
+	ClusterTLS map[string]*UpstreamTLS
 	// AccessLog is the first file or stdout access log with a json_format;
 	// nil if there is none.
 	AccessLog *AccessLogConfig
@@ -197,7 +200,7 @@ func ParseEnvoyConfig(doc []byte) (*EnvoyConfig, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &EnvoyConfig{Clusters: map[string]string{}, GenerateRequestID: true}
+	c := &EnvoyConfig{Clusters: map[string]string{}, ClusterTLS: map[string]*UpstreamTLS{}, GenerateRequestID: true}
 	sr := b.GetStaticResources()
 	ignoreRest(&c.Ignored, "", b, "static_resources", "node")
 	c.NodeID = b.GetNode().GetId()
@@ -246,8 +249,15 @@ func (c *EnvoyConfig) cluster(cl *clusterv3.Cluster) error {
 		return fmt.Errorf("%w: %s: the first endpoint has no socket_address", ErrEnvoyConfig, p)
 	}
 	c.Clusters[cl.GetName()] = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
-	c.Honoured = append(c.Honoured, p+": first endpoint "+c.Clusters[cl.GetName()]+" (plain HTTP/1.1)")
-	ignoreRest(&c.Ignored, p+".", cl, "name", "type", "load_assignment")
+	if err := c.upstreamTLS(cl); err != nil {
+		return err
+	}
+	proto := "plain HTTP/1.1"
+	if c.ClusterTLS[cl.GetName()] != nil {
+		proto = "HTTP/1.1 over TLS (transport_socket " + tlsSocketName + ")"
+	}
+	c.Honoured = append(c.Honoured, p+": first endpoint "+c.Clusters[cl.GetName()]+" ("+proto+")")
+	ignoreRest(&c.Ignored, p+".", cl, "name", "type", "load_assignment", "transport_socket")
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -110,6 +111,17 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 	for k, v := range o.Clusters {
 		clusters[k] = v
 	}
+	if c.ClusterTLS[c.RouteCluster] != nil {
+		return nil, fmt.Errorf("devproxy: the route's cluster %q has a TLS transport socket: the dev proxy forwards requests over plain HTTP only (TLS is for the filter's calls)", c.RouteCluster)
+	}
+	clusterTLS := map[string]*tls.Config{}
+	for name, u := range c.ClusterTLS {
+		tc, err := u.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("devproxy: cluster %s: %w", name, err)
+		}
+		clusterTLS[name] = tc
+	}
 	p.upstream = clusters[c.RouteCluster]
 	if o.Upstream != "" {
 		p.upstream = o.Upstream
@@ -160,7 +172,7 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 	h, err := host.New(ctx, host.Config{
 		Wasm: o.Wasm, VMID: f.VMID, PluginName: f.Name, RootID: f.RootID, NodeID: nodeID,
 		VMConfig: f.VMConfig, PluginConfig: cfg, Env: f.Env,
-		Workers: o.Workers, Clock: host.SystemClock, Clusters: clusters,
+		Workers: o.Workers, Clock: host.SystemClock, Clusters: clusters, ClusterTLS: clusterTLS,
 		Logger: o.Logger, LogLevel: o.LogLevel,
 	})
 	if err != nil {

@@ -1,14 +1,19 @@
 package e2e
 
 import (
+	"bytes"
+	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/internal/testpki"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -21,19 +26,49 @@ type fleetStack struct {
 	t       *testing.T
 	cpAddrs []string
 	proxies []string
+	scheme  string       // of the control planes: http, or https with mTLS
+	cp      *http.Client // the client of the control planes' admin API
 }
 
-func startFleetStack(t *testing.T) *fleetStack {
+func startFleetStack(t *testing.T) *fleetStack { return startFleetStackWith(t, false) }
+
+// startFleetStackWith starts the stack; with mtls the control planes serve HTTPS,
+// verify client certificates against a CA the test makes, and have no quota token:
+// each proxy follows envoy/envoy-mtls.yaml with a certificate of its own (URI SAN
+// spiffe://sluice.test/ns/e2e/sa/proxy-<i>).
+func startFleetStackWith(t *testing.T, mtls bool) *fleetStack {
 	t.Helper()
-	s := &fleetStack{t: t}
+	s := &fleetStack{t: t, scheme: "http", cp: http.DefaultClient}
 	redisAddr := proctest.FreeAddr(t)
 	startRedis(t, redisAddr, t.TempDir())
-	tokens := []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_READ_TOKEN=" + readToken, "SLUICE_QUOTA_TOKEN=" + quotaToken}
+	tokens := []string{"SLUICE_ADMIN_TOKEN=" + adminToken, "SLUICE_READ_TOKEN=" + readToken}
+	var tlsArgs []string
+	var ca *testpki.CA
+	pki := t.TempDir()
+	if mtls {
+		ca = testpki.NewCA(t, "sluice e2e")
+		srv := ca.Issue(t, testpki.Leaf{CommonName: "sluice-controlplane", DNS: []string{"sluice-controlplane"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+		certFile, keyFile := srv.Write(t, pki, "server")
+		tlsArgs = []string{"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--client-ca-file", ca.WriteCA(t, pki, "ca")}
+		s.scheme = "https"
+		s.cp = &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: "sluice-controlplane"}}}
+	} else {
+		tokens = append(tokens, "SLUICE_QUOTA_TOKEN="+quotaToken)
+	}
 	for i := 0; i < 2; i++ {
 		addr := proctest.FreeAddr(t)
 		p := startProc(t, "control plane "+strconv.Itoa(i), filepath.Join(binDir, "sluice-controlplane"),
-			[]string{"--listen", addr, "--log-level", "warn", "--resync-interval", "200ms", "--redis-url", "redis://" + redisAddr}, tokens)
-		proctest.AwaitHTTP(t, "http://"+addr+"/readyz", readyTimeout, p)
+			append([]string{"--listen", addr, "--log-level", "warn", "--resync-interval", "200ms", "--redis-url", "redis://" + redisAddr}, tlsArgs...), tokens)
+		if !proctest.WaitFor(readyTimeout, func() bool {
+			resp, err := s.cp.Get(s.scheme + "://" + addr + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		}) {
+			t.Fatalf("control plane %d not ready:\n%s", i, p.Output())
+		}
 		s.cpAddrs = append(s.cpAddrs, addr)
 	}
 	up := proctest.FreeAddr(t)
@@ -41,8 +76,25 @@ func startFleetStack(t *testing.T) *fleetStack {
 	proctest.AwaitHTTP(t, "http://"+up+"/", readyTimeout, echo)
 	for i := 0; i < 3; i++ {
 		addr := proctest.FreeAddr(t)
+		config := "envoy/envoy.yaml"
+		if mtls {
+			dir := filepath.Join(pki, "proxy-"+strconv.Itoa(i))
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			ca.Issue(t, testpki.Leaf{CommonName: "envoy", URIs: []string{"spiffe://sluice.test/ns/e2e/sa/proxy-" + strconv.Itoa(i)}}).Write(t, dir, "envoy")
+			ca.WriteCA(t, dir, "ca")
+			doc, err := os.ReadFile(filepath.Join(repo, "envoy", "envoy-mtls.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			config = filepath.Join(dir, "envoy.yaml")
+			if err := os.WriteFile(config, bytes.ReplaceAll(doc, []byte("/etc/sluice/tls/"), []byte(dir+"/")), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
 		dp := startProc(t, "dev proxy "+strconv.Itoa(i), filepath.Join(binDir, "sluice-devproxy"), []string{
-			"--config", "envoy/envoy.yaml", "--wasm", filepath.Join(binDir, "sluice.wasm"), "--listen", addr,
+			"--config", config, "--wasm", filepath.Join(binDir, "sluice.wasm"), "--listen", addr,
 			"--upstream", up, "--cluster", "control_plane=" + s.cpAddrs[i%2], "--access-log", filepath.Join(t.TempDir(), "access.log"),
 			"--workers", strconv.Itoa(workers), "--log-level", "warn"}, append(tokens, "SLUICE_ENV=e2e"))
 		proctest.AwaitListening(t, addr, listenTimeout, dp)
@@ -51,14 +103,37 @@ func startFleetStack(t *testing.T) *fleetStack {
 	return s
 }
 
+// metric returns the value of the sample line starting with name on control plane i.
+func (s *fleetStack) metric(i int, name string) float64 {
+	s.t.Helper()
+	req, _ := http.NewRequest("GET", s.scheme+"://"+s.cpAddrs[i]+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+readToken)
+	resp, err := s.cp.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				s.t.Fatalf("metric %s: %q", name, l)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
 // put publishes the policy and waits until every worker of every proxy
 // enforces it (a probe of that user answered with the rule's limit header).
 func (s *fleetStack) put(doc string, user, limit string) {
 	s.t.Helper()
-	req, _ := http.NewRequest(http.MethodPut, "http://"+s.cpAddrs[0]+"/v1/policies/default", strings.NewReader(doc))
+	req, _ := http.NewRequest(http.MethodPut, s.scheme+"://"+s.cpAddrs[0]+"/v1/policies/default", strings.NewReader(doc))
 	req.Header.Set("Authorization", "Bearer "+adminToken)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.cp.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -147,4 +222,39 @@ func TestFleetLimitAcrossProxies(t *testing.T) {
 			t.Fatalf("another user: %d", st)
 		}
 	})
+}
+
+// TestFleetLimitOverMTLS: the fleet of three proxies, each with a certificate of its
+// own, spends one budget through two control planes that serve HTTPS and know each
+// Envoy by its certificate (no quota token anywhere): exactly the limit is admitted.
+// The proxies keep their connections alive: a handful of handshakes serve every
+// quota call and long poll.
+func TestFleetLimitOverMTLS(t *testing.T) {
+	s := startFleetStackWith(t, true)
+	s.put(fleetDoc(`"algorithm":"fixed_window","limit":300,"window":"1h"`), "probe-mtls", "300")
+	admitted := 0
+	for i := 0; i < 1000; i++ {
+		switch st, _ := s.get(s.proxies[i%3], "/e2e/items", "erin"); st {
+		case 200:
+			admitted++
+		case 429:
+		default:
+			t.Fatalf("request %d: status %d", i, st)
+		}
+	}
+	if admitted != 300 {
+		t.Fatalf("admitted %d of 1000 across three proxies over mTLS, want exactly 300", admitted)
+	}
+	var calls, handshakes float64
+	for i := range s.cpAddrs {
+		calls += s.metric(i, `sluice_controlplane_quota_request_duration_seconds_count{code="200"}`)
+		handshakes += s.metric(i, "sluice_controlplane_tls_handshakes_total")
+	}
+	t.Logf("%.0f quota calls answered 200, %.0f TLS handshakes in all", calls, handshakes)
+	if calls == 0 {
+		t.Fatal("no quota call was answered 200")
+	}
+	if handshakes >= calls {
+		t.Fatalf("%.0f handshakes for %.0f quota calls: connections are not kept alive", handshakes, calls)
+	}
 }

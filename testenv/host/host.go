@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +50,10 @@ type Config struct {
 	// Clusters maps Envoy cluster names, the first argument of
 	// proxy_http_call, to "host:port" addresses reached with plain HTTP.
 	Clusters map[string]string
+	// ClusterTLS maps cluster names to the TLS client configuration of their
+	// connections (a cluster with an UpstreamTlsContext transport socket): calls
+	// to them are HTTP/1.1 over TLS, kept alive like Envoy's connection pool.
+	ClusterTLS map[string]*tls.Config
 	// Profile selects Envoy's WASI behaviour; the zero value means
 	// EnvoyPrePR533.
 	Profile Profile
@@ -92,16 +97,17 @@ type Config struct {
 // metrics. Each VM has its own goroutine (event loop); every call into a
 // VM runs there, so a Host is safe for concurrent use.
 type Host struct {
-	cfg      Config
-	profile  Profile
-	clock    Clock
-	logger   *slog.Logger
-	rt       wazero.Runtime
-	compiled wazero.CompiledModule
-	abi      string
-	exports  map[string]api.FunctionDefinition
-	client   *http.Client
-	env      []string
+	cfg        Config
+	profile    Profile
+	clock      Clock
+	logger     *slog.Logger
+	rt         wazero.Runtime
+	compiled   wazero.CompiledModule
+	abi        string
+	exports    map[string]api.FunctionDefinition
+	client     *http.Client
+	tlsClients map[string]*http.Client // per cluster of Config.ClusterTLS
+	env        []string
 
 	store   *sharedStore
 	metrics *metricStore
@@ -166,6 +172,10 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	if h.client == nil {
 		h.client = &http.Client{Transport: &http.Transport{}}
+	}
+	h.tlsClients = make(map[string]*http.Client, len(cfg.ClusterTLS))
+	for name, tc := range cfg.ClusterTLS {
+		h.tlsClients[name] = &http.Client{Transport: &http.Transport{TLSClientConfig: tc.Clone(), MaxIdleConnsPerHost: 64}}
 	}
 	h.env = sortedEnv(cfg.Env)
 	h.callCtx, h.callCancel = context.WithCancel(context.Background())
@@ -272,6 +282,9 @@ func (h *Host) Close() error {
 		}
 		h.callCancel()
 		h.callWG.Wait()
+		for _, c := range h.tlsClients {
+			c.CloseIdleConnections()
+		}
 		for _, w := range h.workers {
 			w.close()
 		}

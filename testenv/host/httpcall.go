@@ -71,7 +71,7 @@ func hostHTTPCall(v *vm, s []uint64) status {
 	v.h.callWG.Add(1)
 	go func() {
 		defer v.h.callWG.Done()
-		res := v.h.doCallout(addr, h, body, Headers(trls), timeout)
+		res := v.h.doCallout(cluster, addr, h, body, Headers(trls), timeout)
 		// Delivered on the VM's loop, outside any other VM call.
 		v.post(func() { v.deliverCallout(tok, res) })
 	}()
@@ -109,14 +109,17 @@ func (v *vm) deliverCallout(tok uint32, res *calloutResult) {
 //     success [UNCONFIRMED: from issue reports; docs/ENVOY.md, HTTP calls];
 //   - a reset after the headers (body cut short) → failure: (0, 0, 0)
 //     and proxy_get_status (11, "reset"), ENVOY-CTX onHttpCallFailure.
-func (h *Host) doCallout(addr string, hdrs Headers, body []byte, trailers Headers, timeout time.Duration) *calloutResult {
+func (h *Host) doCallout(cluster, addr string, hdrs Headers, body []byte, trailers Headers, timeout time.Duration) *calloutResult {
 	ctx := h.callCtx
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	scheme := "http"
+	scheme, client := "http", h.client
+	if c, ok := h.tlsClients[cluster]; ok {
+		scheme, client = "https", c
+	}
 	url := scheme + "://" + addr + hdrs.Get(":path")
 	req, err := http.NewRequestWithContext(ctx, hdrs.Get(":method"), url, bytes.NewReader(body))
 	if err != nil {
@@ -137,7 +140,7 @@ func (h *Host) doCallout(addr string, hdrs Headers, body []byte, trailers Header
 			req.Trailer.Add(kv[0], kv[1])
 		}
 	}
-	resp, err := h.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return localCalloutReply(504, "upstream request timeout")

@@ -132,6 +132,12 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		if tlsSrv, err = tlsconf.New(tlsconf.Files{CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile, ClientCAFile: s.ClientCAFile}, log); err != nil {
 			return err
 		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_controlplane_tls_handshakes_total",
+			Help: "TLS handshakes clients started (full or resumed); Envoys keep connections alive, so this grows by a few per Envoy, not per call."},
+			func() float64 { return float64(tlsSrv.Handshakes()) }))
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_controlplane_tls_reloads_total",
+			Help: "Times the TLS certificate files were loaded (1 at start, then once per change on disk)."},
+			func() float64 { return float64(tlsSrv.Loads()) }))
 	}
 	l, err := net.Listen("tcp", s.Listen)
 	if err != nil {

@@ -2,8 +2,10 @@ package quota
 
 import (
 	"bytes"
+	"crypto/tls"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"sort"
 	"strconv"
 	"strings"
@@ -11,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/tlsconf"
 	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/internal/testpki"
 	"github.com/sluice-proxy/sluice/shared/quota"
 )
 
@@ -34,96 +38,132 @@ func redisCalls(b *testing.B, addr string) uint64 {
 	return n
 }
 
-// BenchmarkQuotaGrants measures one replica over loopback HTTP with a real
+// BenchmarkQuotaGrants measures one replica over loopback HTTP/1.1 with a real
 // redis-server: batches of 1, 10 and 100 keys of a fixed_window fleet rule, each
 // key asked for one unit. It reports key-grants/s, p50/p99 request latency and Redis
-// commands per granted key. "parallel" runs 4 Envoys at once.
+// commands per granted key. "parallel" runs 4 Envoys at once. Each case runs over
+// plain HTTP (quota token mode) and over mTLS (HTTPS, each Envoy identified by its
+// client certificate), on kept-alive connections as Envoy's cluster pool keeps them.
 func BenchmarkQuotaGrants(b *testing.B) {
 	rs := redisproc.Start(b)
 	client := redisClient(rs.Addr())
 	defer client.Close()
 	pol := newPolicies(b)
-	s := New(Options{Backend: NewRedis(client), Policies: pol, Open: true})
-	srv := serve(b, s)
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	plain := serve(b, New(Options{Backend: NewRedis(client), Policies: pol, Open: true}))
+	mtls, mtlsClient := serveMTLS(b, New(Options{Backend: NewRedis(client), Policies: pol, Identity: IdentityCertificate}))
 	for _, tc := range []struct {
 		name    string
 		batch   int
 		clients int
 	}{{"batch=1", 1, 1}, {"batch=10", 10, 1}, {"batch=100", 100, 1}, {"batch=100/parallel=4", 100, 4}} {
-		b.Run(tc.name, func(b *testing.B) {
-			var mu sync.Mutex
-			var lat []time.Duration
-			var granted uint64
-			next := 0
-			body := func(envoy string, i int) []byte {
-				req := &quota.Request{Envoy: envoy, Policy: "p", Version: 1, Env: testEnv}
-				for j := 0; j < tc.batch; j++ {
-					k := (i*tc.batch + j) % 50000
-					req.Keys = append(req.Keys, quota.KeyRequest{Rule: "keyed",
-						Key: "rl:t:p/keyed:ip=10.1." + strconv.Itoa(k/250) + "." + strconv.Itoa(k%250) + ":60s", Want: 1})
+		for _, tr := range []struct {
+			name string
+			url  string
+			hc   *http.Client
+		}{{"plain", plain.URL, &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}}, {"mtls", mtls.URL, mtlsClient}} {
+			b.Run(tr.name+"/"+tc.name, func(b *testing.B) {
+				benchGrants(b, rs.Addr(), tr.url, tr.hc, tc.batch, tc.clients)
+			})
+		}
+	}
+}
+
+// serveMTLS serves s over HTTPS with the control plane's TLS (tlsconf) and a client
+// CA, and returns an Envoy's client: HTTP/1.1, kept alive, presenting a certificate
+// with a SPIFFE URI SAN.
+func serveMTLS(b *testing.B, s *Service) (*httptest.Server, *http.Client) {
+	dir := b.TempDir()
+	ca := testpki.NewCA(b, "bench")
+	certFile, keyFile := ca.Server(b).Write(b, dir, "server")
+	ts, err := tlsconf.New(tlsconf.Files{CertFile: certFile, KeyFile: keyFile, ClientCAFile: ca.WriteCA(b, dir, "ca")}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/quota", s)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.TLS = ts.Config()
+	srv.StartTLS()
+	b.Cleanup(srv.Close)
+	cert := ca.Issue(b, testpki.Leaf{URIs: []string{"spiffe://bench/ns/edge/sa/envoy"}}).TLS(b)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, TLSClientConfig: &tls.Config{RootCAs: ca.Pool(),
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }}}}
+	return srv, hc
+}
+
+// benchGrants runs b.N quota calls of batch keys each from clients Envoys at once
+// against url, and reports the figures of BenchmarkQuotaGrants.
+func benchGrants(b *testing.B, redisAddr, url string, hc *http.Client, batch, clients int) {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var granted uint64
+	next := 0
+	body := func(envoy string, i int) []byte {
+		req := &quota.Request{Envoy: envoy, Policy: "p", Version: 1, Env: testEnv}
+		for j := 0; j < batch; j++ {
+			k := (i*batch + j) % 50000
+			req.Keys = append(req.Keys, quota.KeyRequest{Rule: "keyed",
+				Key: "rl:t:p/keyed:ip=10.1." + strconv.Itoa(k/250) + "." + strconv.Itoa(k%250) + ":60s", Want: 1})
+		}
+		return quota.AppendRequest(nil, req)
+	}
+	before := redisCalls(b, redisAddr)
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if next >= b.N {
+					mu.Unlock()
+					return
 				}
-				return quota.AppendRequest(nil, req)
-			}
-			before := redisCalls(b, rs.Addr())
-			b.ResetTimer()
-			start := time.Now()
-			var wg sync.WaitGroup
-			for c := 0; c < tc.clients; c++ {
-				wg.Add(1)
-				go func(c int) {
-					defer wg.Done()
-					for {
-						mu.Lock()
-						if next >= b.N {
-							mu.Unlock()
-							return
-						}
-						i := next
-						next++
-						mu.Unlock()
-						doc := body("envoy-"+strconv.Itoa(c), i)
-						t0 := time.Now()
-						res, err := hc.Post(srv.URL+"/v1/quota", "application/json", bytes.NewReader(doc))
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						data, _ := io.ReadAll(res.Body)
-						res.Body.Close()
-						d := time.Since(t0)
-						resp, err := quota.DecodeResponse(data)
-						if err != nil || res.StatusCode != 200 {
-							b.Errorf("%d %s", res.StatusCode, data)
-							return
-						}
-						var g uint64
-						for _, k := range resp.Keys {
-							if k.Granted > 0 {
-								g++
-							}
-						}
-						mu.Lock()
-						lat = append(lat, d)
-						granted += g
-						mu.Unlock()
+				i := next
+				next++
+				mu.Unlock()
+				doc := body("envoy-"+strconv.Itoa(c), i)
+				t0 := time.Now()
+				res, err := hc.Post(url+"/v1/quota", "application/json", bytes.NewReader(doc))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				data, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				d := time.Since(t0)
+				resp, err := quota.DecodeResponse(data)
+				if err != nil || res.StatusCode != 200 {
+					b.Errorf("%d %s", res.StatusCode, data)
+					return
+				}
+				var g uint64
+				for _, k := range resp.Keys {
+					if k.Granted > 0 {
+						g++
 					}
-				}(c)
+				}
+				mu.Lock()
+				lat = append(lat, d)
+				granted += g
+				mu.Unlock()
 			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			after := redisCalls(b, rs.Addr())
-			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-			if len(lat) > 0 {
-				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99-ms")
-			}
-			b.ReportMetric(float64(granted)/elapsed.Seconds(), "key-grants/s")
-			if granted > 0 {
-				b.ReportMetric(float64(after-before)/float64(granted), "redis-cmds/key")
-			}
-		})
+		}(c)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	after := redisCalls(b, redisAddr)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	if len(lat) > 0 {
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99-ms")
+	}
+	b.ReportMetric(float64(granted)/elapsed.Seconds(), "key-grants/s")
+	if granted > 0 {
+		b.ReportMetric(float64(after-before)/float64(granted), "redis-cmds/key")
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,6 +45,8 @@ type Server struct {
 	bad    [3]stamp // the stamps last found invalid (logged once)
 	cfg    *tls.Config
 	loads  int
+
+	handshakes atomic.Int64
 }
 
 // stamp identifies a version of a file: a changed size or modification time (Kubernetes
@@ -88,6 +91,9 @@ func (s *Server) Config() *tls.Config {
 	}
 }
 
+// Handshakes returns how many TLS handshakes clients started (full or resumed).
+func (s *Server) Handshakes() int64 { return s.handshakes.Load() }
+
 // Loads returns how many times the files were loaded successfully (1 after New).
 func (s *Server) Loads() int {
 	s.mu.Lock()
@@ -115,6 +121,7 @@ func (s *Server) stampsNow() ([3]stamp, error) {
 // current returns the configuration for a handshake, reloading it first if a file
 // changed since it was loaded.
 func (s *Server) current() *tls.Config {
+	s.handshakes.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, err := s.stampsNow()
