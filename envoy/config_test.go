@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	extv1alpha1 "istio.io/api/extensions/v1alpha1"
 	networkingv1 "istio.io/api/networking/v1"
+	securityv1beta1 "istio.io/api/security/v1beta1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-proxy/sluice/testenv/devproxy"
@@ -147,6 +148,19 @@ func TestIstio(t *testing.T) {
 		for i, part := range strings.Split(string(doc), "\n---\n") {
 			kind, spec := parseResource(t, fmt.Sprintf("%s[%d]", f, i), []byte(part))
 			kinds[kind]++
+			switch r := spec.(type) {
+			case *networkingv1.DestinationRule:
+				// The gateway's calls are Istio mTLS, so the control plane's sidecar
+				// can name the caller in x-forwarded-client-cert.
+				if r.GetTrafficPolicy().GetTls().GetMode() != networkingv1.ClientTLSSettings_ISTIO_MUTUAL {
+					t.Errorf("%s: DestinationRule tls mode %v, want ISTIO_MUTUAL", f, r.GetTrafficPolicy().GetTls().GetMode())
+				}
+			case *securityv1beta1.PeerAuthentication:
+				// ... and the sidecar is the only way in (--trust-xfcc is safe).
+				if r.GetMtls().GetMode() != securityv1beta1.PeerAuthentication_MutualTLS_STRICT {
+					t.Errorf("%s: PeerAuthentication mode %v, want STRICT", f, r.GetMtls().GetMode())
+				}
+			}
 			if wp, ok := spec.(*extv1alpha1.WasmPlugin); ok {
 				if wp.GetFailStrategy() != extv1alpha1.FailStrategy_FAIL_OPEN || wp.GetPhase() != extv1alpha1.PluginPhase_AUTHN {
 					t.Errorf("%s: failStrategy %v, phase %v", f, wp.GetFailStrategy(), wp.GetPhase())
@@ -160,7 +174,7 @@ func TestIstio(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"WasmPlugin", "ServiceEntry", "DestinationRule"} {
+	for _, k := range []string{"WasmPlugin", "ServiceEntry", "DestinationRule", "PeerAuthentication"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d %s resources, want 1", kinds[k], k)
 		}
@@ -192,9 +206,10 @@ func parseResource(t *testing.T, name string, doc []byte) (string, proto.Message
 		t.Fatalf("%s: %v", name, err)
 	}
 	want := map[string]string{"WasmPlugin": "extensions.istio.io/v1alpha1",
-		"ServiceEntry": "networking.istio.io/v1", "DestinationRule": "networking.istio.io/v1"}[r.Kind]
+		"ServiceEntry": "networking.istio.io/v1", "DestinationRule": "networking.istio.io/v1",
+		"PeerAuthentication": "security.istio.io/v1"}[r.Kind]
 	if want == "" || r.APIVersion != want {
-		t.Fatalf("%s: kind %q apiVersion %q (want one of WasmPlugin, ServiceEntry, DestinationRule with its apiVersion)", name, r.Kind, r.APIVersion)
+		t.Fatalf("%s: kind %q apiVersion %q (want one of WasmPlugin, ServiceEntry, DestinationRule, PeerAuthentication with its apiVersion)", name, r.Kind, r.APIVersion)
 	}
 	spec, err := decodeSpec(r.Kind, r.Spec)
 	if err != nil {
@@ -212,6 +227,8 @@ func decodeSpec(kind string, js []byte) (proto.Message, error) {
 		m = &networkingv1.ServiceEntry{}
 	case "DestinationRule":
 		m = &networkingv1.DestinationRule{}
+	case "PeerAuthentication":
+		m = &securityv1beta1.PeerAuthentication{} // security.istio.io/v1 serves this message (security/v1 aliases it)
 	}
 	return m, protojson.UnmarshalOptions{DiscardUnknown: false}.Unmarshal(js, m)
 }

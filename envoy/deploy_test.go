@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/google/go-containerregistry/pkg/name"
 	"google.golang.org/protobuf/encoding/protojson"
 	extv1alpha1 "istio.io/api/extensions/v1alpha1"
@@ -273,6 +275,7 @@ func TestIstioWasmPluginImage(t *testing.T) {
 func TestEnvoyGateway(t *testing.T) {
 	var eep *egv1a1.EnvoyExtensionPolicy
 	var epp *egv1a1.EnvoyPatchPolicy
+	var ep *egv1a1.EnvoyProxy
 	for _, d := range documents(t, "gateway/sluice.yaml") {
 		if d.APIVersion != "gateway.envoyproxy.io/v1alpha1" {
 			t.Fatalf("%s: apiVersion %s", d.Name, d.APIVersion)
@@ -284,12 +287,15 @@ func TestEnvoyGateway(t *testing.T) {
 		case "EnvoyPatchPolicy":
 			epp = &egv1a1.EnvoyPatchPolicy{}
 			decodeStrict(t, d.Name, d.Doc, epp)
+		case "EnvoyProxy":
+			ep = &egv1a1.EnvoyProxy{}
+			decodeStrict(t, d.Name, d.Doc, ep)
 		default:
 			t.Fatalf("%s: unexpected kind", d.Name)
 		}
 	}
-	if eep == nil || epp == nil {
-		t.Fatal("want an EnvoyExtensionPolicy and an EnvoyPatchPolicy")
+	if eep == nil || epp == nil || ep == nil {
+		t.Fatal("want an EnvoyExtensionPolicy, an EnvoyPatchPolicy and an EnvoyProxy")
 	}
 	if len(eep.Spec.Wasm) != 1 {
 		t.Fatalf("%d wasm extensions", len(eep.Spec.Wasm))
@@ -335,10 +341,81 @@ func TestEnvoyGateway(t *testing.T) {
 	if sa.GetAddress() != pc.ControlPlane.Authority || sa.GetPortValue() != ociimage.Port {
 		t.Errorf("cluster endpoint %s:%d, want the control plane's Service %s:%d", sa.GetAddress(), sa.GetPortValue(), pc.ControlPlane.Authority, ociimage.Port)
 	}
+	// mTLS: the cluster's certificate files are in the directory the EnvoyProxy
+	// mounts the proxy's certificate Secret at.
+	utc := &tlsv3.UpstreamTlsContext{}
+	if err := cl.GetTransportSocket().GetTypedConfig().UnmarshalTo(utc); err != nil {
+		t.Fatalf("control plane cluster: no TLS transport socket: %v", err)
+	}
+	tc := utc.GetCommonTlsContext()
+	var files []string
+	for _, c := range tc.GetTlsCertificates() {
+		files = append(files, c.GetCertificateChain().GetFilename(), c.GetPrivateKey().GetFilename())
+	}
+	files = append(files, tc.GetValidationContext().GetTrustedCa().GetFilename())
+	if len(files) != 3 || len(tc.GetValidationContext().GetMatchTypedSubjectAltNames()) == 0 {
+		t.Fatalf("control plane cluster TLS: files %v, SAN matchers %v", files, tc.GetValidationContext().GetMatchTypedSubjectAltNames())
+	}
+	mounts := ep.Spec.Provider.Kubernetes.EnvoyDeployment.Container.VolumeMounts
+	vols := ep.Spec.Provider.Kubernetes.EnvoyDeployment.Pod.Volumes
+	if len(mounts) != 1 || len(vols) != 1 || vols[0].Secret == nil || mounts[0].Name != vols[0].Name {
+		t.Fatalf("EnvoyProxy: mounts %+v volumes %+v: want one Secret volume mounted", mounts, vols)
+	}
+	for _, f := range files {
+		if path.Dir(f) != mounts[0].MountPath {
+			t.Errorf("cluster TLS file %s is not in the mounted %s", f, mounts[0].MountPath)
+		}
+	}
+	var pcq map[string]map[string]any
+	_ = json.Unmarshal(w.Config.Raw, &pcq)
+	if _, ok := pcq["control_plane"]["quota_token"]; ok {
+		t.Error("plugin configuration: a quota token beside mTLS (the certificate identifies the proxy)")
+	}
 	// Strictness: a misspelt field is refused.
 	bad := documents(t, "gateway/sluice.yaml")[0].Doc
 	bad = bytes.Replace(bad, []byte("failOpen:"), []byte("failOpn:"), 1)
 	if err := unmarshalStrict(bad, &egv1a1.EnvoyExtensionPolicy{}); err == nil {
 		t.Error("a misspelt EnvoyExtensionPolicy field was accepted")
+	}
+}
+
+// TestKubernetesControlPlaneMTLSPatch: the patch serving mTLS decodes strictly as a
+// Deployment of the same name, sets the TLS files the control plane reads
+// (--tls-cert-file, --tls-key-file, --client-ca-file) inside the directory it mounts
+// the Secret at, and switches both probes to HTTPS.
+func TestKubernetesControlPlaneMTLSPatch(t *testing.T) {
+	docs := documents(t, "kubernetes/controlplane-mtls.yaml")
+	if len(docs) != 1 || docs[0].Kind != "Deployment" {
+		t.Fatalf("want one Deployment, got %d documents", len(docs))
+	}
+	dep := &appsv1.Deployment{}
+	decodeStrict(t, docs[0].Name, docs[0].Doc, dep)
+	if dep.Name != "sluice-controlplane" || dep.Namespace != "sluice" {
+		t.Fatalf("patch of %s/%s, want sluice/sluice-controlplane", dep.Namespace, dep.Name)
+	}
+	pod := dep.Spec.Template.Spec
+	if len(pod.Containers) != 1 || pod.Containers[0].Name != "controlplane" || len(pod.Volumes) != 1 || pod.Volumes[0].Secret == nil {
+		t.Fatalf("patch: containers %+v volumes %+v", pod.Containers, pod.Volumes)
+	}
+	c := pod.Containers[0]
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != pod.Volumes[0].Name {
+		t.Fatalf("mounts %+v", c.VolumeMounts)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	for _, n := range []string{"SLUICE_TLS_CERT_FILE", "SLUICE_TLS_KEY_FILE", "SLUICE_CLIENT_CA_FILE"} {
+		if path.Dir(env[n]) != c.VolumeMounts[0].MountPath {
+			t.Errorf("%s=%q, not in the mounted %s", n, env[n], c.VolumeMounts[0].MountPath)
+		}
+	}
+	if len(env) != 3 {
+		t.Errorf("env %v: want the three TLS files only", env)
+	}
+	for what, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("%s probe: want httpGet scheme HTTPS", what)
+		}
 	}
 }

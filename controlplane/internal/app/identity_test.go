@@ -273,6 +273,10 @@ func TestTrustXFCCIdentifiesBySidecarHeader(t *testing.T) {
 	if code, _, ecode := ask(t, c, url, "e-1", 1, 0, 0, auth...); code != 401 || ecode != "client_certificate_required" {
 		t.Fatalf("no XFCC → %d %s", code, ecode)
 	}
+	// The header alone does not authenticate: the quota token is still required.
+	if code, _, _ := ask(t, c, url, "e-1", 1, 0, 0, fromA[2:]...); code != 401 {
+		t.Fatalf("XFCC without the quota token → %d", code)
+	}
 }
 
 // TestTLSCertificateReloadedWhenItsFilesChange: a certificate renewed on disk is

@@ -63,8 +63,9 @@ type Settings struct {
 	// or later) with that PEM certificate chain and key, re-read when they change.
 	TLSCertFile, TLSKeyFile string
 	// ClientCAFile (needs TLS) holds the CA certificates that Envoys' client
-	// certificates are verified against; then POST /v1/quota requires one, and an
-	// Envoy is identified by its certificate (quota.IdentityCertificate).
+	// certificates are verified against; then POST /v1/quota requires one instead
+	// of the quota token, and an Envoy is identified by its certificate
+	// (quota.IdentityCertificate).
 	ClientCAFile string
 	// TrustXFCC identifies Envoys by the x-forwarded-client-cert header of a mesh
 	// sidecar that terminates mTLS in front of the control plane
@@ -127,7 +128,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&quotaFile, "quota-token-file", "", "file holding the quota bearer token")
 	fs.StringVar(&s.TLSCertFile, "tls-cert-file", "", "serve HTTPS with this PEM certificate chain (re-read when it changes); needs --tls-key-file")
 	fs.StringVar(&s.TLSKeyFile, "tls-key-file", "", "the PEM private key of --tls-cert-file")
-	fs.StringVar(&s.ClientCAFile, "client-ca-file", "", "PEM CA certificates verifying Envoys' client certificates: POST /v1/quota then requires one and identifies the Envoy by its URI SAN (SPIFFE ID), else its first DNS SAN; needs --tls-cert-file")
+	fs.StringVar(&s.ClientCAFile, "client-ca-file", "", "PEM CA certificates verifying Envoys' client certificates: POST /v1/quota then requires one (instead of --quota-token) and identifies the Envoy by its URI SAN (SPIFFE ID), else its first DNS SAN; needs --tls-cert-file")
 	fs.BoolVar(&s.TrustXFCC, "trust-xfcc", false, "identify Envoys by the x-forwarded-client-cert header of a mesh sidecar terminating mTLS (its URI=, else DNS=); ONLY safe when that sidecar is the sole way to this port")
 	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 16, "most ledger entries (Envoy ids) one certificate identity holds per counter key; a further id replaces its least recent one (1-2048)")
 	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")

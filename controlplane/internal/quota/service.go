@@ -63,7 +63,9 @@ type Options struct {
 	// quota.StatusRetry).
 	Timeout time.Duration
 	// Identity selects who an Envoy is (default IdentityBody: the request's
-	// "envoy" field). With IdentityCertificate or IdentityXFCC the ledger is keyed
+	// "envoy" field). With IdentityCertificate the verified certificate alone
+	// authenticates the call (Token is not asked for); with IdentityXFCC a
+	// configured Token is still required. With either the ledger is keyed
 	// under the identity: a caller reports, returns and reads only its own entries,
 	// whatever its "envoy" field says.
 	Identity IdentityMode
@@ -202,8 +204,12 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 		w.Header().Set("Allow", http.MethodPost)
 		return writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "use POST", nil)
 	}
-	if code, ok := s.authorize(w, r); !ok {
-		return code
+	// A verified client certificate authenticates the call by itself; otherwise the
+	// quota token does (also behind a sidecar whose header names the identity).
+	if s.o.Identity != IdentityCertificate {
+		if code, ok := s.authorize(w, r); !ok {
+			return code
+		}
 	}
 	owner, _, code, ok := s.identify(w, r)
 	if !ok {
@@ -258,8 +264,8 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 // SHA-256: none 401, wrong 403.
 func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (int, bool) {
 	if s.o.Token == "" {
-		if s.o.Open || s.o.Identity != IdentityBody {
-			return 0, true // no token, or the identity alone authenticates
+		if s.o.Open || s.o.Identity == IdentityXFCC {
+			return 0, true // no token at all (loopback), or the sidecar's header alone
 		}
 		return writeError(w, http.StatusForbidden, "forbidden", "quota calls are disabled: no quota token is configured (--quota-token)", nil), false
 	}
