@@ -4,16 +4,21 @@
 //   - envoy.yaml: an Envoy bootstrap with the sluice Wasm filter, the
 //     control-plane and upstream clusters, and the JSON access log; the
 //     dev proxy (testenv/devproxy) follows the same file;
+//   - envoy-mtls.yaml: the same with mTLS to the control plane (the
+//     control_plane cluster's UpstreamTlsContext presents the Envoy's
+//     certificate, which identifies it to the quota service);
 //   - istio/wasmplugin.yaml: the filter as an Istio WasmPlugin;
-//   - istio/controlplane.yaml: the ServiceEntry and DestinationRule that
-//     let the filter reach the control plane from the mesh;
+//   - istio/controlplane.yaml: the ServiceEntry, DestinationRule
+//     (ISTIO_MUTUAL) and PeerAuthentication (STRICT) that let the filter
+//     reach the control plane from the mesh over mTLS only;
 //   - kubernetes/controlplane.yaml: the control plane's Deployment,
 //     Service, PodDisruptionBudget and ConfigMap (deploy_test.go decodes
-//     them with k8s.io/api);
+//     them with k8s.io/api); kubernetes/controlplane-mtls.yaml patches the
+//     Deployment to serve mTLS outside a mesh;
 //   - gateway/sluice.yaml: the filter on Envoy Gateway, an
-//     EnvoyExtensionPolicy with a Wasm image source and the EnvoyPatchPolicy
-//     adding the control plane's cluster (decoded with Envoy Gateway's
-//     api/v1alpha1).
+//     EnvoyExtensionPolicy with a Wasm image source, the EnvoyPatchPolicy
+//     adding the control plane's mTLS cluster and the EnvoyProxy mounting
+//     the proxy's certificate (decoded with Envoy Gateway's api/v1alpha1).
 //
 // config_test.go parses every file with Envoy's and Istio's own API
 // definitions (go-control-plane and istio.io/api generated types, unknown

@@ -31,6 +31,10 @@ type UpstreamTLS struct {
 	// SANs are validation_context.match_typed_subject_alt_names: the server
 	// certificate must have a SAN of the type that the matcher accepts (any one).
 	SANs []SANMatcher
+	// MinVersion and MaxVersion are tls_params' protocol versions (crypto/tls
+	// constants), by default TLS 1.2 and TLS 1.2: Envoy's documented defaults for
+	// clients (TlsParameters, api/envoy/extensions/transport_sockets/tls/v3/common.proto).
+	MinVersion, MaxVersion uint16
 }
 
 // Source is an Envoy DataSource: a file, read when the proxy starts (ClientConfig),
@@ -70,8 +74,19 @@ func (c *EnvoyConfig) upstreamTLS(cl *clusterv3.Cluster) error {
 	if err := ts.GetTypedConfig().UnmarshalTo(utc); err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrEnvoyConfig, p, err)
 	}
-	u := &UpstreamTLS{SNI: utc.GetSni()}
+	u := &UpstreamTLS{SNI: utc.GetSni(), MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS12}
 	ctx := utc.GetCommonTlsContext()
+	versions := map[tlsv3.TlsParameters_TlsProtocol]uint16{tlsv3.TlsParameters_TLSv1_0: tls.VersionTLS10,
+		tlsv3.TlsParameters_TLSv1_1: tls.VersionTLS11, tlsv3.TlsParameters_TLSv1_2: tls.VersionTLS12, tlsv3.TlsParameters_TLSv1_3: tls.VersionTLS13}
+	if v, ok := versions[ctx.GetTlsParams().GetTlsMinimumProtocolVersion()]; ok {
+		u.MinVersion = v
+	}
+	if v, ok := versions[ctx.GetTlsParams().GetTlsMaximumProtocolVersion()]; ok {
+		u.MaxVersion = v
+	}
+	if u.MinVersion > u.MaxVersion {
+		return fmt.Errorf("%w: %s: tls_params: the minimum protocol version is above the maximum", ErrEnvoyConfig, p)
+	}
 	if certs := ctx.GetTlsCertificates(); len(certs) > 0 {
 		var err error
 		if u.Cert, err = dataSource(certs[0].GetCertificateChain()); err != nil {
@@ -122,13 +137,15 @@ func dataSource(d *corev3.DataSource) (Source, error) {
 }
 
 // ClientConfig reads the files and returns the tls.Config of connections to the
-// cluster: TLS 1.2 or
-// later (Envoy's default tls_minimum_protocol_version for clients), no ALPN (HTTP/1.1,
+// cluster: the protocol versions of tls_params, no ALPN (HTTP/1.1,
 // as an Envoy cluster without http2_protocol_options), the client certificate, and
 // with a trusted CA the server's chain verified against it and its SANs matched,
 // the host name not (Envoy checks names only through the SAN matchers).
 func (u *UpstreamTLS) ClientConfig() (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: u.SNI, InsecureSkipVerify: true}
+	cfg := &tls.Config{MinVersion: u.MinVersion, MaxVersion: u.MaxVersion, ServerName: u.SNI, InsecureSkipVerify: true}
+	if cfg.MinVersion == 0 {
+		cfg.MinVersion, cfg.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	}
 	if !u.Cert.zero() {
 		certPEM, err := u.Cert.read()
 		if err != nil {
