@@ -189,7 +189,16 @@ func TestEndpoints(t *testing.T) {
 			if d.Version != 2 || !d.Deleted {
 				t.Fatalf("DELETE → %s", del.Body)
 			}
-			expectCode(t, c.Do("GET", "/v1/policies/q", nil), 404, "not_found", "GET deleted")
+			gone := c.Do("GET", "/v1/policies/q", nil)
+			expectCode(t, gone, 404, "not_found", "GET deleted")
+			// The 404 of a deleted policy names the deletion, so a filter can
+			// tell it from a policy that never existed (which has no tag).
+			if tag := gone.Header.Get("ETag"); !strings.HasPrefix(tag, `"v2.`) {
+				t.Fatalf("GET deleted: ETag %q, want the deletion's version 2", tag)
+			}
+			if tag := c.Do("GET", "/v1/policies/never", nil).Header.Get("ETag"); tag != "" {
+				t.Fatalf("GET of a policy that never existed: ETag %q", tag)
+			}
 			expectCode(t, c.Do("DELETE", "/v1/policies/q", nil), 404, "not_found", "DELETE again")
 			expectCode(t, c.Do("POST", "/v1/policies/q/rollback", []byte(`{"version":2}`)), 400, "invalid_version", "rollback to deletion")
 			// Deleting drops the documents of the history: only the deletion stays.

@@ -103,6 +103,12 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, _ role) {
 	}
 	switch {
 	case !rec.Exists():
+		if rec.Version > 0 {
+			// Deleted: the tombstone's tag tells a filter which deletion this
+			// is, so that it stops enforcing the policy, and only newer
+			// versions supersede it.
+			w.Header().Set("ETag", etag(rec))
+		}
 		writeError(w, http.StatusNotFound, "not_found", "no policy "+strconv.Quote(name), nil)
 	case inm.matchWeak(rec):
 		w.Header().Set("ETag", etag(rec))

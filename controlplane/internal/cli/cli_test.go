@@ -173,8 +173,15 @@ func TestApplyDiffHistoryRollback(t *testing.T) {
 	}
 	mustContain(t, "diff stdin", r.stdout, "+ rule new", "- rule per-user", "algorithm: \"gcra\"")
 
-	c.must(0, "delete", "demo", "login")
-	c.must(0, "delete", "demo")
+	// delete asks first: anything but y keeps the policy.
+	if r := c.run("n\n", "delete", "demo"); r.code != 2 || !strings.Contains(r.stderr, "not deleted") {
+		t.Fatalf("delete answered n: %d %q", r.code, r.stderr)
+	}
+	c.must(0, "get", "demo")
+	if r := c.run("y\n", "delete", "demo", "login"); r.code != 0 {
+		t.Fatalf("delete answered y: %d %q", r.code, r.stderr)
+	}
+	c.must(0, "delete", "--yes", "demo")
 	c.must(3, "get", "demo")
 }
 

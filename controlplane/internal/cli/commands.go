@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -450,18 +451,31 @@ func rollbackCmd(g *globals, env *Env) *cobra.Command {
 }
 
 func deleteCmd(g *globals, env *Env) *cobra.Command {
+	var yes bool
 	cmd := &cobra.Command{
 		Use:   "delete POLICY [RULE]",
-		Short: "Delete a policy, or one rule of it",
-		Args:  usageArgs(cobra.RangeArgs(1, 2)),
+		Short: "Delete a policy, or one rule of it (asks first unless --yes)",
+		Long: "Delete a policy, or one rule of it. Every proxy enforcing the policy stops\n" +
+			"enforcing it (or the rule) as fast as it picks up a change. Asks for\n" +
+			"confirmation on standard input unless --yes is given.",
+		Args: usageArgs(cobra.RangeArgs(1, 2)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client(env)
 			if err != nil {
 				return err
 			}
 			path := "/v1/policies/" + url.PathEscape(args[0])
+			what := "policy " + args[0] + " (every proxy enforcing it stops limiting)"
 			if len(args) == 2 {
 				path += "/rules/" + url.PathEscape(args[1])
+				what = "rule " + args[1] + " of policy " + args[0]
+			}
+			if !yes {
+				fmt.Fprintf(env.Stderr, "delete %s? [y/N] ", what)
+				line, _ := bufio.NewReader(env.Stdin).ReadString('\n')
+				if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+					return withCode(ExitUsage, errors.New("not deleted (answer y to delete, or pass --yes)"))
+				}
 			}
 			r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodDelete, path, nil, true))
 			if err != nil {
@@ -476,6 +490,7 @@ func deleteCmd(g *globals, env *Env) *cobra.Command {
 		},
 		ValidArgsFunction: policyCompletion(g, env),
 	}
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "delete without asking")
 	return cmd
 }
 

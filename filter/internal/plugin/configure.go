@@ -178,6 +178,10 @@ func (p *pluginContext) OnPluginDone() bool {
 // entries_per_bucket. It makes hostcalls (metric definitions), so call it
 // from proxy_on_configure or proxy_on_tick / an HTTP-call callback.
 func (p *pluginContext) swapPolicy(c *rules.Compiled) error {
+	if c == nil {
+		p.dropPolicy()
+		return nil
+	}
 	ps, err := p.buildPolicy(c)
 	if err != nil {
 		return err
@@ -190,6 +194,27 @@ func (p *pluginContext) swapPolicy(c *rules.Compiled) error {
 	proxywasm.LogInfo("sluice: policy " + c.Name + " version " + strconv.FormatUint(c.Version, 10) +
 		" in use (" + strconv.Itoa(c.Len()) + " rules)")
 	return nil
+}
+
+// dropPolicy runs when the pulled policy was deleted at the control plane
+// (swapPolicy(nil)): the static policy of the configuration is enforced again,
+// or, without one, no policy at all (fail_mode decides, reason "no_policy"), as
+// before the first policy arrived. The dropped rules' counters are retired.
+func (p *pluginContext) dropPolicy() {
+	if p.cfg.Policy != nil {
+		if err := p.swapPolicy(p.cfg.Policy); err == nil {
+			proxywasm.LogInfo("sluice: the pulled policy was deleted at the control plane; the static policy is in use again")
+			return
+		}
+	}
+	old := p.pol
+	if old != nil {
+		p.dropRulesKeeping(old, old.compiled.Name, old.version+1, nil)
+	}
+	p.pol = nil
+	p.fleetPolicyChanged(old)
+	p.m.policyVersion.Record(0)
+	proxywasm.LogInfo("sluice: the policy was deleted at the control plane; none in use (fail_mode " + p.cfg.FailMode.String() + ")")
 }
 
 // policyVersion returns the version of the policy in use and whether there

@@ -59,8 +59,14 @@ func (p *pluginContext) dropRules(prev *policyState, c *rules.Compiled) {
 	for i := 0; i < c.Len(); i++ {
 		keep[c.Rule(i).ID] = true
 	}
+	p.dropRulesKeeping(prev, c.Name, c.Version, keep)
+}
+
+// dropRulesKeeping is dropRules for a swap to version of policy name whose rules
+// are keep (nil: none, the policy was deleted).
+func (p *pluginContext) dropRulesKeeping(prev *policyState, name string, version uint64, keep map[string]bool) {
 	var ids []string
-	if r := p.retiring; r != nil && r.policy == c.Name {
+	if r := p.retiring; r != nil && r.policy == name {
 		for _, id := range r.ids {
 			if !keep[id] {
 				ids = append(ids, id)
@@ -80,7 +86,7 @@ func (p *pluginContext) dropRules(prev *policyState, c *rules.Compiled) {
 	}
 	p.retiring = nil
 	if len(ids) > 0 {
-		p.retiring = &retirement{policy: c.Name, version: c.Version, ids: ids, ticks: retireTicks}
+		p.retiring = &retirement{policy: name, version: version, ids: ids, ticks: retireTicks}
 	}
 }
 

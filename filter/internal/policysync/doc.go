@@ -98,7 +98,13 @@
 // configuration (or lets traffic through, with filter state
 // reason=no_policy); once a pulled policy has been applied it always wins.
 // The last good policy is kept in every VM and in shared data, so it
-// survives a control-plane outage of any length.
+// survives a control-plane outage of any length. A deletion is not an outage:
+// the control plane answers 404 with the deleted version's entity tag, and the
+// lease holder publishes the deletion like a version (an empty document at that
+// version, Meta.Deleted); every worker then goes back to the static rules, or to
+// none (Options.Apply(nil)), and only a later version supersedes it. A 404
+// without such a tag (a policy that never existed, or another server behind the
+// cluster) is a failure that keeps the last good policy.
 //
 // # Metrics
 //

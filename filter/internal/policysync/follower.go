@@ -25,13 +25,20 @@ func (s *Syncer) refresh(now int64) {
 	if !ok || !m.Published() || m.Generation == s.appliedGen || m.Generation == s.badGen {
 		return
 	}
+	if m.Deleted() {
+		if err := s.install(nil, m.Version, m.Generation); err != nil {
+			s.badGen = m.Generation
+			s.log.warn("dropping the deleted policy failed: " + clip(err.Error()))
+		}
+		return
+	}
 	doc, ok := s.readChunks(m)
 	if !ok {
 		return // torn: a newer publication retired these chunks meanwhile
 	}
 	c, err := s.compile(doc)
 	if err == nil {
-		err = s.install(c, m.Generation)
+		err = s.install(c, c.Version, m.Generation)
 	}
 	if err != nil {
 		s.badGen = m.Generation
@@ -73,13 +80,19 @@ func (s *Syncer) compile(doc []byte) (*rules.Compiled, error) {
 	return c, nil
 }
 
-// install hands c to Apply and records it as generation gen.
-func (s *Syncer) install(c *rules.Compiled, gen uint64) error {
+// install hands c to Apply and records it as version of generation gen; a nil
+// c is the policy's deletion at that version (Apply(nil): enforce none).
+func (s *Syncer) install(c *rules.Compiled, version, gen uint64) error {
 	if err := s.o.Apply(c); err != nil {
 		return err
 	}
-	s.appliedGen, s.appliedVersion = gen, c.Version
-	s.h.Gauge(MetricVersion, c.Version)
-	s.log.debug("applied policy version " + strconv.FormatUint(c.Version, 10) + " (generation " + strconv.FormatUint(gen, 10) + ")")
+	s.appliedGen, s.appliedVersion = gen, version
+	if c == nil {
+		s.h.Gauge(MetricVersion, 0)
+		s.log.info("policy deleted at the control plane (version " + strconv.FormatUint(version, 10) + "): no longer enforced")
+		return nil
+	}
+	s.h.Gauge(MetricVersion, version)
+	s.log.debug("applied policy version " + strconv.FormatUint(version, 10) + " (generation " + strconv.FormatUint(gen, 10) + ")")
 	return nil
 }

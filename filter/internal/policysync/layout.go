@@ -102,6 +102,11 @@ type Meta struct {
 // Published reports whether m names a published document (Generation ≥ 1).
 func (m Meta) Published() bool { return m.Generation != 0 }
 
+// Deleted reports whether m publishes the policy's deletion: a publication of
+// an empty document (a policy document is never empty), at the version the
+// control plane's deletion has.
+func (m Meta) Deleted() bool { return m.Generation != 0 && m.Length == 0 }
+
 // metaMagic starts every encoded Meta: the format's name and revision.
 const metaMagic = "SPM2"
 

@@ -73,7 +73,9 @@ type Options struct {
 	// there). An error leaves the policy unpublished; it is fetched again
 	// after the backoff.
 	Prepare func(*rules.Compiled) error
-	// Apply installs a newly compiled policy; it runs between requests
+	// Apply installs a newly compiled policy, or nil when the policy was
+	// deleted at the control plane (enforce none; see "Policy precedence"); it
+	// runs between requests
 	// (from a tick, a request's check, or the poll's response) and must
 	// swap atomically. An error leaves the previous policy in use; the
 	// Syncer logs it and does not retry that publication. Required.

@@ -67,6 +67,16 @@ func (s *Syncer) onResponse(seq uint64, numHeaders, bodySize int) {
 		s.pollAgain(now, false)
 	case "200":
 		s.on200(now, bodySize)
+	case "404":
+		// The control plane names a deletion by its tag; a 404 without one (a
+		// policy that never existed, or another server) is a failure, and the
+		// last good policy stays.
+		etag, _ := s.h.GetHttpCallResponseHeader("etag")
+		if v, ok := ETagVersion(etag); ok {
+			s.onDeleted(now, v, etag)
+			return
+		}
+		s.fail(now, FailHTTPStatus, "status 404 (no policy "+strconv.Quote(s.o.Policy)+" at the control plane)")
 	case "504":
 		body, _ := s.h.GetHttpCallResponseBody(0, len(envoyTimeoutBody))
 		if string(body) == envoyTimeoutBody || now-s.callStart >= int64(s.o.Timeout) {
@@ -78,6 +88,38 @@ func (s *Syncer) onResponse(seq uint64, numHeaders, bodySize int) {
 	default:
 		s.fail(now, FailHTTPStatus, "status "+clip(status))
 	}
+}
+
+// onDeleted publishes the policy's deletion at version (tag etag) for every
+// worker, as on200 publishes a new version: the deletion supersedes the
+// versions before it, and a later version supersedes it.
+func (s *Syncer) onDeleted(now int64, version uint64, etag string) {
+	if etag == s.etag {
+		s.succeed(now)
+		s.pollAgain(now, false) // known already: wait for the next change
+		return
+	}
+	if s.renewLease(s.nowNanos()); !s.holding {
+		return
+	}
+	prevETag := s.etag
+	s.etag = etag
+	published, gen, ok := s.publish(nil, version, etag)
+	switch {
+	case ok:
+		defer s.pollAgain(now, true)
+		if err := s.install(nil, version, gen); err != nil {
+			s.badGen = gen
+			s.log.warn("deletion at version " + strconv.FormatUint(version, 10) + " not applied here: " + clip(err.Error()))
+		}
+	case published >= version:
+		defer s.pollAgain(now, false)
+	default:
+		s.etag = prevETag
+		s.fail(now, FailReset, "publishing the deletion at version "+strconv.FormatUint(version, 10)+" failed")
+		return
+	}
+	s.succeed(now)
 }
 
 func (s *Syncer) on200(now int64, bodySize int) {
@@ -124,7 +166,7 @@ func (s *Syncer) on200(now int64, bodySize int) {
 	case ok:
 		defer s.pollAgain(now, true)
 		s.log.info("published policy version " + strconv.FormatUint(c.Version, 10) + " (" + strconv.Itoa(len(body)) + " bytes, generation " + strconv.FormatUint(gen, 10) + ")")
-		if err := s.install(c, gen); err != nil {
+		if err := s.install(c, c.Version, gen); err != nil {
 			s.badGen = gen
 			s.log.warn("published version " + strconv.FormatUint(c.Version, 10) + " not applied here: " + clip(err.Error()))
 		}

@@ -166,3 +166,26 @@ func ETagEpoch(etag string) string {
 	}
 	return epoch
 }
+
+// ETagVersion returns the version of a control-plane entity tag
+// "v<version>.<epoch>.<sum>" (optionally weak), and false for a tag of another
+// shape or without an epoch. A deleted policy's tag has an empty sum.
+func ETagVersion(etag string) (uint64, bool) {
+	if ETagEpoch(etag) == "" {
+		return 0, false
+	}
+	etag = strings.TrimPrefix(etag, "W/")
+	digits, _, _ := strings.Cut(etag[2:len(etag)-1], ".")
+	if digits == "" || len(digits) > 20 {
+		return 0, false
+	}
+	var v uint64
+	for i := 0; i < len(digits); i++ {
+		c := digits[i]
+		if c < '0' || c > '9' || v > (1<<64-1-uint64(c-'0'))/10 {
+			return 0, false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return v, v > 0
+}

@@ -801,3 +801,72 @@ func TestPrepareRunsBeforePublish(t *testing.T) {
 		t.Fatalf("Prepare ran for versions %v, want [1 2]", prepared)
 	}
 }
+
+// TestDeletedPolicyIsDroppedByEveryWorker: a 404 naming the deletion (the
+// control plane's tag of the deleted version) is published like a new version:
+// every worker applies "no policy", a later version takes over again, and a 404
+// without a tag (no such policy ever, or another server) keeps the last policy.
+func TestDeletedPolicyIsDroppedByEveryWorker(t *testing.T) {
+	e := newEnv(t, 3, nil)
+	e.tick()
+	hw := e.holder()
+	tag := func(v int, sum string) [][2]string {
+		return [][2]string{{"etag", `"v` + strconv.Itoa(v) + `.ep1.` + sum + `"`}}
+	}
+	hw.h.respond(hw.h.lastCall(), "200", tag(1, "aa"), policyDoc(1, 10))
+	e.clk.advance(RequestCheckInterval)
+	for _, w := range e.ws {
+		w.s.Check()
+	}
+	// A 404 without a tag: a failure, the policy stays.
+	hw.h.respond(hw.h.lastCall(), "404", nil, `{"error":{"code":"not_found"}}`)
+	e.clk.advance(10 * time.Second)
+	e.tick()
+	for _, w := range e.ws {
+		if len(w.applied) != 1 || w.applied[0] == nil {
+			t.Fatalf("a 404 without a tag changed the policy: %d applies", len(w.applied))
+		}
+	}
+	if hw.h.metrics[MetricSyncFailuresPrefix+string(FailHTTPStatus)] == 0 {
+		t.Fatalf("a 404 without a tag was not counted as a failure: %v", hw.h.metrics)
+	}
+	// The deletion, version 2.
+	for i := 0; i < 100 && len(hw.h.calls) == 0; i++ {
+		e.tick()
+	}
+	hw = e.holder()
+	hw.h.respond(hw.h.lastCall(), "404", tag(2, ""), `{"error":{"code":"not_found"}}`)
+	e.clk.advance(RequestCheckInterval)
+	for _, w := range e.ws {
+		w.s.Check()
+		if n := len(w.applied); n != 2 || w.applied[1] != nil {
+			t.Fatalf("worker after the deletion: %d applies, last %v; want the deletion (nil)", n, w.applied[n-1])
+		}
+		if v, ok := w.s.Version(); !ok || v != 2 {
+			t.Fatalf("Version() = %d, %v after the deletion at 2", v, ok)
+		}
+	}
+	if got := hw.h.lastCall().header("if-none-match"); got != `"v2.ep1."` {
+		t.Fatalf("next poll names %q, want the deletion's tag", got)
+	}
+	// The same deletion again changes nothing; a re-created version 3 applies.
+	e.clk.advance(30 * time.Second)
+	hw.h.respond(hw.h.lastCall(), "404", tag(2, ""), `{"error":{"code":"not_found"}}`)
+	hw.h.respond(hw.h.lastCall(), "200", tag(3, "bb"), policyDoc(3, 20))
+	e.clk.advance(RequestCheckInterval)
+	for _, w := range e.ws {
+		w.s.Check()
+		if n := len(w.applied); n != 3 || w.applied[2] == nil || w.applied[2].Version != 3 {
+			t.Fatalf("worker after re-creation: %d applies", n)
+		}
+	}
+	// A worker started after the deletion was published applies it at start.
+	e2 := newEnv(t, 1, nil)
+	e2.tick()
+	h2 := e2.holder()
+	h2.h.respond(h2.h.lastCall(), "404", tag(5, ""), "")
+	late := e2.add()
+	if len(late.applied) != 1 || late.applied[0] != nil {
+		t.Fatalf("a worker starting after the deletion: %d applies", len(late.applied))
+	}
+}
