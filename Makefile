@@ -4,9 +4,13 @@ BUILD     := build
 WASM      := $(BUILD)/sluice.wasm
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
 
-.PHONY: all wasm build run test bench check lint clean
+.PHONY: all help wasm build run test bench check lint clean
 
 all: build
+
+## help: this list: every target with the first line of its "##" comment.
+help:
+	@awk '/^## [a-z-]+: / { sub(/^## /, ""); i = index($$0, ": "); printf "  make %-7s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2) }' $(MAKEFILE_LIST)
 
 ## wasm: the proxy-wasm filter, built with the standard Go toolchain as a WASI reactor.
 wasm:
@@ -24,8 +28,9 @@ build: wasm
 		echo "==> building $(BUILD)/$$cmd"; \
 		$(GO) build -trimpath -o $(BUILD)/$$cmd ./testenv/cmd/$$cmd || exit 1; done
 
-## run: build, then start the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
-## ($(UPSTREAM_PORT)) and two dev proxies ($(PROXY_PORT), $(PROXY2_PORT)) with the demo policy; Ctrl-C stops all.
+## run: the whole stack on this machine with the demo policy, until Ctrl-C.
+## Builds, then starts the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
+## ($(UPSTREAM_PORT)) and two dev proxies ($(PROXY_PORT), $(PROXY2_PORT)); Ctrl-C stops all.
 ## Redis instead of the embedded store: make run REDIS_URL=redis://127.0.0.1:6379
 CP_PORT       ?= 8080
 PROXY_PORT    ?= 10000
@@ -41,7 +46,7 @@ test: build
 	$(GO) test $(GOTESTFLAGS) ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 
-## bench: the benchmarks named in the issues' "Measure" sections.
+## bench: every benchmark (go test -bench over all packages, 6 runs each).
 bench: wasm
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./...
 
@@ -52,8 +57,8 @@ check:
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 	$(GO) mod tidy -diff
 
-## lint: staticcheck, natively and for the filter's wasip1 target. Its version is pinned by
-## the tool directive in go.mod, so every machine runs the same one (v0.6.x: the last
+## lint: staticcheck, natively and for the filter's wasip1 target.
+## Its version is pinned by the tool directive in go.mod, so every machine runs the same one (v0.6.x: the last
 ## release whose go.mod allows Go 1.24). The wasip1 pass leaves out U1000 (unused code):
 ## this release does not count a //go:wasmexport function as used, so it would flag every
 ## export and what it calls; the native pass still checks U1000 everywhere.
@@ -63,8 +68,8 @@ lint:
 	$(BUILD)/staticcheck ./...
 	GOOS=wasip1 GOARCH=wasm $(BUILD)/staticcheck -checks inherit,-U1000 ./filter/... ./shared/...
 
-## image: the release images as OCI image layouts, with no Docker daemon
-## (internal/ociimage): $(OCI)/sluice-wasm (the filter, Wasm "compat" image) and
+## image: the release images as OCI image layouts in build/oci, with no Docker daemon.
+## Written by internal/ociimage: $(OCI)/sluice-wasm (the filter, Wasm "compat" image) and
 ## $(OCI)/sluice-controlplane (static control plane for $(IMAGE_PLATFORMS), non-root,
 ## no shell). Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the commit time).
 OCI             ?= $(BUILD)/oci
@@ -83,7 +88,8 @@ image: wasm
 	$(GO) run ./internal/cmd/sluice-image build -out $(OCI) -wasm $(WASM) -controlplane $$bins \
 		-version '$(VERSION)' -source '$(IMAGE_SOURCE)' -revision '$(REVISION)' -epoch '$(SOURCE_DATE_EPOCH)'
 
-## push: make image, then push both to $(IMAGE_REPO)/sluice-wasm:$(VERSION) and
+## push: make image, then push both images to IMAGE_REPO (make push IMAGE_REPO=…).
+## They go to $(IMAGE_REPO)/sluice-wasm:$(VERSION) and
 ## $(IMAGE_REPO)/sluice-controlplane:$(VERSION) with the Docker config's credentials;
 ## prints the @sha256 references the manifests should use.
 ##   make push IMAGE_REPO=registry.example.com/sluice VERSION=v0.1.0
@@ -91,5 +97,6 @@ push: image
 	@test -n "$(IMAGE_REPO)" || { echo "make push: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }
 	$(GO) run ./internal/cmd/sluice-image push -out $(OCI) -repo '$(IMAGE_REPO)' -version '$(VERSION)'
 
+## clean: remove build/ (binaries, images, make run's state and tokens).
 clean:
 	rm -rf $(BUILD)

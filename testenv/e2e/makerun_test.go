@@ -186,3 +186,32 @@ func processesMentioning(s string) []string {
 	}
 	return out
 }
+
+// TestMakeHelpListsEveryTarget: make help prints a line for every phony target
+// of the Makefile but the default "all", from its "##" comment.
+func TestMakeHelpListsEveryTarget(t *testing.T) {
+	mk, err := os.ReadFile(filepath.Join(repo, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var targets []string
+	for _, line := range strings.Split(string(mk), "\n") {
+		if rest, ok := strings.CutPrefix(line, ".PHONY:"); ok {
+			targets = append(targets, strings.Fields(rest)...)
+		}
+	}
+	cmd := exec.Command("make", "-s", "help")
+	cmd.Dir = repo
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make help: %v\n%s", err, out)
+	}
+	for _, target := range targets {
+		if target == "all" {
+			continue
+		}
+		if !strings.Contains(string(out), "make "+target+" ") {
+			t.Errorf("make help does not list %q:\n%s", target, out)
+		}
+	}
+}
