@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-proxy/sluice/internal/ociimage"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // decodeStrict decodes one YAML document into out with the upstream API
@@ -108,7 +109,7 @@ func TestKubernetesControlPlane(t *testing.T) {
 	var dep *appsv1.Deployment
 	var svc *corev1.Service
 	var pdb *policyv1.PodDisruptionBudget
-	var cm *corev1.ConfigMap
+	cms := map[string]*corev1.ConfigMap{}
 	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
 		var out any
 		switch d.APIVersion + " " + d.Kind {
@@ -122,16 +123,20 @@ func TestKubernetesControlPlane(t *testing.T) {
 			pdb = &policyv1.PodDisruptionBudget{}
 			out = pdb
 		case "v1 ConfigMap":
-			cm = &corev1.ConfigMap{}
-			out = cm
+			m := &corev1.ConfigMap{}
+			decodeStrict(t, d.Name, d.Doc, m)
+			cms[m.Name] = m
+			continue
 		default:
 			t.Fatalf("%s: unexpected %s %s", d.Name, d.APIVersion, d.Kind)
 		}
 		decodeStrict(t, d.Name, d.Doc, out)
 	}
-	if dep == nil || svc == nil || pdb == nil || cm == nil {
-		t.Fatalf("want a Deployment, Service, PodDisruptionBudget and ConfigMap")
+	cm, boot := cms["sluice-controlplane"], cms["sluice-bootstrap-policy"]
+	if dep == nil || svc == nil || pdb == nil || cm == nil || boot == nil {
+		t.Fatalf("want a Deployment, Service, PodDisruptionBudget and the ConfigMaps sluice-controlplane and sluice-bootstrap-policy")
 	}
+	checkBootstrapPolicy(t, dep, boot)
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
 		t.Errorf("replicas %v, want 2", dep.Spec.Replicas)
 	}
@@ -417,5 +422,44 @@ func TestKubernetesControlPlaneMTLSPatch(t *testing.T) {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
 			t.Errorf("%s probe: want httpGet scheme HTTPS", what)
 		}
+	}
+}
+
+// checkBootstrapPolicy: the Deployment mounts the bootstrap ConfigMap, points
+// SLUICE_BOOTSTRAP_POLICY at a key of it, and that key is a valid policy.
+func checkBootstrapPolicy(t *testing.T, dep *appsv1.Deployment, boot *corev1.ConfigMap) {
+	t.Helper()
+	c := dep.Spec.Template.Spec.Containers[0]
+	var file string
+	for _, e := range c.Env {
+		if e.Name == "SLUICE_BOOTSTRAP_POLICY" {
+			file = e.Value
+		}
+	}
+	var vol string
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == boot.Name {
+			vol = v.Name
+		}
+	}
+	var dir string
+	for _, m := range c.VolumeMounts {
+		if m.Name == vol {
+			dir = m.MountPath
+		}
+	}
+	if file == "" || vol == "" || path.Dir(file) != dir {
+		t.Fatalf("SLUICE_BOOTSTRAP_POLICY %q: want a file in the mounted ConfigMap %s (volume %q at %q)", file, boot.Name, vol, dir)
+	}
+	doc, ok := boot.Data[path.Base(file)]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no key %s", boot.Name, path.Base(file))
+	}
+	js, err := yaml.YAMLToJSON([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rules.ParsePolicy(js); err != nil {
+		t.Fatalf("bootstrap policy: %v", err)
 	}
 }

@@ -37,6 +37,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"sigs.k8s.io/yaml"
 )
 
 // Main runs the binary: it parses args and the environment, serves until
@@ -119,6 +120,13 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
 		Envoys: registry.New(registry.Options{ExpireAfter: s.EnvoyExpireAfter}), StaleAfter: s.EnvoyStaleAfter,
 	})
+	if s.BootstrapPolicy != "" {
+		doc, err := readBootstrap(s.BootstrapPolicy)
+		if err != nil {
+			return err
+		}
+		go bootstrap(ctx, srv, doc, s.ResyncInterval, log)
+	}
 	qsvc, closeQuota, err := NewQuota(s, snap, reg, log)
 	if err != nil {
 		return err
@@ -224,4 +232,42 @@ func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Regist
 		Open:     s.QuotaToken == "" && s.AdminToken == "" && s.ReadToken == "",
 		Registry: reg, Logger: log,
 	}), close, nil
+}
+
+// readBootstrap reads the --bootstrap-policy file, YAML or JSON, as JSON and
+// checks it is a valid policy; the error names the file and each bad field.
+func readBootstrap(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--bootstrap-policy: %w", err)
+	}
+	doc, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("--bootstrap-policy %s: not YAML or JSON: %w", path, err)
+	}
+	if _, err := api.CheckBootstrap(doc); err != nil {
+		return nil, fmt.Errorf("--bootstrap-policy %s: %w", path, err)
+	}
+	return doc, nil
+}
+
+// bootstrap creates the bootstrap policy if the store never held it, trying
+// again every interval while the store is unreachable, until done or ctx ends.
+func bootstrap(ctx context.Context, srv *api.Server, doc []byte, every time.Duration, log *slog.Logger) {
+	for {
+		created, err := srv.Bootstrap(ctx, doc)
+		switch {
+		case err == nil && !created:
+			log.Info("bootstrap policy: the store already has (or had) it; left as it is")
+			return
+		case err == nil:
+			return
+		}
+		log.Warn("bootstrap policy: store unreachable; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
 }

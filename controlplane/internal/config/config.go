@@ -74,6 +74,11 @@ type Settings struct {
 	// QuotaMaxEntriesPerIdentity bounds the ledger entries of one identity per
 	// counter key (default 16; quota.Options.MaxEntriesPerIdentity).
 	QuotaMaxEntriesPerIdentity int
+	// BootstrapPolicy is a policy file (YAML or JSON, its name in "policy") the
+	// control plane creates at start as version 1 if the store never held a
+	// policy of that name: an empty store (a fresh cluster) starts limiting
+	// without a manual apply, and nothing existing or deleted is overwritten.
+	BootstrapPolicy string
 	// HistoryDepth is how many versions of each policy are kept (default 50).
 	HistoryDepth int
 	// MaxBodyBytes bounds request bodies in bytes (default 1 MiB + 64 KiB).
@@ -131,6 +136,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.ClientCAFile, "client-ca-file", "", "PEM CA certificates verifying Envoys' client certificates: POST /v1/quota then requires one (instead of --quota-token) and identifies the Envoy by its URI SAN (SPIFFE ID), else its first DNS SAN; needs --tls-cert-file")
 	fs.BoolVar(&s.TrustXFCC, "trust-xfcc", false, "identify Envoys by the x-forwarded-client-cert header of a mesh sidecar terminating mTLS (its URI=, else DNS=); ONLY safe when that sidecar is the sole way to this port")
 	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 16, "most ledger entries (Envoy ids) one certificate identity holds per counter key; a further id replaces its least recent one (1-2048)")
+	fs.StringVar(&s.BootstrapPolicy, "bootstrap-policy", "", "policy file (YAML or JSON) created at start if the store never held a policy of its name; never overwrites or re-creates a deleted one")
 	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")
 	fs.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 1<<20+64<<10, "largest request body in bytes")
 	fs.DurationVar(&s.MaxWait, "max-wait", 60*time.Second, "longest long-poll wait")
