@@ -49,7 +49,7 @@ func DecodePolicy(doc []byte) *Document {
 	})
 	_ = d.End()
 	for _, e := range d.Errors() {
-		out.errs = append(out.errs, FieldError{Field: e.Path, Message: e.Message})
+		out.errs = append(out.errs, FieldError{Field: e.Path, Message: e.Message, Decoding: true, Offset: e.Offset})
 		out.syntax = out.syntax || e.Syntax
 	}
 	return out
@@ -108,7 +108,7 @@ func finish(d *strictjson.Decoder, field string, validate func(*validator)) Erro
 	var errs Errors
 	syntax := false
 	for _, e := range d.Errors() {
-		errs = append(errs, FieldError{Field: join(field, e.Path), Message: e.Message})
+		errs = append(errs, FieldError{Field: join(field, e.Path), Message: e.Message, Decoding: true, Offset: e.Offset})
 		syntax = syntax || e.Syntax
 	}
 	return combine(errs, syntax, validate)
@@ -225,7 +225,9 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 	case "algorithm":
 		r.Algorithm = str(d)
 	case "limit":
-		r.Limit, _ = readUint64(d)
+		if !d.Null() {
+			r.Limit, _ = d.CountUint64() // "must be > 0" for -5 as for 0
+		}
 	case "window":
 		r.Window, _ = dur(d)
 	case "burst":

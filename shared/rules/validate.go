@@ -65,6 +65,11 @@ type FieldError struct {
 	Field string
 	// Message says what is wrong, e.g. "must be > 0".
 	Message string
+	// Decoding is true for a problem found while reading the JSON (malformed, or
+	// a value of the wrong type or range); Offset is then the byte offset in the
+	// document where it was found. Validation problems have neither.
+	Decoding bool
+	Offset   int
 }
 
 // Error returns "field: message", or the message alone when Field is "".

@@ -379,12 +379,25 @@ func (d *Decoder) Null() bool {
 // is rejected. On a mismatch the value is skipped and the error is recorded and
 // returned.
 func (d *Decoder) Uint64() (uint64, error) {
-	num, off, ok := d.number("must be a non-negative integer")
+	return d.uint64("must be a non-negative integer", "must be a non-negative integer")
+}
+
+// CountUint64 is Uint64 for a quantity that must be positive: a negative number
+// is refused with "must be > 0" (zero is read, for the caller's own check to refuse
+// with the same words).
+func (d *Decoder) CountUint64() (uint64, error) {
+	return d.uint64("must be an integer > 0", "must be > 0")
+}
+
+// uint64 reads a non-negative integer; notNumber is the message for a value that
+// is not a number, negative for a number below zero.
+func (d *Decoder) uint64(notNumber, negative string) (uint64, error) {
+	num, off, ok := d.number(notNumber)
 	if !ok {
 		return 0, d.current()
 	}
 	if num[0] == '-' {
-		return 0, d.recordAt(off, "must be a non-negative integer")
+		return 0, d.recordAt(off, negative)
 	}
 	if !isInteger(num) {
 		return 0, d.recordAt(off, "must be an integer")

@@ -56,13 +56,21 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 }
 
 // invalid turns a rules validation error into a 400 with every problem.
-func invalid(err error) *apiError {
+func invalid(err error) *apiError { return invalidBody(err, nil) }
+
+// invalidBody is invalid for a document read from body: a problem found while
+// reading the JSON is located (byte offset, line and column) in it.
+func invalidBody(err error, body []byte) *apiError {
 	e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid")
 	var errs rules.Errors
 	if errors.As(err, &errs) {
 		e.message = "the document is invalid: " + strconv.Itoa(len(errs)) + " problem(s)"
 		for _, fe := range errs {
-			e.details = append(e.details, Detail{Field: fe.Field, Message: fe.Message})
+			d := Detail{Field: fe.Field, Message: fe.Message}
+			if fe.Decoding && body != nil {
+				d = d.Locate(body, fe.Offset)
+			}
+			e.details = append(e.details, d)
 		}
 	}
 	return e
@@ -249,7 +257,7 @@ func parsePolicyBody(body []byte, name string) (*rules.Policy, *apiError) {
 	}
 	p, err := doc.Validate()
 	if err != nil {
-		e := invalid(err)
+		e := invalidBody(err, body)
 		if doc.Missing("rules") {
 			e.details = append(e.details, rulesRequired)
 			e.message = "the document is invalid: " + strconv.Itoa(len(e.details)) + " problem(s)"
@@ -331,7 +339,7 @@ func (s *Server) addRule(w http.ResponseWriter, r *http.Request, who role) {
 	}
 	rule, err := rules.ParseRule(body, "")
 	if err != nil {
-		invalid(err).write(w)
+		invalidBody(err, body).write(w)
 		return
 	}
 	s.write(w, r, who, name, writeOpts{op: store.OpAddRule, created: http.StatusCreated, ok: http.StatusCreated,
@@ -361,7 +369,7 @@ func (s *Server) putRule(w http.ResponseWriter, r *http.Request, who role) {
 	}
 	rule, err := rules.ParseRule(body, "")
 	if err != nil {
-		invalid(err).write(w)
+		invalidBody(err, body).write(w)
 		return
 	}
 	if rule.ID != id {

@@ -293,3 +293,24 @@ func TestUnreachableServerNamesTheSetting(t *testing.T) {
 	r := c.run("", "get")
 	mustContain(t, "stderr", r.stderr, "http://127.0.0.1:1", "--server", "SLUICE_SERVER")
 }
+
+// TestSyntaxErrorsNameTheirLineAndColumn: a YAML or JSON file that does not parse
+// is reported at the offending token's line and column, not the line before.
+func TestSyntaxErrorsNameTheirLineAndColumn(t *testing.T) {
+	c := &ctl{t: t, server: "http://127.0.0.1:1"}
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ doc, want string }{
+		"bracket.yaml": {"policy: x\nrules:\n  - id: a\n    algorithm: fixed_window\n    limit: 5\n    window: [1m\n", "bracket.yaml:6:13: "},
+		"indent.yaml":  {"policy: x\nrules:\n  - id: a\n    algorithm: fixed_window\n   limit: 5\n    window: 1m\n", "indent.yaml:5:4: "},
+		"comma.json":   {"{\"policy\":\"x\",\n\"rules\":[\n{\"id\":\"a\",\n\"limit\":5,,\n}]}", "comma.json:4:11: "},
+	} {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(tc.doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := c.must(2, "validate", "-f", f)
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: %q, want it to name %q", name, r.stderr, tc.want)
+		}
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	goyaml "github.com/goccy/go-yaml"
+	goyamlparser "github.com/goccy/go-yaml/parser"
 	"io"
 	"os"
 	"path/filepath"
@@ -38,6 +40,8 @@ type Problem struct {
 	Message string
 	// Line is the 1-based line of the field, 0 when unknown.
 	Line int
+	// Column is the 1-based column of a syntax error, 0 when unknown.
+	Column int
 }
 
 // String is "file:line: field: message", parts left out when unknown.
@@ -46,6 +50,9 @@ func (p Problem) String() string {
 	b.WriteString(p.File)
 	if p.Line > 0 {
 		b.WriteString(":" + strconv.Itoa(p.Line))
+		if p.Column > 0 {
+			b.WriteString(":" + strconv.Itoa(p.Column))
+		}
 	}
 	b.WriteString(": ")
 	if p.Field != "" {
@@ -161,7 +168,10 @@ func parsePolicyFile(file string, data []byte) (policyFile, []Problem) {
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
-		return pf, prob("", "not valid YAML or JSON: "+strings.TrimPrefix(err.Error(), "yaml: "), yamlErrLine(err))
+		line, col, msg := syntaxError(data, err)
+		p := prob("", "not valid YAML or JSON: "+msg, line)
+		p[0].Column = col
+		return pf, p
 	}
 	var second yaml.Node
 	if err := dec.Decode(&second); !errors.Is(err, io.EOF) {
@@ -224,6 +234,19 @@ func parsePolicyFile(file string, data []byte) (policyFile, []Problem) {
 }
 
 // yamlErrLine finds "line N" in a YAML parser error, 0 if none.
+// syntaxError locates a document's syntax error: the YAML decoder's error
+// names the line of the enclosing construct, often the line before the fault,
+// so the position (line, column) and message come from github.com/goccy/go-yaml's
+// parser, which points at the offending token; the decoder's own line and
+// message stand when that parser finds nothing wrong.
+func syntaxError(data []byte, err error) (line, col int, msg string) {
+	var se *goyaml.SyntaxError
+	if _, perr := goyamlparser.ParseBytes(data, 0); errors.As(perr, &se) && se.Token != nil && se.Token.Position != nil {
+		return se.Token.Position.Line, se.Token.Position.Column, se.Message
+	}
+	return yamlErrLine(err), 0, strings.TrimPrefix(err.Error(), "yaml: ")
+}
+
 func yamlErrLine(err error) int {
 	s := err.Error()
 	i := strings.Index(s, "line ")

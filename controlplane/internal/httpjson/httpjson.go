@@ -5,6 +5,7 @@
 package httpjson
 
 import (
+	"bytes"
 	"encoding/json"
 	"mime"
 	"net/http"
@@ -19,6 +20,28 @@ type Detail struct {
 	Field string `json:"field"`
 	// Message says what is wrong.
 	Message string `json:"message"`
+	// Offset, Line and Column locate a problem found while reading a JSON body:
+	// its byte offset, and the 1-based line and column (bytes) of that offset.
+	// Absent otherwise.
+	Offset *int `json:"offset,omitempty"`
+	Line   int  `json:"line,omitempty"`
+	Column int  `json:"column,omitempty"`
+}
+
+// Locate returns d with Offset, Line and Column set for byte offset off of body
+// (clamped to the body).
+func (d Detail) Locate(body []byte, off int) Detail {
+	off = max(0, min(off, len(body)))
+	line, col := 1, 1
+	for _, c := range body[:off] {
+		if c == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+	}
+	d.Offset, d.Line, d.Column = &off, line, col
+	return d
 }
 
 // ErrorBody is the JSON body of every error response:
@@ -39,12 +62,18 @@ func WriteError(w http.ResponseWriter, status int, code, message string, details
 	WriteJSON(w, status, b)
 }
 
-// WriteJSON answers status with v encoded by encoding/json (a 500 error body if v
-// cannot be encoded).
+// WriteJSON answers status with v encoded by encoding/json, without escaping
+// <, > and & (the body is never HTML: messages such as "must be > 0" read as
+// written), or a 500 error body if v cannot be encoded.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	body := buf.Bytes()
+	if err := enc.Encode(v); err != nil {
 		status, body = http.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encode response"}}`)
+	} else {
+		body = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	}
 	WriteRaw(w, status, body)
 }
