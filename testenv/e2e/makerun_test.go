@@ -76,10 +76,22 @@ func TestMakeRun(t *testing.T) {
 	if !proctest.WaitFor(5*time.Minute, func() bool { return strings.Contains(out.String(), "sluice is running.") }) {
 		t.Fatalf("make run not ready within 5 minutes")
 	}
-	for _, want := range []string{"export SLUICE_ADMIN_TOKEN=" + adminToken, "curl", "access.log"} {
+	for _, want := range []string{"export SLUICE_ADMIN_TOKEN=" + adminToken, "export SLUICE_SERVER=http://" + cp, "access.log", "access2.log"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("make run output lacks %q", want)
 		}
+	}
+	// It prints the README's steps, with the ports it runs on.
+	readme, _ := os.ReadFile(filepath.Join(repo, "README.md"))
+	walk := string(readme)
+	walk = walk[strings.Index(walk, "<!-- walkthrough:begin -->"):strings.Index(walk, "<!-- walkthrough:end -->")]
+	for _, m := range regexp.MustCompile(`(?m)^\*\*(\d+\. [^*]+?)[.:]?\*\*`).FindAllStringSubmatch(walk, -1) {
+		if !strings.Contains(out.String(), m[1]+"\n") {
+			t.Errorf("make run output lacks the README's step %q", m[1])
+		}
+	}
+	if c := strings.ReplaceAll(cmds[0], "127.0.0.1:10000", proxy); !strings.Contains(out.String(), c) {
+		t.Errorf("make run output lacks step 1's command on its port: %q", c)
 	}
 
 	// shCode runs a walkthrough command in the repository root (where

@@ -12,10 +12,11 @@
 //	PROXY2_PORT    second dev proxy port (10001), on the same control plane: fleet rules hold across both
 //	UPSTREAM_PORT  demo upstream port (8000)
 //	REDIS_URL      use Redis (redis://host:port); empty: the embedded store in RUN_DIR/data
-//	SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens; generated and printed when empty
-//	SLUICE_QUOTA_TOKEN  the quota token the dev proxies lease fleet quota with; generated when empty
+//	SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens; when empty, those of RUN_DIR/tokens
+//	               (an earlier run's), else generated and saved there (mode 0600); printed
+//	SLUICE_QUOTA_TOKEN  the quota token the dev proxies lease fleet quota with; the same
 //	BIN_DIR        where the binaries and sluice.wasm are (build)
-//	RUN_DIR        data, logs and access.log (build/run)
+//	RUN_DIR        data, logs, access.log and access2.log, tokens (build/run)
 //	POLICY         the policy applied as "default" when there is none (examples/default-policy.json)
 //	ENVOY_CONFIG   the Envoy bootstrap the dev proxy follows (envoy/envoy.yaml)
 //	WORKERS        dev proxy worker VMs (2)
@@ -57,7 +58,61 @@ type settings struct {
 	redisURL, admin, read         string
 	binDir, runDir, policy, envoy string
 	workers                       string
-	generated                     bool
+	tokens                        tokenSource
+	tokenFile                     string
+}
+
+// tokenSource says where the tokens of a run came from.
+type tokenSource int
+
+const (
+	tokensFromEnv   tokenSource = iota // SLUICE_ADMIN_TOKEN and SLUICE_READ_TOKEN
+	tokensKept                         // RUN_DIR/tokens, from an earlier run
+	tokensGenerated                    // generated now, saved in RUN_DIR/tokens
+)
+
+// loadTokens fills the tokens the environment leaves empty: from RUN_DIR/tokens
+// (written by an earlier run, mode 0600), else generated and saved there, so the
+// exports a second terminal holds stay valid across runs.
+func (s *settings) loadTokens() error {
+	s.tokenFile = filepath.Join(s.runDir, "tokens")
+	saved := map[string]string{}
+	if b, err := os.ReadFile(s.tokenFile); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && v != "" {
+				saved[k] = v
+			}
+		}
+	}
+	fromEnv := s.admin != "" && s.read != ""
+	kept := true
+	for _, t := range []struct {
+		v   *string
+		key string
+	}{{&s.admin, "SLUICE_ADMIN_TOKEN"}, {&s.read, "SLUICE_READ_TOKEN"}, {&s.quota, "SLUICE_QUOTA_TOKEN"}} {
+		if *t.v != "" {
+			continue
+		}
+		if *t.v = saved[t.key]; *t.v == "" {
+			*t.v, kept = token(), false
+		}
+	}
+	switch {
+	case fromEnv:
+		s.tokens = tokensFromEnv
+	case kept:
+		s.tokens = tokensKept
+	default:
+		s.tokens = tokensGenerated
+	}
+	if err := os.MkdirAll(s.runDir, 0o755); err != nil {
+		return err
+	}
+	doc := "SLUICE_ADMIN_TOKEN=" + s.admin + "\nSLUICE_READ_TOKEN=" + s.read + "\nSLUICE_QUOTA_TOKEN=" + s.quota + "\n"
+	if err := os.WriteFile(s.tokenFile, []byte(doc), 0o600); err != nil {
+		return fmt.Errorf("saving the tokens: %w", err)
+	}
+	return os.Chmod(s.tokenFile, 0o600) // an older file keeps its mode on rewrite
 }
 
 func run() int {
@@ -68,14 +123,9 @@ func run() int {
 		policy: env("POLICY", "examples/default-policy.json"), envoy: env("ENVOY_CONFIG", "envoy/envoy.yaml"),
 		workers: env("WORKERS", "2"), proxy2Port: env("PROXY2_PORT", "10001"), quota: os.Getenv("SLUICE_QUOTA_TOKEN"),
 	}
-	if s.quota == "" {
-		s.quota = token()
-	}
-	if s.admin == "" {
-		s.admin, s.generated = token(), true
-	}
-	if s.read == "" {
-		s.read, s.generated = token(), true
+	if err := s.loadTokens(); err != nil {
+		fmt.Fprintf(os.Stderr, "sluice-run: %v\n", err)
+		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -340,29 +390,85 @@ func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	fmt.Fprintf(&b, "  dev proxy 2    http://127.0.0.1:%s  (the same; fleet rules hold across both)\n", s.proxy2Port)
 	fmt.Fprintf(&b, "  control plane  http://%s  (%s)\n", cp, store)
 	fmt.Fprintf(&b, "  demo upstream  http://%s  (echoes the request as JSON; ?delay=<ms>)\n", up)
-	fmt.Fprintf(&b, "  access log     %s\n", accessLog)
+	fmt.Fprintf(&b, "  access logs    %s (dev proxy), %s (dev proxy 2)\n", accessLog, filepath.Join(s.runDir, "access2.log"))
 	fmt.Fprintf(&b, "  process logs   %s/{controlplane,devproxy,devproxy2,upstream}.log\n\n", s.runDir)
-	if s.generated {
-		fmt.Fprintf(&b, "Tokens (generated; set SLUICE_ADMIN_TOKEN and SLUICE_READ_TOKEN to choose them). In another terminal:\n")
-	} else {
+	switch s.tokens {
+	case tokensGenerated:
+		fmt.Fprintf(&b, "Tokens (generated, kept in %s for the next runs). In another terminal:\n", s.tokenFile)
+	case tokensKept:
+		fmt.Fprintf(&b, "Tokens (kept from an earlier run in %s). In another terminal:\n", s.tokenFile)
+	default:
 		fmt.Fprintf(&b, "Tokens (from the environment). In another terminal:\n")
 	}
-	fmt.Fprintf(&b, "  export SLUICE_ADMIN_TOKEN=%s\n  export SLUICE_READ_TOKEN=%s\n\n", s.admin, s.read)
+	fmt.Fprintf(&b, "  export SLUICE_ADMIN_TOKEN=%s\n  export SLUICE_READ_TOKEN=%s\n", s.admin, s.read)
+	if s.cpPort != "8080" {
+		fmt.Fprintf(&b, "  export SLUICE_SERVER=http://%s\n", cp)
+	}
+	b.WriteString("\n")
 	if !demo {
 		fmt.Fprintf(&b, "The policy \"default\" is the stored one, not the demo; the steps below assume the demo (%s).\n", s.policy)
 	}
-	fmt.Fprintf(&b, "1. Trip a limit (5 requests a minute per user on /api/): five 200s, then 429s\n")
-	fmt.Fprintf(&b, "  for i in $(seq 8); do curl -s -o /dev/null -w '%%{http_code} ' -H 'x-user-id: alice' http://%s/api/hello; done; echo\n", proxy)
-	fmt.Fprintf(&b, "2. See a rejection, its headers and JSON body\n")
-	fmt.Fprintf(&b, "  curl -i -H 'x-user-id: alice' http://%s/api/hello\n", proxy)
-	fmt.Fprintf(&b, "3. Raise the limit to 100 with one REST call (enforced within a second)\n")
-	fmt.Fprintf(&b, "  curl -s -X PUT -H \"Authorization: Bearer $SLUICE_ADMIN_TOKEN\" -H 'Content-Type: application/json' \\\n")
-	fmt.Fprintf(&b, "    -d '{\"id\":\"api-per-user\",\"match\":{\"path_prefix\":\"/api/\"},\"key\":[\"user|client_ip\"],\"algorithm\":\"token_bucket\",\"limit\":100,\"window\":\"1m\"}' \\\n")
-	fmt.Fprintf(&b, "    http://%s/v1/policies/default/rules/api-per-user\n", cp)
-	fmt.Fprintf(&b, "4. Read the decisions in the access log\n")
-	fmt.Fprintf(&b, "  tail -n 3 %s\n", accessLog)
-	fmt.Fprintf(&b, "5. A fleet-wide limit (10 an hour per user on /fleet/, across both proxies): ten 200s and two 429s\n")
-	fmt.Fprintf(&b, "  for i in $(seq 6); do for p in %s %s; do curl -s -o /dev/null -w '%%{http_code} ' -H 'x-user-id: alice' http://127.0.0.1:$p/fleet/hello; done; done; echo\n", s.proxyPort, s.proxy2Port)
-	fmt.Fprintf(&b, "More scenarios (one per algorithm): README.md, \"Five-minute walkthrough\". Stop with Ctrl-C.\n")
+	steps, err := walkthrough(readme)
+	if err != nil {
+		fmt.Fprintf(&b, "Then follow README.md, \"Five-minute walkthrough\" (%v).\n", err)
+	} else {
+		ports := strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:10001", "127.0.0.1:"+s.proxy2Port, "127.0.0.1:8080", cp,
+			"build/run/", s.runDir+"/", "for p in 10000 10001", "for p in "+s.proxyPort+" "+s.proxy2Port)
+		fmt.Fprintf(&b, "Then try README.md's \"Five-minute walkthrough\", step by step:\n")
+		for _, st := range steps {
+			fmt.Fprintf(&b, "%s\n", st.title)
+			for _, c := range st.commands {
+				fmt.Fprintf(&b, "  %s\n", strings.ReplaceAll(ports.Replace(c), "\n", "\n  "))
+			}
+		}
+	}
+	fmt.Fprintf(&b, "Stop with Ctrl-C.\n")
 	fmt.Print(b.String())
+}
+
+// readme is where the walkthrough is read from: make run runs in the repository root.
+const readme = "README.md"
+
+// walkStep is one numbered step of the README's walkthrough.
+type walkStep struct {
+	title    string   // "1. Trip a limit"
+	commands []string // its ```sh blocks, in order
+}
+
+var (
+	stepTitle = regexp.MustCompile(`(?m)^\*\*(\d+\. [^*]+?)[.:]?\*\*`)
+	shBlock   = regexp.MustCompile("(?s)```sh\n(.*?)```")
+)
+
+// walkthrough reads the steps of the README's walkthrough (between its
+// walkthrough markers: each "**N. Title.**" paragraph and the ```sh blocks after
+// it), so that make run prints exactly what the README says, from one source.
+func walkthrough(path string) ([]walkStep, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	doc := string(b)
+	i, j := strings.Index(doc, "<!-- walkthrough:begin -->"), strings.Index(doc, "<!-- walkthrough:end -->")
+	if i < 0 || j < i {
+		return nil, errors.New(path + ": no walkthrough markers")
+	}
+	doc = doc[i:j]
+	titles := stepTitle.FindAllStringSubmatchIndex(doc, -1)
+	if len(titles) == 0 {
+		return nil, errors.New(path + ": no numbered steps in the walkthrough")
+	}
+	var steps []walkStep
+	for k, m := range titles {
+		end := len(doc)
+		if k+1 < len(titles) {
+			end = titles[k+1][0]
+		}
+		st := walkStep{title: doc[m[2]:m[3]]}
+		for _, c := range shBlock.FindAllStringSubmatch(doc[m[1]:end], -1) {
+			st.commands = append(st.commands, strings.TrimSpace(c[1]))
+		}
+		steps = append(steps, st)
+	}
+	return steps, nil
 }
