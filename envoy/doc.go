@@ -18,7 +18,12 @@
 //   - gateway/sluice.yaml: the filter on Envoy Gateway, an
 //     EnvoyExtensionPolicy with a Wasm image source, the EnvoyPatchPolicy
 //     adding the control plane's mTLS cluster and the EnvoyProxy mounting
-//     the proxy's certificate (decoded with Envoy Gateway's api/v1alpha1).
+//     the proxy's certificate (decoded with Envoy Gateway's api/v1alpha1);
+//   - monitoring/grafana-dashboard.json and monitoring/prometheus-rules.yaml:
+//     a Grafana dashboard and Prometheus alert rules for the filter's and the
+//     control plane's metrics (monitoring_test.go checks every filter metric
+//     they name against what the real filter defines; the control plane's
+//     tests check theirs against its /metrics).
 //
 // config_test.go parses every file with Envoy's and Istio's own API
 // definitions (go-control-plane and istio.io/api generated types, unknown

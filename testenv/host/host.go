@@ -263,6 +263,10 @@ func (h *Host) SetSharedData(key string, value []byte) uint32 {
 // all VMs; ok is false if no VM defined it.
 func (h *Host) Metric(name string) (Metric, bool) { return h.metrics.lookup(name) }
 
+// MetricNames returns the name of every metric a VM defined, without Envoy's
+// "wasmcustom." prefix, sorted.
+func (h *Host) MetricNames() []string { return h.metrics.names() }
+
 // Logs returns the last (up to 10000) log entries of every VM, oldest
 // first.
 func (h *Host) Logs() []LogEntry {

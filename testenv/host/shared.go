@@ -248,6 +248,18 @@ func (s *metricStore) get(m *metric) (uint64, status) {
 	return uint64(m.value), statusOK
 }
 
+// names returns every defined metric's name without Envoy's prefix, sorted.
+func (s *metricStore) names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.byName))
+	for k := range s.byName {
+		out = append(out, strings.TrimPrefix(k, metricPrefix))
+	}
+	sortStrings(out)
+	return out
+}
+
 func (s *metricStore) lookup(name string) (Metric, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
