@@ -78,7 +78,7 @@ REVISION        ?= $(shell git rev-parse HEAD 2>/dev/null)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_SOURCE    ?= https://github.com/sluice-proxy/sluice
 IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
-.PHONY: image push
+.PHONY: image push manifests
 image: wasm
 	@bins=; for p in $(IMAGE_PLATFORMS); do os=$${p%%/*}; arch=$${p#*/}; out=$(BUILD)/$$os-$$arch/sluice-controlplane; \
 		echo "==> building $$out"; \
@@ -96,6 +96,16 @@ image: wasm
 push: image
 	@test -n "$(IMAGE_REPO)" || { echo "make push: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }
 	$(GO) run ./internal/cmd/sluice-image push -out $(OCI) -repo '$(IMAGE_REPO)' -version '$(VERSION)'
+
+## manifests: make image, then write build/manifests with the images pinned by digest.
+## The Kubernetes, Istio and Envoy Gateway manifests of envoy/, the images under
+## IMAGE_REPO at the digests just built (what make push, crane push or skopeo copy
+## --preserve-digests publish), the plugin tokens from SLUICE_READ_TOKEN and
+## SLUICE_QUOTA_TOKEN when set.
+##   make manifests IMAGE_REPO=registry.example.com/sluice
+manifests: image
+	@test -n "$(IMAGE_REPO)" || { echo "make manifests: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }
+	$(GO) run ./internal/cmd/sluice-image manifests -out $(OCI) -repo '$(IMAGE_REPO)' -dest $(BUILD)/manifests
 
 ## clean: remove build/ (binaries, images, make run's state and tokens).
 clean:

@@ -463,3 +463,42 @@ func checkBootstrapPolicy(t *testing.T, dep *appsv1.Deployment, boot *corev1.Con
 		t.Fatalf("bootstrap policy: %v", err)
 	}
 }
+
+// TestRedisStatefulSet: the Redis the control plane's ConfigMap points at decodes
+// strictly, keeps an append-only file on a volume, and is the Service the URL names.
+func TestRedisStatefulSet(t *testing.T) {
+	var svc *corev1.Service
+	var sts *appsv1.StatefulSet
+	for _, d := range documents(t, "kubernetes/redis.yaml") {
+		switch d.Kind {
+		case "Service":
+			svc = &corev1.Service{}
+			decodeStrict(t, d.Name, d.Doc, svc)
+		case "StatefulSet":
+			sts = &appsv1.StatefulSet{}
+			decodeStrict(t, d.Name, d.Doc, sts)
+		default:
+			t.Fatalf("%s: unexpected kind %s", d.Name, d.Kind)
+		}
+	}
+	if svc == nil || sts == nil {
+		t.Fatal("want a Service and a StatefulSet")
+	}
+	args := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--appendonly yes") || !strings.Contains(args, "--appendfsync everysec") || len(sts.Spec.VolumeClaimTemplates) != 1 {
+		t.Errorf("redis: args %q, %d volume claims; want the append-only file on a volume", args, len(sts.Spec.VolumeClaimTemplates))
+	}
+	var url string
+	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
+		if d.Kind == "ConfigMap" {
+			cm := &corev1.ConfigMap{}
+			decodeStrict(t, d.Name, d.Doc, cm)
+			if u, ok := cm.Data["redis-url"]; ok {
+				url = u
+			}
+		}
+	}
+	if want := "redis://" + svc.Name + "." + svc.Namespace + ".svc.cluster.local:6379"; !strings.HasPrefix(url, want) {
+		t.Errorf("the control plane's redis-url %q is not this Redis (%s)", url, want)
+	}
+}

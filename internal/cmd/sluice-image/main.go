@@ -15,11 +15,13 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -32,8 +34,8 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "build" && args[0] != "push") {
-		fmt.Fprintln(stderr, "usage: sluice-image build|push [flags]  (-h for the flags)")
+	if len(args) == 0 || (args[0] != "build" && args[0] != "push" && args[0] != "manifests") {
+		fmt.Fprintln(stderr, "usage: sluice-image build|push|manifests [flags]  (-h for the flags)")
 		return 2
 	}
 	fs := flag.NewFlagSet("sluice-image "+args[0], flag.ContinueOnError)
@@ -45,15 +47,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	source := fs.String("source", "https://github.com/sluice-proxy/sluice", "build: org.opencontainers.image.source")
 	revision := fs.String("revision", "", "build: org.opencontainers.image.revision (the commit)")
 	epoch := fs.String("epoch", "0", "build: every timestamp in the images, Unix seconds (SOURCE_DATE_EPOCH or the commit time)")
-	repo := fs.String("repo", "", "push: repository prefix, e.g. registry.example.com/sluice")
+	repo := fs.String("repo", "", "push, manifests: repository prefix, e.g. registry.example.com/sluice")
+	src := fs.String("src", "envoy", "manifests: the directory of the manifests to fill in")
+	dest := fs.String("dest", "build/manifests", "manifests: where to write them")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
 	var err error
-	if args[0] == "build" {
+	switch args[0] {
+	case "build":
 		err = build(stdout, *out, *wasm, *cps, *version, *source, *revision, *epoch)
-	} else {
+	case "push":
 		err = push(stdout, *out, *repo, *version)
+	default:
+		err = manifests(stdout, stderr, *out, *repo, *src, *dest, os.Getenv)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice-image:", err)
@@ -105,4 +112,78 @@ func push(stdout io.Writer, out, repo, version string) error {
 		fmt.Fprintf(stdout, "pushed %s\n  %s\n", p.Tag, p.Ref())
 	}
 	return err
+}
+
+// placeholder is the digest the checked-in manifests carry in place of a real one.
+var placeholder = "@sha256:" + strings.Repeat("0", 64)
+
+// exampleRepo is the repository prefix of the checked-in manifests.
+const exampleRepo = "registry.example.com/sluice"
+
+// manifests writes the Kubernetes, Istio and Envoy Gateway manifests of src into
+// dest with the images pinned by the digests of the layouts in out, under repo, and
+// the plugin configurations' tokens from SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN
+// when set. It fails if a digest placeholder would remain; it warns of tokens left
+// to fill in.
+func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv func(string) string) error {
+	if repo == "" {
+		return errors.New("-repo: the registry repository the images are (or will be) pushed to, e.g. registry.example.com/sluice")
+	}
+	repo = strings.TrimSuffix(repo, "/")
+	digests := map[string]string{}
+	for _, name := range []string{ociimage.WasmName, ociimage.ControlPlaneName} {
+		b, err := os.ReadFile(filepath.Join(out, name, "index.json"))
+		if err != nil {
+			return fmt.Errorf("%s: %w (run make image first)", name, err)
+		}
+		var idx struct {
+			Manifests []struct{ Digest string } `json:"manifests"`
+		}
+		if err := json.Unmarshal(b, &idx); err != nil || len(idx.Manifests) != 1 || !strings.HasPrefix(idx.Manifests[0].Digest, "sha256:") {
+			return fmt.Errorf("%s/%s/index.json: want one manifest with a sha256 digest", out, name)
+		}
+		digests[name] = idx.Manifests[0].Digest
+	}
+	pairs := []string{
+		exampleRepo + "/" + ociimage.WasmName + placeholder, repo + "/" + ociimage.WasmName + "@" + digests[ociimage.WasmName],
+		exampleRepo + "/" + ociimage.ControlPlaneName + placeholder, repo + "/" + ociimage.ControlPlaneName + "@" + digests[ociimage.ControlPlaneName],
+	}
+	for _, t := range []struct{ env, placeholder string }{{"SLUICE_READ_TOKEN", "change-me-read-token"}, {"SLUICE_QUOTA_TOKEN", "change-me-quota-token"}} {
+		if v := getenv(t.env); v != "" {
+			pairs = append(pairs, t.placeholder, v)
+		}
+	}
+	fill := strings.NewReplacer(pairs...)
+	for _, sub := range []string{"kubernetes", "istio", "gateway"} {
+		files, err := filepath.Glob(filepath.Join(src, sub, "*.yaml"))
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Join(dest, sub), 0o755); err != nil {
+			return err
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			doc := fill.Replace(string(b))
+			// The comments' example commands may name the placeholder registry; a
+			// value may not.
+			for _, line := range strings.Split(doc, "\n") {
+				if t := strings.TrimSpace(line); !strings.HasPrefix(t, "#") && strings.Contains(t, placeholder) {
+					return fmt.Errorf("%s: a digest placeholder is left: %s", f, t)
+				}
+			}
+			to := filepath.Join(dest, sub, filepath.Base(f))
+			if err := os.WriteFile(to, []byte(doc), 0o600); err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, to)
+			if strings.Contains(doc, "change-me-") {
+				fmt.Fprintf(stderr, "sluice-image: %s still has change-me- tokens: set SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN (the values of the sluice-tokens Secret)\n", to)
+			}
+		}
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -58,5 +59,51 @@ func TestBadArguments(t *testing.T) {
 		if code := run(c.args, &out, &errb); code == 0 || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%v: exit %d, stderr %q, want it to name %s", c.args, code, errb.String(), c.want)
 		}
+	}
+}
+
+// TestManifestsPinTheBuiltImages: `sluice-image manifests` writes the repository's
+// manifests with both images at the digests just built, under the given
+// repository, the tokens filled in from the environment, and no placeholder left.
+func TestManifestsPinTheBuiltImages(t *testing.T) {
+	dir := t.TempDir()
+	wasm, bin := filepath.Join(dir, "sluice.wasm"), filepath.Join(dir, "cp")
+	if err := os.WriteFile(wasm, []byte("\x00asm\x01\x00\x00\x00"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, []byte("\x7fELF not really"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	oci := filepath.Join(dir, "oci")
+	var built, errb strings.Builder
+	if code := run([]string{"build", "-out", oci, "-wasm", wasm, "-controlplane", "linux/amd64=" + bin, "-epoch", "1"}, &built, &errb); code != 0 {
+		t.Fatalf("build: %s", errb.String())
+	}
+	digests := regexp.MustCompile(`sha256:[0-9a-f]{64}`).FindAllString(built.String(), -1)
+	if len(digests) != 2 {
+		t.Fatalf("build printed %q", built.String())
+	}
+	dest := filepath.Join(dir, "manifests")
+	env := map[string]string{"SLUICE_READ_TOKEN": "rt-123", "SLUICE_QUOTA_TOKEN": "qt-456"}
+	var out strings.Builder
+	errb.Reset()
+	if err := manifests(&out, &errb, oci, "reg.test/team/", "../../../envoy", dest, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	var all string
+	for _, f := range []string{"kubernetes/controlplane.yaml", "istio/wasmplugin.yaml", "gateway/sluice.yaml"} {
+		b, err := os.ReadFile(filepath.Join(dest, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all += string(b)
+	}
+	for _, want := range []string{"reg.test/team/sluice-wasm@" + digests[0], "reg.test/team/sluice-controlplane@" + digests[1], "rt-123", "qt-456"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the manifests lack %q", want)
+		}
+	}
+	if strings.Contains(all, "@sha256:0000000000") || strings.Contains(all, "change-me-") || errb.Len() > 0 {
+		t.Errorf("a placeholder is left (stderr %q)", errb.String())
 	}
 }
