@@ -166,6 +166,12 @@ func TestMakeRun(t *testing.T) {
 		t.Errorf("step 6 (fleet-wide limit across two proxies): %q, want ten 200s and two 429s", got)
 	}
 
+	// The live line has counted the walkthrough's decisions per rule.
+	if !proctest.WaitFor(20*time.Second, func() bool {
+		return regexp.MustCompile(`==> last 5s: .*api-per-user \d+ allowed / \d+ limited`).MatchString(out.String())
+	}) {
+		t.Errorf("make run printed no live count of api-per-user's decisions")
+	}
 	// Ctrl-C: SIGINT to the foreground process group.
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 	select {

@@ -139,6 +139,9 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "sluice-run: %v\n", err)
 		return 1
 	}
+	done := make(chan struct{})
+	defer close(done)
+	go newDecisions(filepath.Join(s.runDir, "access.log"), filepath.Join(s.runDir, "access2.log")).report(5*time.Second, done)
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(os.Stderr, "\nsluice-run: stopping (Ctrl-C)")
@@ -422,7 +425,7 @@ func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 			}
 		}
 	}
-	fmt.Fprintf(&b, "Stop with Ctrl-C.\n")
+	fmt.Fprintf(&b, "Every 5 s with traffic, a line shows each rule's allowed and limited requests. Stop with Ctrl-C.\n")
 	fmt.Print(b.String())
 }
 

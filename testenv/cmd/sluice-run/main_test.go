@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -27,5 +28,31 @@ func TestWalkthroughIsReadFromTheREADME(t *testing.T) {
 	}
 	if steps[0].title != "1. Trip a limit" || !strings.Contains(steps[0].commands[0], "http://127.0.0.1:10000/api/hello") {
 		t.Fatalf("step 1: %+v", steps[0])
+	}
+}
+
+// TestDecisionsCountsEachRule: the live line counts each rule's allowed and limited
+// requests from the access logs' rate_limit field, only lines written since the
+// last read, a line split across reads once.
+func TestDecisionsCountsEachRule(t *testing.T) {
+	dir := t.TempDir()
+	f := dir + "/access.log"
+	old := `{"rate_limit":"{\"rate_limited\":true,\"rule\":\"old\"}"}` + "\n"
+	if err := os.WriteFile(f, []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := newDecisions(f, dir+"/missing.log")
+	w, _ := os.OpenFile(f, os.O_APPEND|os.O_WRONLY, 0)
+	defer w.Close()
+	w.WriteString(`{"rate_limit":"{\"rate_limited\":false,\"rule\":\"api\"}"}` + "\n" + `{"rate_limit":null}` + "\n" + `{"rate_limit":"{\"rate_limited\":true,`)
+	if got := format(d.read()); got != "api 1 allowed / 0 limited" {
+		t.Fatalf("first read: %q", got)
+	}
+	w.WriteString(`\"rule\":\"api\"}"}` + "\n")
+	if got := format(d.read()); got != "api 0 allowed / 1 limited" {
+		t.Fatalf("second read: %q", got)
+	}
+	if got := d.read(); len(got) != 0 {
+		t.Fatalf("nothing new: %v", got)
 	}
 }
