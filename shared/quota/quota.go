@@ -18,7 +18,7 @@
 // service's clock when it decided (ExpiresIn). The Envoy must measure ExpiresIn from
 // the moment it sent the request, never from when the answer arrived, so that its
 // lease always ends before the service's. Units not spent by then are lost to the
-// Envoy; the service never credits them back (see the control plane's README for
+// Envoy; the service never credits them back (see docs/fleet.md for
 // the bound per algorithm).
 //
 // # Documents

@@ -233,3 +233,20 @@ func TestMakeHelpListsEveryTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMEIsShortAndLinksItsDocs: the README stays a five-minute read (at most
+// 250 lines) and every doc it points to exists.
+func TestREADMEIsShortAndLinksItsDocs(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > 250 {
+		t.Errorf("README.md has %d lines; keep it at most 250 and move reference material to docs/", n)
+	}
+	for _, m := range regexp.MustCompile(`\]\((docs/[^)#]+)`).FindAllStringSubmatch(string(b), -1) {
+		if _, err := os.Stat(filepath.Join(repo, m[1])); err != nil {
+			t.Errorf("README.md links %s: %v", m[1], err)
+		}
+	}
+}

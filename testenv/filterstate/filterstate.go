@@ -6,7 +6,7 @@
 //	{"rate_limited":false,"shadow":false,"policy_version":3,"rule":"per-user",
 //	 "key":"rl:prod:api/per-user:user=alice:60s","limit":100,"remaining":99,"reset":60}
 //
-// (fields in the README's "Access-log metadata").
+// (fields in docs/filter.md, "Filter: access-log metadata").
 package filterstate
 
 import (

@@ -11,7 +11,7 @@ import (
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
-// Sizing and ledger constants (see the README, "Fleet-wide limits").
+// Sizing and ledger constants (see docs/fleet.md).
 const (
 	// DefaultValidity is the longest lease of a token_bucket or gcra key, unless one
 	// unit refills more slowly: then a lease lasts one unit's refill time.

@@ -10,7 +10,7 @@
 // queued, never refused: a key that cannot be decided in time is answered
 // quota.StatusRetry. A grant of n units is a
 // Decide of cost n; returned units are an Adjust of -n, credited only while the
-// Envoy's lease is live, at most what it holds. See the README ("Fleet-wide limits")
+// Envoy's lease is live, at most what it holds. See docs/fleet.md
 // for the bound of each algorithm and the sizing rule.
 //
 // Failure policy: when the backend fails or does not answer within Options.Timeout

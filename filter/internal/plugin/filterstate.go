@@ -11,7 +11,7 @@ import (
 // Envoy stores it as wasm.sluice (a CelState, envoy context.cc
 // Context::setProperty) and the access log reads it with
 // %FILTER_STATE(wasm.sluice:PLAIN)%. It is a JSON object (see stateRecord
-// and the README's "Access-log metadata"); one value costs one hostcall,
+// and docs/filter.md, "Filter: access-log metadata"); one value costs one hostcall,
 // where a value per field cost one each (docs/RATIONALE.md, "One
 // filter-state value").
 var propState = []string{"sluice"}

@@ -3,7 +3,7 @@ package plugin
 import "github.com/sluice-proxy/sluice/filter/proxywasm"
 
 // Metric names (Envoy shows them without its "wasmcustom." prefix; see the
-// README's "Metrics" section). Per rule, <id> is the rule id.
+// docs/filter.md, "Filter: metrics"). Per rule, <id> is the rule id.
 const (
 	metricRulePrefix       = "sluice.rule."
 	metricAllowed          = ".allowed"        // admitted by the rule (enforced or shadow)
