@@ -52,7 +52,7 @@ func TestBootstrapPolicySeedsOnlyAnEmptyStore(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	c, stop = server(t, args, env)
+	c, _ = server(t, args, env)
 	if st, tag := version(c); st != 200 || !strings.HasPrefix(tag, `"v2.`) {
 		t.Fatalf("after a restart: %d %s, want the changed version 2 kept", st, tag)
 	}

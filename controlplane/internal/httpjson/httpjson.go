@@ -69,13 +69,11 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	body := buf.Bytes()
 	if err := enc.Encode(v); err != nil {
-		status, body = http.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encode response"}}`)
-	} else {
-		body = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+		WriteRaw(w, http.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"encode response"}}`))
+		return
 	}
-	WriteRaw(w, status, body)
+	WriteRaw(w, status, bytes.TrimSuffix(buf.Bytes(), []byte("\n")))
 }
 
 // WriteRaw answers status with body, a JSON document, and the headers of every
