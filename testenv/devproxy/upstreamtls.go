@@ -40,8 +40,10 @@ type UpstreamTLS struct {
 // Source is an Envoy DataSource: a file, read when the proxy starts (ClientConfig),
 // or inline bytes.
 type Source struct {
+	// Filename is the DataSource's filename: a path, read by ClientConfig.
 	Filename string
-	Inline   []byte
+	// Inline is its inline_string or inline_bytes; nil when Filename is set.
+	Inline []byte
 }
 
 func (s Source) zero() bool { return s.Filename == "" && s.Inline == nil }
@@ -56,9 +58,13 @@ func (s Source) read() ([]byte, error) {
 // SANMatcher is one SubjectAltNameMatcher: a SAN type (DNS, URI, IP_ADDRESS,
 // EMAIL) and a string matcher (exact, prefix, suffix or contains).
 type SANMatcher struct {
-	Type                            string
+	// Type is san_type's name: "DNS", "URI", "IP_ADDRESS" or "EMAIL".
+	Type string
+	// Exact, Prefix, Suffix and Contains are the StringMatcher's one set
+	// member (type/matcher/v3/string.proto); the others are empty.
 	Exact, Prefix, Suffix, Contains string
-	IgnoreCase                      bool
+	// IgnoreCase is ignore_case: compare in lower case.
+	IgnoreCase bool
 }
 
 func (c *EnvoyConfig) upstreamTLS(cl *clusterv3.Cluster) error {

@@ -18,9 +18,18 @@ var ErrBootstrapInvalid = errors.New("api: bootstrap policy invalid")
 // would, name taken from its "policy" field; it returns the name. The error
 // wraps ErrBootstrapInvalid and names every bad field.
 func CheckBootstrap(doc []byte) (string, error) {
+	p, err := parseBootstrap(doc)
+	if err != nil {
+		return "", err
+	}
+	return p.Name, nil
+}
+
+// parseBootstrap is CheckBootstrap returning the parsed policy.
+func parseBootstrap(doc []byte) (*rules.Policy, error) {
 	d := rules.DecodePolicy(doc)
 	if d.Missing("policy") {
-		return "", fmt.Errorf("%w: \"policy\" (the policy's name) is required", ErrBootstrapInvalid)
+		return nil, fmt.Errorf("%w: \"policy\" (the policy's name) is required", ErrBootstrapInvalid)
 	}
 	p, aerr := parsePolicyBody(doc, d.Policy.Name)
 	if aerr != nil {
@@ -29,9 +38,9 @@ func CheckBootstrap(doc []byte) (string, error) {
 		for _, det := range aerr.details {
 			b.WriteString("; " + det.Field + ": " + det.Message)
 		}
-		return "", fmt.Errorf("%w: %s", ErrBootstrapInvalid, b.String())
+		return nil, fmt.Errorf("%w: %s", ErrBootstrapInvalid, b.String())
 	}
-	return p.Name, nil
+	return p, nil
 }
 
 // Bootstrap creates the policy doc (JSON, checked by CheckBootstrap) as version 1
@@ -41,11 +50,11 @@ func CheckBootstrap(doc []byte) (string, error) {
 // bootstrapping at once create it once (the second commit conflicts). An error is
 // the store's (retry later) or ErrBootstrapInvalid.
 func (s *Server) Bootstrap(ctx context.Context, doc []byte) (created bool, err error) {
-	name, err := CheckBootstrap(doc)
+	p, err := parseBootstrap(doc)
 	if err != nil {
 		return false, err
 	}
-	p, _ := parsePolicyBody(doc, name)
+	name := p.Name
 	gctx, cancel := context.WithTimeout(ctx, s.o.StoreTimeout)
 	rec, err := s.o.Store.Get(gctx, name)
 	cancel()

@@ -30,15 +30,15 @@ const (
 // DefaultMaxEntriesPerIdentity is Options.MaxEntriesPerIdentity's default.
 const DefaultMaxEntriesPerIdentity = 16
 
-// identify returns the ledger owner of a request, "" under IdentityBody, else a
-// prefix naming the identity ("<16 base64url chars of its SHA-256>/"), and the
-// identity itself for logs. It answers 401 and reports false when the request
-// carries none.
-func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner, id string, code int, ok bool) {
+// identify returns the ledger owner of a request: "" under IdentityBody, else the
+// prefix naming its identity (Owner). It answers 401 (or 403 for a certificate
+// without a usable name) and reports false when the request carries none.
+func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner string, code int, ok bool) {
+	var id string
 	switch s.o.Identity {
 	case IdentityCertificate:
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
-			return "", "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
+			return "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
 				"quota calls need a client certificate signed by the control plane's client CA (--client-ca-file)", nil), false
 		}
 		leaf := r.TLS.VerifiedChains[0][0]
@@ -48,19 +48,19 @@ func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner, id st
 		case len(leaf.DNSNames) > 0:
 			id = leaf.DNSNames[0]
 		default:
-			return "", "", writeError(w, http.StatusForbidden, "no_identity",
+			return "", writeError(w, http.StatusForbidden, "no_identity",
 				"the client certificate has neither a URI nor a DNS subject alternative name to identify the Envoy by", nil), false
 		}
 	case IdentityXFCC:
 		id = XFCCIdentity(r.Header.Values("X-Forwarded-Client-Cert"))
 		if id == "" {
-			return "", "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
+			return "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
 				"quota calls need the x-forwarded-client-cert header of the mesh sidecar, with a URI or DNS element (--trust-xfcc)", nil), false
 		}
 	default:
-		return "", "", 0, true
+		return "", 0, true
 	}
-	return Owner(id), id, 0, true
+	return Owner(id), 0, true
 }
 
 // Owner returns the ledger prefix of an identity: 16 base64url characters (96 bits)

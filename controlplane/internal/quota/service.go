@@ -211,7 +211,7 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 			return code
 		}
 	}
-	owner, _, code, ok := s.identify(w, r)
+	owner, code, ok := s.identify(w, r)
 	if !ok {
 		return code
 	}
