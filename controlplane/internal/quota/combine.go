@@ -64,12 +64,14 @@ type keyAsk struct {
 	owner    string // identity prefix (Owner), "" without identities
 	k        *quota.KeyRequest
 	interval time.Duration
+	ao       *assignOpts // nil for the filter's leases
 
 	state int
 	wake  chan struct{} // its request's, capacity 1: an ask promoted or answered
 	res   quota.KeyResult
 	err   error
-	at    int64 // the service clock its round decided at
+	at    int64  // the service clock its round decided at
+	tag   uint64 // the window or slot it was decided in (fleetLimiter.tag)
 }
 
 func newCombiner() *combiner {
@@ -318,8 +320,8 @@ func (s *Service) attempt(pending *[]group) error {
 			if makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity) {
 				s.m.evictions.Inc()
 			}
-			a.res, ch = g.f.decide(&v, now, a.envoy, a.k, a.interval)
-			a.at = now
+			a.res, ch = g.f.decide(&v, now, a.envoy, a.k, a.interval, a.ao)
+			a.at, a.tag = now, g.f.tag(v.state)
 			changed = changed || ch
 			interval = max(interval, a.interval)
 		}

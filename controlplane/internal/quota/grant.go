@@ -179,11 +179,26 @@ func (f *fleetLimiter) store(v *value, now int64, interval time.Duration) ([]byt
 	return next, time.Duration(max(until-now, 0)) + ttlSlack
 }
 
+// assignOpts are the differences of an assignment-style lease (Envoy's native
+// rate_limit_quota filter, package rlqs) from a filter lease: each grant replaces the
+// Envoy's previous units, so sizing does not subtract what it holds; units it
+// admitted without any lease are charged; and a grant is made only when the lease
+// lasts long enough for the Envoy to use it.
+type assignOpts struct {
+	// charge is units admitted without a lease (an Envoy's fail-open behaviours):
+	// taken from the budget even past the limit, so that later grants shrink.
+	charge uint64
+	// minLife is the shortest lease worth granting, in ns from now: a lease that
+	// would end sooner grants nothing (StatusRefused, RetryAfter until it ends).
+	minLife int64
+}
+
 // decide applies one Envoy's report and ask for one key to the decoded value v at
 // now (service clock, Unix ns), sizing the grant for a report interval of
 // interval, and reports whether v changed. Several asks decided one after another
-// on one v are what a round records with one write.
-func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyRequest, interval time.Duration) (quota.KeyResult, bool) {
+// on one v are what a round records with one write. ao is nil for the filter's
+// leases.
+func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyRequest, interval time.Duration, ao *assignOpts) (quota.KeyResult, bool) {
 	size := f.lim.StateSize()
 	now = keyNow(v, now)
 	cur := make([]byte, size)
@@ -266,11 +281,25 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 	}
 	res.Returned = returned
 
+	// Units admitted without a lease are spent: they count, even past the limit.
+	if ao != nil && ao.charge > 0 {
+		f.lim.Adjust(cur, tmp, now, int64(min(ao.charge, limit.MaxLimit)))
+		copy(cur, tmp)
+		probe = f.lim.Decide(cur, tmp, now, 0)
+	}
+
 	// Sizing.
 	var granted uint64
-	if k.Want > 0 {
+	tooShort := false
+	if ao != nil && k.Want > 0 {
+		if life := f.leaseEnd(tag, now, 0) - now; life < ao.minLife {
+			tooShort = true
+			res.RetryAfter = time.Duration(max(life, 0))
+		}
+	}
+	if k.Want > 0 && !tooShort {
 		want := k.Want
-		if me.last > 0 && me.last < now && k.Used > 0 {
+		if ao == nil && me.last > 0 && me.last < now && k.Used > 0 {
 			elapsed := uint64(now - me.last)
 			hi, lo := bits.Mul64(k.Used, uint64(interval)*headroomNum)
 			var demand uint64
@@ -316,7 +345,11 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 		if me.held == 0 {
 			me.seq, me.first = v.total, granted
 		}
-		me.exp = f.leaseEnd(tag, now, me.exp)
+		start := me.exp
+		if ao != nil {
+			start = 0 // every assignment is a lease of its own, from now
+		}
+		me.exp = f.leaseEnd(tag, now, start)
 		me.tag = tag
 		me.held += granted
 	}

@@ -2,6 +2,8 @@ package quota
 
 import (
 	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
 	"encoding/base64"
 	"net/http"
 	"strings"
@@ -41,13 +43,7 @@ func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner string
 			return "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
 				"quota calls need a client certificate signed by the control plane's client CA (--client-ca-file)", nil), false
 		}
-		leaf := r.TLS.VerifiedChains[0][0]
-		switch {
-		case len(leaf.URIs) > 0:
-			id = leaf.URIs[0].String()
-		case len(leaf.DNSNames) > 0:
-			id = leaf.DNSNames[0]
-		default:
+		if id = CertificateIdentity(r.TLS.VerifiedChains[0][0]); id == "" {
 			return "", writeError(w, http.StatusForbidden, "no_identity",
 				"the client certificate has neither a URI nor a DNS subject alternative name to identify the Envoy by", nil), false
 		}
@@ -140,3 +136,40 @@ func unquote(v string) string {
 	}
 	return b.String()
 }
+
+// CertificateIdentity returns the identity of a verified client certificate: its
+// first URI SAN (a SPIFFE ID), else its first DNS SAN; "" when it has neither.
+func CertificateIdentity(leaf *x509.Certificate) string {
+	switch {
+	case len(leaf.URIs) > 0:
+		return leaf.URIs[0].String()
+	case len(leaf.DNSNames) > 0:
+		return leaf.DNSNames[0]
+	}
+	return ""
+}
+
+// TokenOK reports whether token is the quota token (Options.Token, non-empty),
+// compared in constant time over its SHA-256.
+func (s *Service) TokenOK(token string) bool {
+	sum := sha256.Sum256([]byte(token))
+	return s.o.Token != "" && subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) == 1
+}
+
+// TokenRequired reports whether calls must carry the quota token: a token is
+// configured, or none is and the service is not open (then no call is allowed,
+// unless identities come from a trusted sidecar's header).
+func (s *Service) TokenRequired() (required, refuseAll bool) {
+	switch {
+	case s.o.Identity == IdentityCertificate:
+		return false, false
+	case s.o.Token != "":
+		return true, false
+	case s.o.Open || s.o.Identity == IdentityXFCC:
+		return false, false
+	}
+	return false, true
+}
+
+// Identity returns the service's identity mode (Options.Identity).
+func (s *Service) Identity() IdentityMode { return s.o.Identity }

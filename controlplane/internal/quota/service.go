@@ -21,7 +21,6 @@ package quota
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"log/slog"
@@ -273,8 +272,7 @@ func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (int, bool) 
 	if !ok {
 		return http.StatusUnauthorized, false
 	}
-	sum := sha256.Sum256([]byte(token))
-	if subtle.ConstantTimeCompare(sum[:], s.tokenSum[:]) != 1 {
+	if !s.TokenOK(token) {
 		httpjson.Forbidden(w, "invalid_token", "the bearer token is not the quota token")
 		return http.StatusForbidden, false
 	}
