@@ -1,0 +1,188 @@
+package rlqs
+
+import (
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// Bucket id entries (docs/rlqs.md): "policy" and "rule" name the fleet rule; every
+// other entry is one key part of the rule, named as in its "key" list.
+const (
+	EntryPolicy = "policy"
+	EntryRule   = "rule"
+)
+
+// Why a bucket is abandoned (the reason label of
+// sluice_controlplane_rlqs_abandoned_total), besides quota.Reason*.
+const (
+	ReasonNoPolicyEntry  = "no_policy_entry"  // the bucket id has no "policy" or "rule"
+	ReasonUnknownEntry   = "unknown_entry"    // an entry names no key part of the rule
+	ReasonBadValue       = "bad_value"        // client_ip is not an IP address
+	ReasonMissingKeyPart = "missing_key_part" // a key part of the rule has no value
+	ReasonKeyTooLong     = "key_too_long"     // the counter key is over 2,048 bytes, as the filter refuses it
+	ReasonCost           = "unsupported_cost" // the rule's cost is not 1 request = 1 unit
+	ReasonLeaseTooShort  = "lease_too_short"  // the rule's leases end before an assignment could be used
+	ReasonTooManyBuckets = "too_many_buckets" // the stream holds Options.MaxBucketsPerStream
+	ReasonIdle           = "idle"             // no request for Options.IdleAfter
+)
+
+// request builds the filter's view of a request from a bucket id's key-part entries,
+// so that FleetRule.Key builds the very counter key the Wasm filter builds for
+// the same values. It returns a reason when an entry is not a key part the
+// rule's policy can read.
+func request(entries map[string]string) (rules.Request, string) {
+	var req rules.Request
+	for name, v := range entries {
+		switch name {
+		case EntryPolicy, EntryRule, "route":
+			// route's value is the rule's own; policy and rule were read already.
+		case "user":
+			req.User = v
+		case "tenant":
+			req.Tenant = v
+		case "method":
+			req.Method = v
+		case "path":
+			req.Path = rules.PathOnly(v)
+		case "client_ip":
+			ip, err := netip.ParseAddr(v)
+			if err != nil {
+				return req, ReasonBadValue
+			}
+			req.ClientIP = ip
+		default:
+			h, ok := strings.CutPrefix(name, "header:")
+			if !ok || !rules.ValidHeaderName(h) {
+				return req, ReasonUnknownEntry
+			}
+			req.Headers = append(req.Headers, rules.Header{Name: strings.ToLower(h), Value: v})
+		}
+	}
+	return req, ""
+}
+
+// sent is one action sent for a bucket: a token bucket of units reserved, or a
+// blanket rule (units 0), which ends the token bucket before it just as well.
+type sent struct {
+	units uint64
+	at    int64 // when it was sent (Unix ns, taken after the send)
+	ttl   int64 // its assignment_time_to_live, ns
+}
+
+// bucket is the stream's accounting of one bucket (docs/rlqs.md, "Returns").
+type bucket struct {
+	id   string // canonical bucket id
+	rule *quota.FleetRule
+	key  string
+
+	// Since the bucket was first seen on this stream: units reserved by grants,
+	// reported allowed, and charged as admitted without a grant.
+	granted, used, charged uint64
+
+	// The current epoch: one window (fixed_window) or slot (time_wheel), forever
+	// for the buckets. Returns are only made for units of the epoch.
+	tag       uint64
+	pending   []sent // sent in this epoch and not yet settled, oldest first
+	settled   uint64 // units of settled grants of this epoch
+	epochUsed uint64 // units reported allowed in this epoch
+	returned  uint64 // units returned in this epoch
+
+	// Reported but not yet recorded by the service (the last call failed).
+	unrecordedUsed uint64
+
+	lastReport int64         // when the previous report for the bucket arrived
+	lastDemand int64         // when the bucket last had a request
+	interval   time.Duration // the report interval, estimated (observe)
+	tbUntil    int64         // the live token bucket's end (sent.at + ttl), 0 if none
+	nanos      int32         // fill_interval.nanos of the last token bucket sent
+}
+
+// report takes a usage report at now: it adds allowed to the counts and settles
+// what can be settled, given margin (the longest one-way delay between the
+// server and the Envoy, timer lateness included).
+func (b *bucket) report(now int64, allowed uint64, margin time.Duration) {
+	b.used += allowed
+	b.epochUsed += allowed
+	b.unrecordedUsed += allowed
+	b.settle(now, margin)
+}
+
+// settle moves into settled the grants that can no longer be spent and whose
+// spending every later report covers: a grant sent at s with TTL t, followed by an
+// action sent at s', is dead by min(s+t, s') + margin (it reaches the Envoy at most
+// margin late), and a report that arrives after that + margin was sent after it died.
+func (b *bucket) settle(now int64, margin time.Duration) {
+	n := 0
+	for i, p := range b.pending {
+		dies := p.at + p.ttl
+		if i+1 < len(b.pending) {
+			dies = min(dies, b.pending[i+1].at)
+		}
+		if now < dies+2*int64(margin) {
+			break
+		}
+		b.settled += p.units
+		n++
+	}
+	b.pending = b.pending[n:]
+}
+
+// toReturn is the units of settled grants this epoch that were certainly not spent
+// and have not been returned: settled − reported this epoch − returned. Reports
+// this epoch may include spending of earlier epochs or of grants not yet
+// settled, which only makes it smaller.
+func (b *bucket) toReturn() uint64 {
+	spent := b.epochUsed + b.returned
+	if b.settled <= spent {
+		return 0
+	}
+	return b.settled - spent
+}
+
+// toCharge is the units reported allowed beyond everything granted and charged:
+// admitted without a grant (an Envoy's ALLOW_ALL fallbacks).
+func (b *bucket) toCharge() uint64 {
+	covered := b.granted + b.charged
+	if b.used <= covered {
+		return 0
+	}
+	return b.used - covered
+}
+
+// newEpoch starts counting returns afresh for the window or slot tag: the units of
+// earlier epochs belong to counts already reset, so they are never returned.
+func (b *bucket) newEpoch(tag uint64) {
+	b.tag = tag
+	b.pending = b.pending[:0]
+	b.settled, b.epochUsed, b.returned = 0, 0, 0
+}
+
+// refillPeriod is the fill_interval of every token bucket sent: the bucket refills
+// its max_tokens once per minute. It keeps max_tokens/fill_rate, the time Envoy
+// backdates a new bucket by to start it full, at one minute whatever the grant:
+// Envoy starts a bucket empty when that exceeds its monotonic clock (the host's
+// uptime), and clamps fill rates below one token a year.
+const refillPeriod = 60 * time.Second
+
+// tokensFor returns the largest max_tokens M whose assignment, alive for less than
+// ttl+1 s, lets Envoy admit at most units: a full bucket of M that refills M per
+// refillPeriod admits at most M + ⌊M·life/refillPeriod⌋.
+func tokensFor(units uint64, ttl time.Duration) uint64 {
+	life := uint64((ttl + time.Second) / time.Second)
+	p := uint64(refillPeriod / time.Second)
+	m := units * p / (p + life)
+	for m+1 <= units && reserved(m+1, life, p) <= units {
+		m++
+	}
+	for m > 0 && reserved(m, life, p) > units {
+		m--
+	}
+	return min(m, 1<<32-1)
+}
+
+// reserved is what a bucket of m tokens can admit over life seconds.
+func reserved(m, life, p uint64) uint64 { return m + m*life/p }
