@@ -3,6 +3,7 @@ module github.com/sluice-proxy/sluice
 go 1.24.0
 
 require (
+	github.com/cncf/xds/go v0.0.0-20251110193048-8bfbf64dc13e
 	github.com/envoyproxy/gateway v1.3.3
 	github.com/envoyproxy/go-control-plane/envoy v1.37.0
 	github.com/getkin/kin-openapi v0.135.0
@@ -15,6 +16,7 @@ require (
 	github.com/tetratelabs/wazero v1.11.0
 	go.etcd.io/bbolt v1.4.3
 	go.yaml.in/yaml/v3 v3.0.4
+	google.golang.org/grpc v1.78.0
 	google.golang.org/protobuf v1.36.11
 	istio.io/api v1.31.1
 	k8s.io/api v0.33.4
@@ -27,7 +29,6 @@ require (
 	github.com/BurntSushi/toml v1.4.1-0.20240526193622-a339e1f7089c // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/cncf/xds/go v0.0.0-20251110193048-8bfbf64dc13e // indirect
 	github.com/containerd/stargz-snapshotter/estargz v0.16.3 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/docker/cli v28.2.2+incompatible // indirect

@@ -31,12 +31,15 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
 	"github.com/sluice-proxy/sluice/controlplane/internal/registry"
+	"github.com/sluice-proxy/sluice/controlplane/internal/rlqs"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/controlplane/internal/tlsconf"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/yaml"
 )
 
@@ -179,6 +182,22 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	if listening != nil {
 		listening(l.Addr())
 	}
+	var gs *grpc.Server
+	if s.GRPCListen != "" {
+		gl, err := net.Listen("tcp", s.GRPCListen)
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("listen on %s: %w", s.GRPCListen, err)
+		}
+		var creds credentials.TransportCredentials
+		if tlsSrv != nil {
+			creds = credentials.NewTLS(tlsSrv.Config())
+		}
+		gs = rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log}), creds)
+		log.Info("rate limit quota service (gRPC) listening", "addr", gl.Addr().String(), "scheme", map[bool]string{true: "https", false: "http"}[tlsSrv != nil])
+		go func() { _ = gs.Serve(gl) }()
+		defer gs.Stop()
+	}
 	serveErr := make(chan error, 1)
 	go func() {
 		if tlsSrv != nil {
@@ -194,6 +213,11 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	}
 	log.Info("shutting down: answering long polls, finishing in-flight requests", "timeout", s.ShutdownTimeout.String())
 	srv.Drain()
+	if gs != nil {
+		// Streams never end by themselves: stop taking new ones, then close the rest
+		// (Envoys reconnect to another replica and keep their assignments meanwhile).
+		go gs.GracefulStop()
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
@@ -203,10 +227,11 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	return nil
 }
 
-// NewQuota builds the quota service (POST /v1/quota) the settings select: its state
-// in Redis (a client of its own, tuned to fail fast, on the --redis-url addresses)
-// or, with the embedded store, in this process's memory. close releases the client.
-func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger) (h http.Handler, close func(), err error) {
+// NewQuota builds the quota service (POST /v1/quota, and the assignments of the Rate
+// Limit Quota Service) the settings select: its state in Redis (a client of its own,
+// tuned to fail fast, on the --redis-url addresses) or, with the embedded store, in
+// this process's memory. close releases the client.
+func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger) (q *quota.Service, close func(), err error) {
 	var b quota.Backend
 	close = func() {}
 	if s.RedisURL != "" {

@@ -12,13 +12,15 @@ import (
 // registry the binary serves on /metrics.
 func TestMonitoringUsesTheControlPlanesMetrics(t *testing.T) {
 	env := map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_QUOTA_TOKEN": "qt", "SLUICE_DATA_DIR": t.TempDir()}
-	c, _ := server(t, []string{"--resync-interval", "50ms"}, env)
+	gaddr := freeAddr(t)
+	c, _ := server(t, []string{"--resync-interval", "50ms", "--grpc-listen", gaddr}, env)
 	// Traffic, so that the labelled series exist: a write, a read, a quota call.
 	if r := c.Do("PUT", "/v1/policies/p", []byte(fleetDoc)); r.Status != 201 {
 		t.Fatalf("PUT → %d", r.Status)
 	}
 	c.Do("GET", "/v1/policies/p", nil)
 	c.Do("POST", "/v1/quota", []byte(`{"envoy":"e1","policy":"p","version":1,"keys":[{"rule":"fw","key":"rl:default:p/fw:*:3600s","want":1}]}`), "Authorization", "Bearer qt")
+	rlqsExchange(t, gaddr, "qt")
 	served := map[string]bool{}
 	for _, line := range strings.Split(string(c.Do("GET", "/metrics", nil).Body), "\n") {
 		if f := strings.Fields(line); len(f) >= 3 && f[0] == "#" && f[1] == "TYPE" {

@@ -27,6 +27,10 @@ import (
 type Settings struct {
 	// Listen is the HTTP listen address, host:port (default 127.0.0.1:8080).
 	Listen string
+	// GRPCListen is the gRPC listen address, host:port, of the Rate Limit Quota
+	// Service (Envoy's rate_limit_quota filter) and gRPC health; "" (default)
+	// serves none. It takes the TLS and identity settings of Listen.
+	GRPCListen string
 	// RedisURL selects the Redis store: a redis:// or rediss:// URL, or a
 	// comma-separated list of host:port (several: Cluster, or Sentinels with
 	// RedisMasterName). Empty selects the embedded store in DataDir.
@@ -117,6 +121,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs := flag.NewFlagSet("sluice-controlplane", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
+	fs.StringVar(&s.GRPCListen, "grpc-listen", "", "gRPC listen address host:port of the Rate Limit Quota Service for Envoy's rate_limit_quota filter (same TLS and identity as --listen); empty: none")
 	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")
 	fs.StringVar(&s.RedisMasterName, "redis-master-name", "", "Sentinel master name (the --redis-url addresses are Sentinels)")
 	fs.IntVar(&s.RedisWaitReplicas, "redis-wait-replicas", 0, "acknowledge a write only once this many Redis replicas confirmed it (WAIT); 0: do not wait")
@@ -213,6 +218,18 @@ func (s Settings) Check() error {
 	}
 	if s.AdminToken == "" && s.ReadToken == "" && !Loopback(host) {
 		return ErrNoTokens
+	}
+	if s.GRPCListen != "" {
+		ghost, gport, err := net.SplitHostPort(s.GRPCListen)
+		if err != nil {
+			return fmt.Errorf("config: --grpc-listen %q: want host:port: %v", s.GRPCListen, err)
+		}
+		if _, err := strconv.ParseUint(gport, 10, 16); err != nil {
+			return fmt.Errorf("config: --grpc-listen %q: bad port", s.GRPCListen)
+		}
+		if s.QuotaToken == "" && s.ClientCAFile == "" && !s.TrustXFCC && !Loopback(ghost) {
+			return errors.New("config: --grpc-listen on a non-loopback address needs --quota-token or --client-ca-file: the Rate Limit Quota Service would spend fleet budgets for anyone")
+		}
 	}
 	if s.QuotaToken != "" && (s.QuotaToken == s.AdminToken || s.QuotaToken == s.ReadToken) {
 		return errors.New("config: the quota token must differ from the admin and read tokens")

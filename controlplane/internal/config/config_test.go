@@ -110,6 +110,8 @@ func TestParseErrors(t *testing.T) {
 		{"two identity sources", []string{"--tls-cert-file", "/c", "--tls-key-file", "/k", "--client-ca-file", "/ca", "--trust-xfcc"}, nil, "use one"},
 		{"no entries per identity", []string{"--quota-max-entries-per-identity", "0"}, nil, "--quota-max-entries-per-identity"},
 		{"reset with redis", []string{"--reset-damaged-store", "--redis-url", "redis://127.0.0.1:6379"}, nil, "--reset-damaged-store"},
+		{"grpc without port", []string{"--grpc-listen", "127.0.0.1"}, nil, "--grpc-listen"},
+		{"open grpc on the network", []string{"--grpc-listen", "0.0.0.0:8081"}, map[string]string{"SLUICE_ADMIN_TOKEN": "a"}, "needs --quota-token or --client-ca-file"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
