@@ -31,8 +31,12 @@ import (
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
-// wasmBin is the filter, built once by TestMain as `make wasm` builds it.
-var wasmBin []byte
+// wasmBin is the filter, built once by TestMain as `make wasm` builds it;
+// sluicectl is the path of the CLI TestMain built.
+var (
+	wasmBin   []byte
+	sluicectl string
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "envoy-test")
@@ -50,6 +54,13 @@ func TestMain(m *testing.M) {
 	}
 	if wasmBin, err = os.ReadFile(out); err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	sluicectl = filepath.Join(dir, "sluicectl")
+	cmd = exec.Command("go", "build", "-o", sluicectl, "./controlplane/cmd/sluicectl")
+	cmd.Dir = ".."
+	if b, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building sluicectl: %v\n%s", err, b)
 		os.Exit(1)
 	}
 	code := m.Run()

@@ -9,6 +9,7 @@ import (
 	"path"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -218,8 +219,9 @@ func TestKubernetesControlPlane(t *testing.T) {
 		!strings.HasPrefix(cm.Data[r.ConfigMapKeyRef.Key], "redis://") {
 		t.Errorf("SLUICE_REDIS_URL: want it from the ConfigMap %s (%v)", cm.Name, cm.Data)
 	}
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != ociimage.Port {
-		t.Errorf("service ports %+v", svc.Spec.Ports)
+	if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[0].Port != ociimage.Port || svc.Spec.Ports[1].Name != "grpc" ||
+		env["SLUICE_GRPC_LISTEN"].Value != "0.0.0.0:"+strconv.Itoa(int(svc.Spec.Ports[1].Port)) {
+		t.Errorf("service ports %+v, SLUICE_GRPC_LISTEN %q: want http on %d and grpc on the gRPC listener's port", svc.Spec.Ports, env["SLUICE_GRPC_LISTEN"].Value, ociimage.Port)
 	}
 
 	// Strictness: a misspelt field is refused.
