@@ -42,8 +42,12 @@ run: build
 		BIN_DIR=$(BUILD) $(BUILD)/sluice-run
 
 ## test: build what the tests need, then run every test (race detector on native code).
+## The end-to-end packages under testenv/ run one at a time, after the rest: each starts
+## its own fleet of processes and judges admission by counting per window, which a
+## second fleet on the same two cores would skew.
 test: build
-	$(GO) test $(GOTESTFLAGS) ./...
+	$(GO) test $(GOTESTFLAGS) $$($(GO) list ./... | grep -v '/testenv/')
+	$(GO) test $(GOTESTFLAGS) -p 1 ./testenv/...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 
 ## bench: every benchmark (go test -bench over all packages, 6 runs each).

@@ -10,7 +10,9 @@
 //   - rule "tight" (limit L per window, on_quota_failure deny): admitted ≤ L in
 //     every window, except the window in which Redis lost its data, where the
 //     fleet counter restarts from zero (≤ 2L, the documented bound); with demand
-//     above L and no fault, admitted = L;
+//     above L and no fault, admitted = L, less at most 2 % of L (units leased in
+//     the window's last moments to an Envoy that sees no further request in it
+//     expire unspent);
 //   - rule "loose" (limit 10^8): no 429 at all in a window without a fault, since
 //     its budget can never be spent (a 429 there is a false one).
 //

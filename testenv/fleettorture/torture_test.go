@@ -137,7 +137,12 @@ func (s *stack) run(sc scenario, rate int) {
 			// moments can expire unspent in an Envoy that receives no further
 			// request in the window. That is the lease design's cost, not a false
 			// denial of budget the service still had.
-			if up := c.tightAdmitted + c.tightAmbiguous; up < limit && c.tight429 >= limit/2 {
+			// On a loaded machine (64 more clients pressing on the replicas, or the
+			// other suites running beside this one) an answer delayed to a window's
+			// last moments strands its units the same way: up to 2 % of the limit
+			// is allowed for that.
+			short := limit / 50
+			if up := c.tightAdmitted + c.tightAmbiguous; up < limit-short && c.tight429 >= limit/2 {
 				bad = append(bad, "under-admitted "+strconv.Itoa(up)+" < "+strconv.Itoa(limit)+" with demand above it")
 			}
 			if c.loose429 > 0 {
