@@ -532,3 +532,34 @@ func TestEnvoyMTLSBootstrap(t *testing.T) {
 	}
 	startFilter(t, c.Filter.PluginConfig, c.Filter.VMConfig)
 }
+
+// TestNoManifestLetsABodyResumeAPausedRequest: with the Wasm filter's
+// allow_on_headers_stop_iteration set, Envoy would call a body callback on
+// a request the filter paused at its headers, and the first chunk would
+// resume it. The filter exports no body callback, so that chunk would be
+// answered Continue and a request held for a decision would pass: no file
+// here may set it.
+func TestNoManifestLetsABodyResumeAPausedRequest(t *testing.T) {
+	var files []string
+	for _, pat := range []string{"*.yaml", "*/*.yaml", "*/*/*.yaml"} {
+		m, err := filepath.Glob(pat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
+	}
+	if len(files) < 5 {
+		t.Fatalf("found only %d manifests: %v", len(files), files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"allow_on_headers_stop_iteration", "allowOnHeadersStopIteration"} {
+			if bytes.Contains(b, []byte(name)) {
+				t.Errorf("%s sets %s", f, name)
+			}
+		}
+	}
+}

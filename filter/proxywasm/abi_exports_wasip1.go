@@ -7,10 +7,16 @@ import "unsafe"
 // Callbacks of proxy-wasm ABI v0.2.1 (spec abi-versions/v0.2.1; parameter
 // lists as in proxy-wasm-cpp-host include/proxy-wasm/wasm.h). Each is a thin
 // shim over a portable function in context.go or http.go, which recovers
-// panics and fails open. Booleans travel as i32 0/1. gRPC and
-// foreign-function callbacks are not exported: sluice makes no gRPC calls and
-// calls no foreign functions, and a host looks these up only when it needs
-// them.
+// panics and fails open. Booleans travel as i32 0/1.
+//
+// Only what every HTTP plugin needs is exported here. The body, trailer and
+// TCP callbacks are exported by package streamexports, which a module
+// imports for its side effect when it reads bodies or is a network filter:
+// proxy-wasm-cpp-host answers a callback the module does not export with
+// Continue without entering it (context.cc, the onRequestBody family), so a
+// module without them costs nothing per body chunk, trailer or data frame.
+// gRPC and foreign-function callbacks are not exported at all: sluice makes
+// no gRPC calls and calls no foreign functions.
 
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion021() {}
@@ -44,54 +50,9 @@ func proxyOnRequestHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 	return uint32(onRequestHeaders(contextID, numHeaders, endOfStream != 0))
 }
 
-//go:wasmexport proxy_on_request_body
-func proxyOnRequestBody(contextID, bodySize, endOfStream uint32) uint32 {
-	return uint32(onRequestBody(contextID, bodySize, endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_request_trailers
-func proxyOnRequestTrailers(contextID, numTrailers uint32) uint32 {
-	return uint32(onRequestTrailers(contextID, numTrailers))
-}
-
 //go:wasmexport proxy_on_response_headers
 func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 	return uint32(onResponseHeaders(contextID, numHeaders, endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_response_body
-func proxyOnResponseBody(contextID, bodySize, endOfStream uint32) uint32 {
-	return uint32(onResponseBody(contextID, bodySize, endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_response_trailers
-func proxyOnResponseTrailers(contextID, numTrailers uint32) uint32 {
-	return uint32(onResponseTrailers(contextID, numTrailers))
-}
-
-//go:wasmexport proxy_on_new_connection
-func proxyOnNewConnection(contextID uint32) uint32 {
-	return uint32(onNewConnection(contextID))
-}
-
-//go:wasmexport proxy_on_downstream_data
-func proxyOnDownstreamData(contextID, dataSize, endOfStream uint32) uint32 {
-	return uint32(onDownstreamData(contextID, dataSize, endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_upstream_data
-func proxyOnUpstreamData(contextID, dataSize, endOfStream uint32) uint32 {
-	return uint32(onUpstreamData(contextID, dataSize, endOfStream != 0))
-}
-
-//go:wasmexport proxy_on_downstream_connection_close
-func proxyOnDownstreamConnectionClose(contextID, peerType uint32) {
-	onDownstreamConnectionClose(contextID, peerType)
-}
-
-//go:wasmexport proxy_on_upstream_connection_close
-func proxyOnUpstreamConnectionClose(contextID, peerType uint32) {
-	onUpstreamConnectionClose(contextID, peerType)
 }
 
 //go:wasmexport proxy_on_http_call_response

@@ -223,17 +223,23 @@ func onRequestHeaders(id, numHeaders uint32, endOfStream bool) types.Action {
 	})
 }
 
-// onRequestBody implements proxy_on_request_body(context_id, body_size,
+// The Dispatch functions below serve the body, trailer and TCP callbacks.
+// This package does not export those callbacks from the module (see
+// abi_exports_wasip1.go); package streamexports does, by calling these, for
+// modules that import it. Each recovers a panic, fails open (Continue), and
+// returns Continue for an unknown context id. Plugins do not call them.
+
+// DispatchRequestBody implements proxy_on_request_body(context_id, body_size,
 // end_of_stream); body_size is the buffered size in bytes.
-func onRequestBody(id, bodySize uint32, endOfStream bool) types.Action {
+func DispatchRequestBody(id, bodySize uint32, endOfStream bool) types.Action {
 	return httpCallback("proxy_on_request_body", id, func(h types.HttpContext) types.Action {
 		return h.OnHttpRequestBody(int(bodySize), endOfStream)
 	})
 }
 
-// onRequestTrailers implements proxy_on_request_trailers(context_id,
+// DispatchRequestTrailers implements proxy_on_request_trailers(context_id,
 // num_trailers).
-func onRequestTrailers(id, numTrailers uint32) types.Action {
+func DispatchRequestTrailers(id, numTrailers uint32) types.Action {
 	return httpCallback("proxy_on_request_trailers", id, func(h types.HttpContext) types.Action {
 		return h.OnHttpRequestTrailers(int(numTrailers))
 	})
@@ -247,58 +253,58 @@ func onResponseHeaders(id, numHeaders uint32, endOfStream bool) types.Action {
 	})
 }
 
-// onResponseBody implements proxy_on_response_body(context_id, body_size,
+// DispatchResponseBody implements proxy_on_response_body(context_id, body_size,
 // end_of_stream).
-func onResponseBody(id, bodySize uint32, endOfStream bool) types.Action {
+func DispatchResponseBody(id, bodySize uint32, endOfStream bool) types.Action {
 	return httpCallback("proxy_on_response_body", id, func(h types.HttpContext) types.Action {
 		return h.OnHttpResponseBody(int(bodySize), endOfStream)
 	})
 }
 
-// onResponseTrailers implements proxy_on_response_trailers(context_id,
+// DispatchResponseTrailers implements proxy_on_response_trailers(context_id,
 // num_trailers).
-func onResponseTrailers(id, numTrailers uint32) types.Action {
+func DispatchResponseTrailers(id, numTrailers uint32) types.Action {
 	return httpCallback("proxy_on_response_trailers", id, func(h types.HttpContext) types.Action {
 		return h.OnHttpResponseTrailers(int(numTrailers))
 	})
 }
 
-// onNewConnection implements proxy_on_new_connection(context_id) (spec
+// DispatchNewConnection implements proxy_on_new_connection(context_id) (spec
 // v0.2.1 "TCP/UDP/QUIC stream").
-func onNewConnection(id uint32) types.Action {
+func DispatchNewConnection(id uint32) types.Action {
 	return tcpCallback("proxy_on_new_connection", id, func(t types.TcpContext) types.Action {
 		return t.OnNewConnection()
 	})
 }
 
-// onDownstreamData implements proxy_on_downstream_data(context_id,
+// DispatchDownstreamData implements proxy_on_downstream_data(context_id,
 // data_size, end_of_stream).
-func onDownstreamData(id, dataSize uint32, endOfStream bool) types.Action {
+func DispatchDownstreamData(id, dataSize uint32, endOfStream bool) types.Action {
 	return tcpCallback("proxy_on_downstream_data", id, func(t types.TcpContext) types.Action {
 		return t.OnDownstreamData(int(dataSize), endOfStream)
 	})
 }
 
-// onUpstreamData implements proxy_on_upstream_data(context_id, data_size,
+// DispatchUpstreamData implements proxy_on_upstream_data(context_id, data_size,
 // end_of_stream).
-func onUpstreamData(id, dataSize uint32, endOfStream bool) types.Action {
+func DispatchUpstreamData(id, dataSize uint32, endOfStream bool) types.Action {
 	return tcpCallback("proxy_on_upstream_data", id, func(t types.TcpContext) types.Action {
 		return t.OnUpstreamData(int(dataSize), endOfStream)
 	})
 }
 
-// onDownstreamConnectionClose implements
+// DispatchDownstreamConnectionClose implements
 // proxy_on_downstream_connection_close(context_id, peer_type).
-func onDownstreamConnectionClose(id, peerType uint32) {
+func DispatchDownstreamConnectionClose(id, peerType uint32) {
 	tcpCallback("proxy_on_downstream_connection_close", id, func(t types.TcpContext) types.Action {
 		t.OnDownstreamClose(types.PeerType(peerType))
 		return types.ActionContinue
 	})
 }
 
-// onUpstreamConnectionClose implements
+// DispatchUpstreamConnectionClose implements
 // proxy_on_upstream_connection_close(context_id, peer_type).
-func onUpstreamConnectionClose(id, peerType uint32) {
+func DispatchUpstreamConnectionClose(id, peerType uint32) {
 	tcpCallback("proxy_on_upstream_connection_close", id, func(t types.TcpContext) types.Action {
 		t.OnUpstreamClose(types.PeerType(peerType))
 		return types.ActionContinue

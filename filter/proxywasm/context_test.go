@@ -153,11 +153,11 @@ func TestHTTPStreamEnvoyOrder(t *testing.T) {
 	if got := onRequestHeaders(2, 3, false); got != types.ActionPause {
 		t.Fatalf("request headers action = %d, want pause", got)
 	}
-	onRequestBody(2, 10, true)
-	onRequestTrailers(2, 1)
+	DispatchRequestBody(2, 10, true)
+	DispatchRequestTrailers(2, 1)
 	onResponseHeaders(2, 4, false)
-	onResponseBody(2, 20, true)
-	onResponseTrailers(2, 2)
+	DispatchResponseBody(2, 20, true)
+	DispatchResponseTrailers(2, 2)
 	// Envoy: on_log, then on_done, then on_delete (docs/ENVOY.md, Lifecycle).
 	onLog(2)
 	if !onDone(2) {
@@ -226,13 +226,13 @@ func TestTCPStream(t *testing.T) {
 	r.actions["downstream_data"] = types.ActionPause
 	startRoot(t, r)
 	onContextCreate(3, 1)
-	onNewConnection(3)
-	if got := onDownstreamData(3, 5, false); got != types.ActionPause {
+	DispatchNewConnection(3)
+	if got := DispatchDownstreamData(3, 5, false); got != types.ActionPause {
 		t.Fatalf("downstream data action = %d", got)
 	}
-	onUpstreamData(3, 6, true)
-	onDownstreamConnectionClose(3, 2)
-	onUpstreamConnectionClose(3, 1)
+	DispatchUpstreamData(3, 6, true)
+	DispatchDownstreamConnectionClose(3, 2)
+	DispatchUpstreamConnectionClose(3, 1)
 	onDone(3)
 	onLog(3)
 	onDelete(3)
@@ -334,10 +334,10 @@ func TestPanicsFailOpenAndAreLogged(t *testing.T) {
 			func() bool { return onRequestHeaders(2, 1, true) == types.ActionContinue },
 			"4 proxywasm: recovered panic in proxy_on_request_headers: boom"},
 		{"error in response body", "response_body 3 0", errors.New("bad body"),
-			func() bool { return onResponseBody(2, 3, false) == types.ActionContinue },
+			func() bool { return DispatchResponseBody(2, 3, false) == types.ActionContinue },
 			"4 proxywasm: recovered panic in proxy_on_response_body: bad body"},
 		{"runtime error in trailers", "request_trailers 0", indexPanic{},
-			func() bool { return onRequestTrailers(2, 0) == types.ActionContinue },
+			func() bool { return DispatchRequestTrailers(2, 0) == types.ActionContinue },
 			"4 proxywasm: recovered panic in proxy_on_request_trailers: runtime error: index out of range [3] with length 0"},
 		{"int value in stream done", "http_stream_done", 42,
 			func() bool { onLog(2); return true },

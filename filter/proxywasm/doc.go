@@ -4,8 +4,10 @@
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared
 //
-// It declares every v0.2.1 host import with //go:wasmimport, exports every
-// callback a Go plugin needs with //go:wasmexport, and dispatches the
+// It declares every v0.2.1 host import with //go:wasmimport, exports the
+// callbacks every HTTP plugin needs with //go:wasmexport (a module that reads
+// bodies or trailers, or is a TCP filter, also imports package
+// streamexports for those), and dispatches the
 // callbacks to the context interfaces of
 // github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types (VMContext,
 // PluginContext, HttpContext, TcpContext), so plugin code reads like any

@@ -41,10 +41,33 @@ func (h *Host) ImportCalls() map[string]uint64 {
 	return out
 }
 
-// ResetImportCalls sets every count ImportCalls reports to zero. Calls
-// made concurrently, on VMs still running, may or may not be counted.
+// ResetImportCalls sets every count ImportCalls and CallbackCalls report to
+// zero. Calls made concurrently, on VMs still running, may or may not be
+// counted.
 func (h *Host) ResetImportCalls() {
 	for _, n := range h.calls {
 		n.Store(0)
 	}
+	for _, n := range h.entries {
+		n.Store(0)
+	}
+}
+
+// CallbackCalls returns how many times the host entered the module through
+// each exported callback ("proxy_on_request_headers", "proxy_on_tick", …)
+// since the Host started or since the last ResetImportCalls, summed over
+// every VM including the canary. The allocator the host calls to place
+// data in guest memory (malloc or proxy_on_memory_allocate) is not counted.
+// An event whose callback the module does
+// not export is answered as proxy-wasm-cpp-host answers it (Continue, or
+// nothing) without entering the module, and is not counted. Snapshot
+// semantics as ImportCalls.
+func (h *Host) CallbackCalls() map[string]uint64 {
+	out := make(map[string]uint64)
+	for name, n := range h.entries {
+		if c := n.Load(); c > 0 {
+			out[name] = c
+		}
+	}
+	return out
 }

@@ -112,6 +112,7 @@ type Host struct {
 	store   *sharedStore
 	metrics *metricStore
 	calls   importCounters // written only by instantiateImports
+	entries importCounters // callbacks that entered the module; filled in New
 
 	workers []*vm
 
@@ -190,6 +191,10 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	}
 	h.compiled = compiled
 	h.exports = compiled.ExportedFunctions()
+	h.entries = importCounters{}
+	for name := range h.exports {
+		h.entries.counter(name)
+	}
 	// CPPHOST src/bytecode_util.cc getAbiVersion: the first marker found.
 	for _, m := range []string{"proxy_abi_version_0_2_1", "proxy_abi_version_0_2_0", "proxy_abi_version_0_1_0"} {
 		if _, ok := h.exports[m]; ok {

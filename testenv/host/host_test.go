@@ -380,6 +380,13 @@ func TestBodies(t *testing.T) {
 	if err := s.Finish(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The module exports the body callbacks (it imports streamexports), so
+	// each chunk entered it: one request body for the first request, two
+	// for the step-wise one; one response body for the first.
+	got := h.CallbackCalls()
+	if got["proxy_on_request_body"] != 3 || got["proxy_on_response_body"] != 1 {
+		t.Errorf("body callbacks entered: %v; want 3 request and 1 response", got)
+	}
 }
 
 func TestCloseStream(t *testing.T) {

@@ -333,6 +333,7 @@ func (v *vm) call(name string, onReturn func(uint64), args ...uint64) (uint64, e
 		return 0, nil
 	}
 	v.forceStop = false
+	v.h.entries[name].Add(1)
 	if v.h.cfg.Trace {
 		v.traceCall(name, args)
 	}

@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	_ "github.com/sluice-proxy/sluice/filter/proxywasm/streamexports" // it reads bodies
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
