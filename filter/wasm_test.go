@@ -273,7 +273,6 @@ func TestWasmPassThroughLifecycle(t *testing.T) {
 	call("proxy_on_configure", 1, 1, 0)
 	call("proxy_on_context_create", void, 2, 1)
 	call("proxy_on_request_headers", 0, 2, 3, 0)
-	call("proxy_on_request_body", 0, 2, 10, 1)
 	call("proxy_on_response_headers", 0, 2, 4, 1)
 	call("proxy_on_log", void, 2)
 	call("proxy_on_done", 1, 2)
