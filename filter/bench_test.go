@@ -26,8 +26,16 @@ import (
 // benchmark reaches, so every request takes the allowed path.
 const benchRule = `{"id":"r0","key":["user|client_ip"],"algorithm":"token_bucket","limit":1000000000000,"window":"1s"}`
 
-func benchPolicy(rules ...string) string {
-	return `{"policy":"bench","version":1,"identity":{"user_header":"x-user-id","tenant_header":"x-tenant-id"},"rules":[` +
+func benchPolicy(rules ...string) string { return benchPolicyHeaders("", rules...) }
+
+// benchPolicyHeaders is benchPolicy with the policy member response_headers
+// set to responseHeaders, a JSON object ("": absent).
+func benchPolicyHeaders(responseHeaders string, rules ...string) string {
+	rh := ""
+	if responseHeaders != "" {
+		rh = `"response_headers":` + responseHeaders + `,`
+	}
+	return `{"policy":"bench","version":1,"identity":{"user_header":"x-user-id","tenant_header":"x-tenant-id"},` + rh + `"rules":[` +
 		strings.Join(rules, ",") + `]}`
 }
 

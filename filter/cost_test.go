@@ -14,7 +14,7 @@ func TestCostHeaders(t *testing.T) {
 	buildWasm(t)
 	pol := `{"policy":"p","rules":[{"id":"llm","key":["client_ip"],"algorithm":"token_bucket","limit":100,"window":"1000h",
 	  "cost_header":"x-cost","max_cost":50,"response_cost_header":"x-used"}]}`
-	e := newEnv(t, `{"tick":"1m","policy":`+pol+`}`, 1)
+	e := newEnv(t, `{"tick":"1m","headers_on_allow":true,"policy":`+pol+`}`, 1)
 	used := func(v string) func(host.UpstreamRequest) host.UpstreamResponse {
 		return func(host.UpstreamRequest) host.UpstreamResponse {
 			if v == "" {

@@ -39,7 +39,7 @@ func TestAlgorithmsEndToEnd(t *testing.T) {
 		policy += `{"id":"` + tc.name + `","match":{"path_prefix":"/` + tc.name + `/"},"key":["client_ip"],` + tc.rule + `}`
 	}
 	policy += `]}`
-	e := newEnv(t, `{"env":"test","tick":"1m","policy":`+policy+`,"headers":"both"}`, 1)
+	e := newEnv(t, `{"env":"test","tick":"1m","policy":`+policy+`,"headers":"both","headers_on_allow":true}`, 1)
 	pol, err := rules.ParsePolicy([]byte(policy))
 	if err != nil {
 		t.Fatal(err)

@@ -17,10 +17,15 @@ import (
 // (host.Host.ImportCalls) and bounded here.
 const (
 	// budgetAllowedTotal bounds every hostcall (proxy_* and WASI) of an
-	// allowed request through one rule: its header read(s), one clock
-	// read, one shared-data read and write, one filter-state write and the
-	// rate-limit response headers.
-	budgetAllowedTotal = 10
+	// allowed request through one rule, with the default response headers
+	// (none on an allowed response): its header read(s), one clock read,
+	// one shared-data read and write and one filter-state write.
+	budgetAllowedTotal = 6
+	// budgetDeniedExtra is what a denied request may make beyond an allowed
+	// one's: it skips the shared-data write but reads x-request-id (the
+	// reply's trace_id) and sends the local reply, which carries every
+	// response header in the one call.
+	budgetDeniedExtra = 1
 	// budgetClockReads bounds proxy_get_current_time_nanoseconds and WASI
 	// clock_time_get together, per request.
 	budgetClockReads = 1
@@ -73,6 +78,8 @@ type hostcallCase struct {
 	// warm are the users sent (on the counted path) before counting, so
 	// that first-request work (key creation, allocation growth) is behind.
 	warm []string
+	// responseHeaders is the policy's response_headers object ("": absent).
+	responseHeaders string
 }
 
 // hostcallResult is what measuring a case found: the per-request counts
@@ -84,7 +91,8 @@ type hostcallResult struct {
 }
 
 // measureHostcalls starts one worker VM of the filter with the default
-// plugin configuration (rate-limit headers "x-ratelimit") and c's rules,
+// plugin configuration (rate-limit headers "x-ratelimit" on denials only)
+// and c's rules and response headers,
 // warms it, then sends hostcallRequests full streams (request headers,
 // upstream, response headers, on_log/on_done/on_delete) one at a time,
 // counting each stream's hostcalls.
@@ -98,7 +106,7 @@ func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 	t.Helper()
 	h, err := host.New(context.Background(), host.Config{
 		Wasm: buildWasmTB(t), VMID: "sluice", PluginName: "sluice", NoCanary: true,
-		PluginConfig: []byte(`{"tick":"1m","policy":` + benchPolicy(c.rules...) + `}`),
+		PluginConfig: []byte(`{"tick":"1m","policy":` + benchPolicyHeaders(c.responseHeaders, c.rules...) + `}`),
 		Clock:        host.NewVirtualClock(epoch), LogLevel: host.LogInfo,
 	})
 	if err != nil {
@@ -206,8 +214,11 @@ func TestRequestHostCallBudget(t *testing.T) {
 		if allowedTotal == 0 {
 			t.Fatal("the allowed case did not run (run the whole test)")
 		}
-		if r.costliest.total() > allowedTotal {
-			t.Errorf("hostcalls per denied request: %d, want ≤ %d (an allowed request's)", r.costliest.total(), allowedTotal)
+		if r.costliest.total() > allowedTotal+budgetDeniedExtra {
+			t.Errorf("hostcalls per denied request: %d, want ≤ %d (an allowed request's + %d)", r.costliest.total(), allowedTotal+budgetDeniedExtra, budgetDeniedExtra)
+		}
+		if n := r.costliest["proxy_add_header_map_value"]; n != 0 {
+			t.Errorf("proxy_add_header_map_value: %d, want 0 (the local reply carries the headers)", n)
 		}
 		if n := r.costliest["proxy_set_shared_data"]; n != 0 {
 			t.Errorf("proxy_set_shared_data: %d, want 0", n)
@@ -241,4 +252,32 @@ func TestRequestHostCallBudget(t *testing.T) {
 			t.Errorf("proxy_set_property: %d, want ≤ %d", n, budgetSetProperty)
 		}
 	})
+
+	// Each response-header set a policy may choose costs an allowed request
+	// exactly one proxy_add_header_map_value per header it adds, and nothing
+	// more; without on_allow it costs an allowed request nothing.
+	for _, tc := range []struct {
+		responseHeaders string
+		adds            uint64
+	}{
+		{`{"set":"x-ratelimit"}`, 0},
+		{`{"set":"none","on_allow":true}`, 0},
+		{`{"set":"ratelimit","on_allow":true}`, 2},
+		{`{"set":"x-ratelimit","on_allow":true}`, 3},
+		{`{"set":"both","on_allow":true}`, 5},
+	} {
+		t.Run("allowed_response_headers_"+tc.responseHeaders, func(t *testing.T) {
+			r := measureHostcalls(t, hostcallCase{rules: []string{rule}, user: "user-0", path: path, status: 200, warm: others,
+				responseHeaders: tc.responseHeaders})
+			if allowedTotal == 0 {
+				t.Fatal("the allowed case did not run (run the whole test)")
+			}
+			if n := r.costliest["proxy_add_header_map_value"]; n != tc.adds {
+				t.Errorf("proxy_add_header_map_value: %d, want %d", n, tc.adds)
+			}
+			if n := r.costliest.total(); n != allowedTotal+tc.adds {
+				t.Errorf("hostcalls per request: %d, want %d (the default's %d + %d headers)", n, allowedTotal+tc.adds, allowedTotal, tc.adds)
+			}
+		})
+	}
 }

@@ -42,6 +42,7 @@ func (e *env) finish(s *host.Stream, withResponse bool) {
 
 const seedUserPolicy = `{"policy":"seed","version":1,
  "identity":{"user_header":"x-user-id","tenant_header":"x-tenant-id"},
+ "response_headers":{"set":"x-ratelimit","on_allow":true},
  "rules":[
   {"id":"user-rate","match":{"path_prefix":"/v1/api/"},"key":["user"],"algorithm":"time_wheel","limit":5,"window":"15s","slots":15},
   {"id":"user-tasks","match":{"path_prefix":"/v1/tasks"},"key":["user"],"algorithm":"concurrency","limit":30,"lease":"10m"}

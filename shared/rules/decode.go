@@ -174,6 +174,21 @@ func decodePolicyMember(d *strictjson.Decoder, p *Policy, key string) error {
 		})
 	case "exempt":
 		return decodeExempt(d, &p.Exempt)
+	case "response_headers":
+		if d.Null() {
+			return nil
+		}
+		rh := new(ResponseHeaders)
+		p.ResponseHeaders = rh
+		return d.Object(func(key string) error {
+			switch key {
+			case "set":
+				rh.Set = str(d)
+			case "on_allow":
+				rh.OnAllow, _ = boolean(d)
+			}
+			return nil
+		})
 	case "rules":
 		if d.Null() {
 			return nil

@@ -16,6 +16,7 @@
 //	  "version": 7,
 //	  "identity": {"user_header": "x-user-id", "tenant_header": "x-tenant-id"},
 //	  "exempt": {"cidrs": ["10.0.0.0/8"], "users": ["ops-bot"]},
+//	  "response_headers": {"set": "ratelimit", "on_allow": true},
 //	  "rules": [
 //	    {
 //	      "id": "login-per-ip",
@@ -32,7 +33,7 @@
 //	}
 //
 // Every member is described on the field of [Policy], [Rule], [Match], [HeaderMatch],
-// [Identity] and [Exempt] that holds it. [ParsePolicy] and [ParseRule] reject unknown
+// [Identity], [Exempt] and [ResponseHeaders] that holds it. [ParsePolicy] and [ParseRule] reject unknown
 // members, values of the wrong type or out of range, and every violation of the
 // bounds (MaxRules and the other constants); each problem is a [FieldError] with its
 // JSON path, such as "rules[2].window: must be > 0", and all of them are returned

@@ -3,7 +3,8 @@ package rules
 import "github.com/sluice-proxy/sluice/shared/strictjson"
 
 // EncodePolicy returns p as canonical JSON: compact, members in the order of the
-// struct fields ("policy", "version", "identity", "exempt", "rules"), zero values
+// struct fields ("policy", "version", "identity", "exempt", "response_headers",
+// "rules"), zero values
 // and empty lists omitted except "policy", "version" and "rules", strings and
 // durations in the canonical forms of package strictjson. Equal policies encode to
 // identical bytes, and for a valid p, ParsePolicy(EncodePolicy(p)) equals p. It does
@@ -23,6 +24,17 @@ func EncodePolicy(p *Policy) []byte {
 		w.EndObject()
 	}
 	writeExempt(w, &p.Exempt)
+	if rh := p.ResponseHeaders; rh != nil {
+		w.AppendKey("response_headers")
+		w.BeginObject()
+		w.AppendKey("set")
+		w.AppendString(rh.Set)
+		if rh.OnAllow {
+			w.AppendKey("on_allow")
+			w.AppendBool(true)
+		}
+		w.EndObject()
+	}
 	w.AppendKey("rules")
 	w.BeginArray()
 	for i := range p.Rules {

@@ -116,6 +116,16 @@ func TestParseAccepts(t *testing.T) {
 		{name: "no rules", doc: `{"policy":"p","rules":[]}`},
 		{name: "rules absent", doc: `{"policy":"p"}`},
 		{name: "nulls mean absent", doc: `{"policy":"p","version":null,"identity":null,"exempt":null,"rules":[{` + okRule + `,"match":null,"key":null,"cost":null,"shadow":null}]}`},
+		{name: "response headers, denials only", doc: `{"policy":"p","response_headers":{"set":"ratelimit"}}`, check: func(t *testing.T, p *Policy) {
+			if want := (ResponseHeaders{Set: HeadersRateLimit}); p.ResponseHeaders == nil || *p.ResponseHeaders != want {
+				t.Errorf("ResponseHeaders = %#v, want %#v", p.ResponseHeaders, want)
+			}
+		}},
+		{name: "response headers null", doc: `{"policy":"p","response_headers":null}`, check: func(t *testing.T, p *Policy) {
+			if p.ResponseHeaders != nil {
+				t.Errorf("ResponseHeaders = %#v, want nil", p.ResponseHeaders)
+			}
+		}},
 		{name: "whitespace everywhere", doc: " \t\r\n{ \"policy\" : \"p\" , \"rules\" : [ ] } \n"},
 		{name: "global key", doc: policyWith(`{` + okRule + `,"key":[]}`), check: func(t *testing.T, p *Policy) {
 			if p.Rules[0].Key != nil {
@@ -191,6 +201,10 @@ func TestParseRejects(t *testing.T) {
 		{"unknown header field", policyWith(`{` + okRule + `,"match":{"headers":[{"name":"a","regex":"x"}]}}`), `rules[0].match.headers[0].regex: unknown field; rules[0].match.headers[0]: needs exactly one of exact, prefix, present: true, absent: true`},
 		{"unknown exempt field", `{"policy":"p","exempt":{"ips":[]}}`, `exempt.ips: unknown field`},
 		{"unknown identity field", `{"policy":"p","identity":{"user":"x"}}`, `identity.user: unknown field`},
+		{"unknown response_headers field", `{"policy":"p","response_headers":{"set":"none","allowed":true}}`, `response_headers.allowed: unknown field`},
+		{"response_headers without set", `{"policy":"p","response_headers":{"on_allow":true}}`, `response_headers.set: required`},
+		{"response_headers set unknown", `{"policy":"p","response_headers":{"set":"X-RateLimit"}}`, `response_headers.set: must be one of x-ratelimit, ratelimit, both, none; got "X-RateLimit"`},
+		{"response_headers on_allow not a bool", `{"policy":"p","response_headers":{"set":"none","on_allow":1}}`, `response_headers.on_allow: must be true or false`},
 		{"version negative", `{"policy":"p","version":-1}`, `version: must be a non-negative integer`},
 		{"version fraction", `{"policy":"p","version":1.5}`, `version: must be an integer`},
 		{"version exponent", `{"policy":"p","version":1e3}`, `version: must be an integer`},

@@ -19,6 +19,10 @@ type Policy struct {
 	Identity Identity
 	// Exempt ["exempt"] lists clients no rule of the policy applies to.
 	Exempt Exempt
+	// ResponseHeaders ["response_headers"] says which rate-limit headers the
+	// policy's responses carry; nil (absent) leaves it to each Envoy's filter
+	// configuration ("headers", "headers_on_allow").
+	ResponseHeaders *ResponseHeaders
 	// Rules ["rules"], at most [MaxRules], with distinct ids. Every rule that matches a
 	// request is checked; see [Compiled.Match].
 	Rules []Rule
@@ -35,6 +39,39 @@ type Identity struct {
 	// tenant id, e.g. "x-tenant-id". Empty: no tenant.
 	TenantHeader string
 }
+
+// ResponseHeaders is a policy's choice of rate-limit response headers. The
+// headers describe the decisive rule: on a denial the rule that denied, on an
+// allowed response the matching enforced rule with the least remaining.
+type ResponseHeaders struct {
+	// Set ["set"] is the header set: [HeadersXRateLimit], [HeadersRateLimit],
+	// [HeadersBoth] or [HeadersNone]. Required.
+	Set string
+	// OnAllow ["on_allow"]: allowed responses carry the set too, not only
+	// denials. Default false, as Envoy's own rate-limit filters leave allowed
+	// responses alone unless enable_x_ratelimit_headers is set. In the Wasm
+	// filter each header on an allowed response is one more host call
+	// (proxy_add_header_map_value); on a denial the headers ride on the one
+	// local reply and cost no call.
+	OnAllow bool
+}
+
+// The values of ResponseHeaders.Set.
+const (
+	// HeadersXRateLimit is X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (seconds until the limit is whole again, rounded up):
+	// the de facto set most HTTP APIs send.
+	HeadersXRateLimit = "x-ratelimit"
+	// HeadersRateLimit is RateLimit-Policy and RateLimit, structured-field
+	// lists of one named policy with the q, w, r and t parameters
+	// (draft-ietf-httpapi-ratelimit-headers-09 §3, §4).
+	HeadersRateLimit = "ratelimit"
+	// HeadersBoth is both sets.
+	HeadersBoth = "both"
+	// HeadersNone is no rate-limit header; a denial still carries
+	// Retry-After.
+	HeadersNone = "none"
+)
 
 // Exempt lists clients that a policy or a rule never limits nor counts. A request is
 // exempt if any entry matches. Each list holds at most [MaxExemptEntries] entries.

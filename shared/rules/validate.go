@@ -271,6 +271,15 @@ func (v *validator) policy(p *Policy) {
 		v.add("identity.tenant_header", headerNameRule)
 	}
 	v.exempt(&p.Exempt, "exempt")
+	if rh := p.ResponseHeaders; rh != nil {
+		switch rh.Set {
+		case HeadersXRateLimit, HeadersRateLimit, HeadersBoth, HeadersNone:
+		case "":
+			v.add("response_headers.set", "required")
+		default:
+			v.add("response_headers.set", "must be one of x-ratelimit, ratelimit, both, none; got "+quoteClipped(rh.Set))
+		}
+	}
 	if len(p.Rules) > MaxRules {
 		v.add("rules", "at most "+strconv.Itoa(MaxRules)+" rules, got "+strconv.Itoa(len(p.Rules)))
 		return

@@ -175,9 +175,10 @@ func (s *fleetStack) get(proxy, path, user string) (int, http.Header) {
 }
 
 // fleetDoc is a policy whose rule "fleet-user" limits /e2e/ per user across
-// the fleet with the algorithm members alg.
+// the fleet with the algorithm members alg; allowed responses carry
+// X-RateLimit-*, which is how put sees that a proxy enforces it.
 func fleetDoc(alg string) string {
-	return `{"policy":"default","identity":{"user_header":"x-user-id"},"rules":[` +
+	return `{"policy":"default","identity":{"user_header":"x-user-id"},"response_headers":{"set":"x-ratelimit","on_allow":true},"rules":[` +
 		`{"id":"fleet-user","match":{"path_prefix":"/e2e/"},"key":["user"],` + alg + `,"scope":"fleet"}]}`
 }
 

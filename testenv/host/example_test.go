@@ -14,9 +14,11 @@ import (
 )
 
 // examplePolicy is the plugin configuration of the examples: one static
-// rule, two requests per user per minute (fixed_window), no control plane.
+// rule, two requests per user per minute (fixed_window), X-RateLimit-*
+// headers on allowed responses too, no control plane.
 const examplePolicy = `{"env":"prod","tick":"1s","policy":{"policy":"demo","version":1,
  "identity":{"user_header":"x-user-id"},
+ "response_headers":{"set":"x-ratelimit","on_allow":true},
  "rules":[{"id":"per-user","key":["user"],"algorithm":"fixed_window","limit":2,"window":"1m"}]}}`
 
 var (

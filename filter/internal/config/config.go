@@ -18,7 +18,7 @@
 //	  "buckets_per_rule": 1024,
 //	  "entries_per_bucket": 16,
 //	  "headers": "x-ratelimit",
-//	  "headers_on_allow": true,
+//	  "headers_on_allow": false,
 //	  "fail_mode": "open",
 //	  "cas_retries": 16,
 //	  "cas_fail_mode": "closed"
@@ -90,7 +90,8 @@ const (
 	MaxTokenBytes = 4096
 )
 
-// HeaderStyle selects the rate-limit response headers ("headers").
+// HeaderStyle selects the rate-limit response headers ("headers"; a policy's
+// response_headers.set, rules.ResponseHeaders, takes precedence).
 type HeaderStyle uint8
 
 // The header styles.
@@ -110,6 +111,17 @@ const (
 )
 
 var headerStyles = [...]string{"x-ratelimit", "ratelimit", "both", "none"}
+
+// HeaderStyleNamed returns the style whose JSON name is name (the names of
+// rules.HeadersXRateLimit and its siblings), and whether there is one.
+func HeaderStyleNamed(name string) (HeaderStyle, bool) {
+	for i, n := range headerStyles {
+		if n == name {
+			return HeaderStyle(i), true
+		}
+	}
+	return 0, false
+}
 
 // String returns the JSON name of s.
 func (s HeaderStyle) String() string {
@@ -231,11 +243,14 @@ type Config struct {
 	// beyond the live entries of a bucket share its overflow state (package
 	// table's full-bucket policy).
 	EntriesPerBucket int
-	// Headers ["headers"] is the rate-limit header style. Default
-	// HeadersXRateLimit.
+	// Headers ["headers"] is the rate-limit header style of a policy that
+	// does not choose one (response_headers.set). Default HeadersXRateLimit.
 	Headers HeaderStyle
-	// HeadersOnAllow ["headers_on_allow"]: allowed responses carry the headers
-	// too. Default true.
+	// HeadersOnAllow ["headers_on_allow"]: allowed responses carry the
+	// headers too, for a policy that does not choose (response_headers).
+	// Default false: Envoy's local and global rate-limit filters leave
+	// allowed responses alone unless enable_x_ratelimit_headers is set, and
+	// each header added to an allowed response is one host call.
 	HeadersOnAllow bool
 	// FailMode ["fail_mode"]: "open" or "closed". Default FailOpen.
 	FailMode FailMode
@@ -264,7 +279,6 @@ func Default() Config {
 		Tick:             DefaultTick,
 		BucketsPerRule:   DefaultBucketsPerRule,
 		EntriesPerBucket: DefaultEntriesPerBucket,
-		HeadersOnAllow:   true,
 		CASRetries:       DefaultCASRetries,
 		CASFailMode:      FailClosed,
 	}
@@ -342,11 +356,9 @@ func Parse(doc []byte) (Config, error) {
 			c.EntriesPerBucket = p.intIn(c.EntriesPerBucket, 1, table.MaxEntries)
 		case "headers":
 			s := p.str()
-			found := false
-			for i, name := range headerStyles {
-				if s == name {
-					c.Headers, found = HeaderStyle(i), true
-				}
+			style, found := HeaderStyleNamed(s)
+			if found {
+				c.Headers = style
 			}
 			if !found && s != "" {
 				p.d.Fail(`must be "x-ratelimit", "ratelimit", "both" or "none"`)

@@ -20,7 +20,7 @@ func TestParseDefaults(t *testing.T) {
 	}
 	d := Default()
 	if d.Env != "default" || d.Tick != 100*time.Millisecond || d.BucketsPerRule != 1024 || d.EntriesPerBucket != 16 ||
-		d.Headers != HeadersXRateLimit || !d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 16 || d.CASFailMode != FailClosed || d.Policy != nil {
+		d.Headers != HeadersXRateLimit || d.HeadersOnAllow || d.FailMode != FailOpen || d.CASRetries != 16 || d.CASFailMode != FailClosed || d.Policy != nil {
 		t.Errorf("defaults %+v", d)
 	}
 }
@@ -33,7 +33,7 @@ func TestParseFull(t *testing.T) {
 	  "control_plane": {"cluster": "control_plane", "authority": "cp.internal", "policy": "default",
 	                    "token": "s3cret", "wait": "20s", "timeout": "25s", "lease": "3s"},
 	  "tick": "250ms", "trusted_hops": 0, "buckets_per_rule": 128, "entries_per_bucket": 32,
-	  "headers": "both", "headers_on_allow": false, "fail_mode": "closed", "cas_retries": 20,
+	  "headers": "both", "headers_on_allow": true, "fail_mode": "closed", "cas_retries": 20,
 	  "cas_fail_mode": "open"
 	}`
 	c, err := Parse([]byte(doc))
@@ -50,7 +50,7 @@ func TestParseFull(t *testing.T) {
 			Token: "s3cret", Wait: 20 * time.Second, Timeout: 25 * time.Second, Lease: 3 * time.Second,
 			QuotaTimeout: DefaultQuotaTimeout, QuotaInterval: DefaultQuotaInterval},
 		Tick: 250 * time.Millisecond, BucketsPerRule: 128, EntriesPerBucket: 32,
-		Headers: HeadersBoth, HeadersOnAllow: false, FailMode: FailClosed, CASRetries: 20, CASFailMode: FailOpen,
+		Headers: HeadersBoth, HeadersOnAllow: true, FailMode: FailClosed, CASRetries: 20, CASFailMode: FailOpen,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %+v\nwant %+v", c, want)

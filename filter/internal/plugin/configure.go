@@ -94,6 +94,11 @@ type ruleState struct {
 	// (replyBodyPrefix); stateRule its quoted id for the filter state.
 	replyPrefix []byte
 	stateRule   []byte
+	// headers and headersOnAllow are the policy's response headers
+	// (response_headers, else the configuration's headers and
+	// headers_on_allow), kept with each rule so that a report carries them.
+	headers        config.HeaderStyle
+	headersOnAllow bool
 }
 
 // allHeadersThreshold is the number of distinct headers above which the
@@ -241,6 +246,11 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 	// included: req.Method and req.Path (method, path) serve the
 	// "method"/"path" key parts and path/method matches, not req.Header,
 	// which header conditions and "header:<name>" key parts use.
+	headers, onAllow := p.cfg.Headers, p.cfg.HeadersOnAllow
+	if rh := c.Policy.ResponseHeaders; rh != nil {
+		headers, _ = config.HeaderStyleNamed(rh.Set) // validated by rules.Compile
+		onAllow = rh.OnAllow
+	}
 	match := reads{ip: len(c.Policy.Exempt.CIDRs) > 0, user: len(c.Policy.Exempt.Users) > 0,
 		tenant: len(c.Policy.Exempt.Tenants) > 0}
 	var key reads
@@ -267,6 +277,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		}
 		rs.replyPrefix = replyBodyPrefix(cr.Status, msg, cr.ID)
 		rs.stateRule = strictjson.AppendString(nil, cr.ID)
+		rs.headers, rs.headersOnAllow = headers, onAllow
 		p.initFleetRule(c, rs)
 		r := cr.Rule
 		for _, h := range r.Match.Headers {

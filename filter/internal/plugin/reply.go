@@ -196,8 +196,8 @@ func appendView(text []byte, v uint64) ([]byte, string) {
 	return text, viewString(text[start:])
 }
 
-// appendLimitHeaders appends the reported rule's rate-limit headers in the
-// configured style:
+// appendLimitHeaders appends the reported rule's rate-limit headers in its
+// policy's style (ruleState.headers):
 //
 //	x-ratelimit: X-RateLimit-Limit: <limit>, X-RateLimit-Remaining: <remaining>,
 //	             X-RateLimit-Reset: <seconds until reset, rounded up>
@@ -209,7 +209,7 @@ func appendView(text []byte, v uint64) ([]byte, string) {
 // parameters); w is left out for concurrency rules, which have no window.
 func (h *httpContext) appendLimitHeaders(headers [][2]string, text []byte) ([][2]string, []byte) {
 	r := &h.report
-	style := h.p.cfg.Headers
+	style := r.rule.headers
 	var v string
 	if style.XRateLimit() {
 		text, v = appendView(text, r.limit)

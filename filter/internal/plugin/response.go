@@ -7,16 +7,16 @@ import (
 )
 
 // OnHttpResponseHeaders adds the rate-limit headers of the most
-// restrictive enforced rule to an allowed response (headers_on_allow), and
+// restrictive enforced rule to an allowed response (the policy's
+// response_headers.on_allow, else headers_on_allow), and
 // corrects the charge of rules with a response_cost_header.
 func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) types.Action {
 	if h.denied {
 		return types.ActionContinue // the local reply carries its headers
 	}
-	p := h.p
 	proxywasm.BeginHostScratch() // nothing read here outlives the callback
 	defer proxywasm.EndHostScratch()
-	if h.hasReport && !h.report.rule.cr.Shadow && p.cfg.HeadersOnAllow {
+	if h.hasReport && !h.report.rule.cr.Shadow && h.report.rule.headersOnAllow {
 		h.addLimitHeaders()
 	}
 	for i := range h.charges {
@@ -30,7 +30,7 @@ func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) ty
 func (h *httpContext) addLimitHeaders() {
 	p := h.p
 	r := &h.report
-	style := p.cfg.Headers
+	style := r.rule.headers
 	if style.XRateLimit() {
 		addNum(p, headerXLimit, r.limit)
 		addNum(p, headerXRemaining, r.remaining)

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/sluice-proxy/sluice/testenv/host"
+)
+
+// TestPolicyChoosesResponseHeaders: a policy's response_headers decides the
+// rate-limit headers of its responses over the plugin configuration's
+// headers and headers_on_allow; without it the configuration decides, and
+// by default an allowed response carries none and a denial X-RateLimit-*.
+func TestPolicyChoosesResponseHeaders(t *testing.T) {
+	buildWasm(t)
+	const rule = `{"id":"r","key":["user"],"algorithm":"fixed_window","limit":2,"window":"10s"}`
+	all := []string{"x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "ratelimit", "ratelimit-policy"}
+	only := func(set map[string]string) map[string]string {
+		want := map[string]string{}
+		for _, k := range all {
+			want[k] = set[k] // "" = absent
+		}
+		return want
+	}
+	xAllowed := map[string]string{"x-ratelimit-limit": "2", "x-ratelimit-remaining": "1", "x-ratelimit-reset": "10"}
+	xDenied := map[string]string{"x-ratelimit-limit": "2", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "10"}
+	ietfAllowed := map[string]string{"ratelimit-policy": `"r";q=2;w=10`, "ratelimit": `"r";r=1;t=10`}
+	ietfDenied := map[string]string{"ratelimit-policy": `"r";q=2;w=10`, "ratelimit": `"r";r=0;t=10`}
+	for _, tc := range []struct {
+		name            string
+		config          string // plugin configuration members beside tick and policy
+		responseHeaders string // the policy's response_headers ("": absent)
+		allowed, denied map[string]string
+	}{
+		{"defaults", ``, ``, nil, xDenied},
+		{"configuration on allow", `"headers_on_allow":true,`, ``, xAllowed, xDenied},
+		{"configuration ratelimit", `"headers":"ratelimit",`, ``, nil, ietfDenied},
+		{"policy ratelimit on allow over configuration", `"headers":"x-ratelimit",`, `{"set":"ratelimit","on_allow":true}`, ietfAllowed, ietfDenied},
+		{"policy denials only over configuration on allow", `"headers":"both","headers_on_allow":true,`, `{"set":"x-ratelimit"}`, nil, xDenied},
+		{"policy none", `"headers_on_allow":true,`, `{"set":"none","on_allow":true}`, nil, nil},
+		{"policy both", ``, `{"set":"both","on_allow":true}`, merge(xAllowed, ietfAllowed), merge(xDenied, ietfDenied)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, `{"tick":"1m",`+tc.config+`"policy":`+benchPolicyHeaders(tc.responseHeaders, rule)+`}`, 1)
+			send := func() host.Response {
+				return e.do(0, req{path: "/", headers: host.Headers{{"x-user-id", "u"}}})
+			}
+			if r := send(); r.Status != 200 {
+				t.Fatalf("first request: %d, want 200", r.Status)
+			} else {
+				wantHeaders(t, r.Headers, only(tc.allowed))
+			}
+			send()
+			r := send()
+			if r.Status != 429 {
+				t.Fatalf("third request: %d, want 429", r.Status)
+			}
+			wantHeaders(t, r.Headers, only(tc.denied))
+			wantHeaders(t, r.Headers, map[string]string{"retry-after": "10"})
+		})
+	}
+}
+
+func merge(a, b map[string]string) map[string]string {
+	m := map[string]string{}
+	for k, v := range a {
+		m[k] = v
+	}
+	for k, v := range b {
+		m[k] = v
+	}
+	return m
+}
