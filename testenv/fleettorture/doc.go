@@ -12,7 +12,8 @@
 //     fleet counter restarts from zero (≤ 2L, the documented bound); with demand
 //     above L and no fault, admitted = L, less at most 2 % of L (units leased in
 //     the window's last moments to an Envoy that sees no further request in it
-//     expire unspent);
+//     expire unspent), or 5 % while 64 more quota clients saturate the cores on
+//     purpose (answers then reach their Envoy after the window ended);
 //   - rule "loose" (limit 10^8): no 429 at all in a window without a fault, since
 //     its budget can never be spent (a 429 there is a false one).
 //
