@@ -98,15 +98,12 @@ var envImports = map[string]signature{
 // and the poll_oneoff crash).
 var wasiImports = map[string]bool{
 	"args_get": true, "args_sizes_get": true, "clock_time_get": true, "environ_get": true,
-	"environ_sizes_get": true, "fd_close": true, "fd_fdstat_get": true, "fd_fdstat_set_flags": true,
+	"environ_sizes_get": true, "fd_fdstat_get": true, "fd_fdstat_set_flags": true,
 	"fd_prestat_dir_name": true, "fd_prestat_get": true, "fd_write": true, "poll_oneoff": true,
 	"proc_exit": true, "random_get": true, "sched_yield": true,
-	// time.LoadLocation (shared/rules: calendar-day windows in a time zone)
-	// looks for zoneinfo files before the embedded time/tzdata. CPPHOST has
-	// long exported these too: path_open answers NOENT, fd_read and fd_seek
-	// ENOSYS (include/proxy-wasm/exports.h wasi_unstable_fd_read/_fd_seek,
-	// src/exports.cc).
-	"path_open": true, "fd_read": true, "fd_seek": true,
+	// Not path_open, fd_read, fd_seek or fd_close: time.LoadLocation would
+	// import them to look for zoneinfo files, and shared/rules reads its
+	// zones from the module instead (rules.LoadZone).
 }
 
 // TestWasmModuleABI builds the filter as Envoy loads it and checks, with

@@ -5,7 +5,9 @@
 // It is shared by the control plane and the proxy-wasm filter, so it uses the
 // standard library only and imports neither os nor anything that does (fmt, log,
 // encoding/json): JSON goes through package strictjson. The IANA time zone database
-// is embedded (time/tzdata), since a wasm guest has no /usr/share/zoneinfo.
+// is embedded, since a wasm guest has no /usr/share/zoneinfo: Go's, each zone cut
+// down to the rules in force from 2025 on ([LoadZone]; zones_gen.go, written by
+// internal/cmd/tzslim).
 //
 // # Documents
 //

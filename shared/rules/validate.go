@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
-	_ "time/tzdata" // LoadLocation must work in a wasm guest, which has no zoneinfo files
 	"unicode/utf8"
 
 	"github.com/sluice-proxy/sluice/shared/limit"
@@ -459,14 +458,11 @@ func (v *validator) limitConfig(r *Rule, field string) (cfg limit.Config, ok boo
 	return cfg, known
 }
 
-// loadLocation loads an IANA time zone from the tz database embedded by time/tzdata
-// (or the system's, where there is one). "Local" and "" are refused: the filter's
-// local zone is not something a policy can know.
+// loadLocation loads an IANA time zone from the slim zones embedded here
+// (LoadZone). "Local" and "" are refused: the filter's local zone is not
+// something a policy can know.
 func loadLocation(name string) (*time.Location, string) {
-	if name == "Local" || len(name) > 64 {
-		return nil, "unknown time zone " + quoteClipped(name) + " (want an IANA name such as Europe/Berlin)"
-	}
-	loc, err := time.LoadLocation(name)
+	loc, err := LoadZone(name)
 	if err != nil {
 		return nil, "unknown time zone " + quoteClipped(name) + " (want an IANA name such as Europe/Berlin)"
 	}
