@@ -242,15 +242,15 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		userHeader:   c.Policy.Identity.UserHeader,
 		tenantHeader: c.Policy.Identity.TenantHeader,
 	}
-	// Every header a rule names is read as a header, pseudo-headers
-	// included: req.Method and req.Path (method, path) serve the
-	// "method"/"path" key parts and path/method matches, not req.Header,
-	// which header conditions and "header:<name>" key parts use.
 	headers, onAllow := p.cfg.Headers, p.cfg.HeadersOnAllow
 	if rh := c.Policy.ResponseHeaders; rh != nil {
 		headers, _ = config.HeaderStyleNamed(rh.Set) // validated by rules.Compile
 		onAllow = rh.OnAllow
 	}
+	// Every header a rule names is read as a header, pseudo-headers
+	// included: req.Method and req.Path (method, path) serve the
+	// "method"/"path" key parts and path/method matches, not req.Header,
+	// which header conditions and "header:<name>" key parts use.
 	match := reads{ip: len(c.Policy.Exempt.CIDRs) > 0, user: len(c.Policy.Exempt.Users) > 0,
 		tenant: len(c.Policy.Exempt.Tenants) > 0}
 	var key reads
