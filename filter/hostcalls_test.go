@@ -257,16 +257,17 @@ func TestRequestHostCallBudget(t *testing.T) {
 	// exactly one proxy_add_header_map_value per header it adds, and nothing
 	// more; without on_allow it costs an allowed request nothing.
 	for _, tc := range []struct {
+		name            string
 		responseHeaders string
 		adds            uint64
 	}{
-		{`{"set":"x-ratelimit"}`, 0},
-		{`{"set":"none","on_allow":true}`, 0},
-		{`{"set":"ratelimit","on_allow":true}`, 2},
-		{`{"set":"x-ratelimit","on_allow":true}`, 3},
-		{`{"set":"both","on_allow":true}`, 5},
+		{"denials_only", `{"set":"x-ratelimit"}`, 0},
+		{"none", `{"set":"none","on_allow":true}`, 0},
+		{"ratelimit", `{"set":"ratelimit","on_allow":true}`, 2},
+		{"x-ratelimit", `{"set":"x-ratelimit","on_allow":true}`, 3},
+		{"both", `{"set":"both","on_allow":true}`, 5},
 	} {
-		t.Run("allowed_response_headers_"+tc.responseHeaders, func(t *testing.T) {
+		t.Run("allowed_response_headers_"+tc.name, func(t *testing.T) {
 			r := measureHostcalls(t, hostcallCase{rules: []string{rule}, user: "user-0", path: path, status: 200, warm: others,
 				responseHeaders: tc.responseHeaders})
 			if allowedTotal == 0 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/testenv/host"
@@ -60,13 +61,9 @@ func TestPolicyChoosesResponseHeaders(t *testing.T) {
 	}
 }
 
+// merge returns a new map with a's entries, then b's.
 func merge(a, b map[string]string) map[string]string {
-	m := map[string]string{}
-	for k, v := range a {
-		m[k] = v
-	}
-	for k, v := range b {
-		m[k] = v
-	}
+	m := maps.Clone(a)
+	maps.Copy(m, b)
 	return m
 }

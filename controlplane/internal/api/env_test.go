@@ -144,6 +144,22 @@ func expect(t testing.TB, r *apitest.Response, status int, what string) {
 	}
 }
 
+// errorFields returns the field of each detail of an error body, in order.
+func errorFields(t testing.TB, r *apitest.Response) []string {
+	t.Helper()
+	var eb struct {
+		Error struct {
+			Details []struct{ Field, Message string }
+		}
+	}
+	r.JSON(t, &eb)
+	var fields []string
+	for _, d := range eb.Error.Details {
+		fields = append(fields, d.Field)
+	}
+	return fields
+}
+
 func expectCode(t testing.TB, r *apitest.Response, status int, code, what string) {
 	t.Helper()
 	expect(t, r, status, what)

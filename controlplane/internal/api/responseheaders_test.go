@@ -29,14 +29,8 @@ func TestPolicyResponseHeadersKeptAndChecked(t *testing.T) {
 
 			bad := c.Do("PUT", "/v1/policies/p", []byte(`{"policy":"p","response_headers":{"set":"X-RateLimit"},"rules":[]}`))
 			expectCode(t, bad, 400, "invalid_document", "PUT bad set")
-			var eb struct {
-				Error struct {
-					Details []struct{ Field, Message string }
-				}
-			}
-			bad.JSON(t, &eb)
-			if len(eb.Error.Details) != 1 || eb.Error.Details[0].Field != "response_headers.set" {
-				t.Fatalf("details = %+v, want one on response_headers.set", eb.Error.Details)
+			if got := errorFields(t, bad); len(got) != 1 || got[0] != "response_headers.set" {
+				t.Fatalf("detail fields = %q, want one on response_headers.set", got)
 			}
 			expectCode(t, c.Do("PUT", "/v1/policies/p", []byte(`{"policy":"p","response_headers":{"on_allow":true},"rules":[]}`)),
 				400, "invalid_document", "PUT response_headers without set")

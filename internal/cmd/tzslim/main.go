@@ -131,7 +131,8 @@ func main() {
 
 // slimTZif reads a TZif file of version 2 or later and writes the version 2 file
 // that keeps, of its 64-bit data, the transition in force at cutoff and those
-// after it, every local time type and abbreviation, and the footer (no leap
+// after it, the local time types those transitions use (all of them when there is
+// none), every abbreviation, and the footer (no leap
 // seconds, no standard/wall or UT/local indicators, which Go's reader does not
 // use to tell the time). Its version 1 part is empty, as RFC 9636 §4 allows a
 // reader of version 2 to skip.
@@ -151,7 +152,11 @@ func slimTZif(b []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := b[hdr+timecnt*5+typecnt*6+charcnt+leap*8+isstd+isut:]
+	v1 := hdr + timecnt*5 + typecnt*6 + charcnt + leap*8 + isstd + isut
+	if len(b) < v1 {
+		return nil, errors.New("truncated")
+	}
+	p := b[v1:]
 	isut, isstd, leap, timecnt, typecnt, charcnt, err = counts(p)
 	if err != nil {
 		return nil, err
@@ -173,9 +178,6 @@ func slimTZif(b []byte) ([]byte, error) {
 		if int64(binary.BigEndian.Uint64(times[8*i:])) <= cutoff {
 			first = i
 		}
-	}
-	if timecnt == 0 {
-		first = 0
 	}
 	kept := timecnt - first
 
