@@ -2,7 +2,9 @@ package strictjson
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzDecode checks that the decoder never panics, that everything it accepts is
@@ -46,6 +48,37 @@ func FuzzDecode(f *testing.F) {
 		v2.write(&w2)
 		if string(w2.Bytes()) != string(first) {
 			t.Fatalf("not stable:\n%q\n%q", first, w2.Bytes())
+		}
+	})
+}
+
+// FuzzAppendString checks that AppendString writes one valid JSON string that
+// reads back (encoding/json) as the input with every byte that is not part of
+// valid UTF-8 replaced by U+FFFD, wherever the first byte needing an escape
+// falls (the seeds put one at the start, inside and at the end).
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain", "rl:bench:default/per-user:user=alice:60s", `"`, `a"`, `ab\`, "\x00b",
+		"ab\ncd", "tab\there", "\x7f", "é", "a\xffb", "\xe2\x80\xa8x", "end\u2029", `mixed "quotes" and \back\slashes`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := AppendString([]byte("prefix"), s)
+		if !strings.HasPrefix(string(out), "prefix") {
+			t.Fatalf("AppendString(%q) changed dst's bytes: %q", s, out)
+		}
+		out = out[len("prefix"):]
+		var got string
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("AppendString(%q) = %s: not one JSON string: %v", s, out, err)
+		}
+		var want strings.Builder
+		for i := 0; i < len(s); {
+			r, n := utf8.DecodeRuneInString(s[i:])
+			want.WriteRune(r) // RuneError for an invalid byte
+			i += n
+		}
+		if got != want.String() {
+			t.Fatalf("AppendString(%q) = %s, reads back as %q, want %q", s, out, got, want.String())
 		}
 	})
 }

@@ -118,17 +118,36 @@ func (w *Writer) AppendRaw(text string) {
 
 const hexDigits = "0123456789abcdef"
 
+// plain[c] reports whether AppendString copies byte c as is wherever it
+// appears: printable ASCII other than '"' and '\\'.
+var plain = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // AppendString appends s to dst as a JSON string (RFC 8259 §7) in canonical form: '"'
 // and '\\' escaped with a backslash; \b, \f, \n, \r, \t for those controls; every
 // other byte below 0x20, and U+2028 and U+2029 (which break JavaScript string
 // literals), as \u00XX-style escapes with lowercase hex; everything else as is. Bytes
 // that are not valid UTF-8 are replaced by U+FFFD, so the output is always valid.
 func AppendString(dst []byte, s string) []byte {
+	// Most strings (keys, ids, trace ids) need no escape: find the first
+	// byte that does with one table load per byte, and copy the rest whole.
+	i := 0
+	for i < len(s) && plain[s[i]] {
+		i++
+	}
 	dst = append(dst, '"')
+	if i == len(s) {
+		dst = append(dst, s...)
+		return append(dst, '"')
+	}
 	start := 0
-	for i := 0; i < len(s); {
+	for i < len(s) {
 		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+		if plain[c] {
 			i++
 			continue
 		}
