@@ -91,7 +91,8 @@ type ruleState struct {
 	// concurrency), for RateLimit-Policy's w parameter.
 	windowSeconds uint64
 	// replyPrefix is the constant start of the rule's local-reply body
-	// (replyBodyPrefix); stateRule its quoted id for the filter state.
+	// (replyBodyPrefix); stateRule the filter state's rule member,
+	// ,"rule":"<id>".
 	replyPrefix []byte
 	stateRule   []byte
 	// headers and headersOnAllow are the policy's response headers
@@ -276,7 +277,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 			msg = messageConcurrency
 		}
 		rs.replyPrefix = replyBodyPrefix(cr.Status, msg, cr.ID)
-		rs.stateRule = strictjson.AppendString(nil, cr.ID)
+		rs.stateRule = strictjson.AppendString([]byte(`,"rule":`), cr.ID)
 		rs.headers, rs.headersOnAllow = headers, onAllow
 		p.initFleetRule(c, rs)
 		r := cr.Rule

@@ -43,16 +43,12 @@ type stateRecord struct {
 func (h *httpContext) writeState(st stateRecord) {
 	p := h.p
 	r := &h.report
-	b := append(p.s.state[:0], `{"rate_limited":`...)
-	b = strconv.AppendBool(b, st.rateLimited)
-	b = append(b, `,"shadow":`...)
-	b = strconv.AppendBool(b, h.hasReport && r.shadow)
+	b := append(p.s.state[:0], stateHead(st.rateLimited, h.hasReport && r.shadow)...)
 	if st.hasVersion {
 		b = append(b, `,"policy_version":`...)
 		b = strconv.AppendUint(b, st.version, 10)
 	}
 	if h.hasReport {
-		b = append(b, `,"rule":`...)
 		b = append(b, r.rule.stateRule...)
 		if h.keyEnd <= len(p.s.key) {
 			b = append(b, `,"key":`...)
@@ -88,6 +84,20 @@ func (h *httpContext) writeState(st stateRecord) {
 	if cap(b) <= maxKeepBytes {
 		p.s.state = b[:0]
 	}
+}
+
+// stateHead is the start of the filter state: its rate_limited and shadow
+// members, written as one constant.
+func stateHead(rateLimited, shadow bool) string {
+	switch {
+	case rateLimited && shadow:
+		return `{"rate_limited":true,"shadow":true`
+	case rateLimited:
+		return `{"rate_limited":true,"shadow":false`
+	case shadow:
+		return `{"rate_limited":false,"shadow":true`
+	}
+	return `{"rate_limited":false,"shadow":false`
 }
 
 // setState records a decided request (allowed, or denied with traceID).
