@@ -253,6 +253,32 @@ func TestRequestHostCallBudget(t *testing.T) {
 		}
 	})
 
+	// A key "user|client_ip" reads the client address (source.address)
+	// only for a request without a user: with one, it costs what a key
+	// "user" costs.
+	userElseIP := `{"id":"r0","key":["user|client_ip"],"algorithm":"token_bucket","limit":1000000000000,"window":"1s"}`
+	for _, tc := range []struct {
+		name, user     string
+		propertyReads  uint64
+		beyondUserOnly uint64
+	}{
+		{"user_else_client_ip_with_user", "user-0", 0, 0},
+		{"user_else_client_ip_without_user", "", 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := measureHostcalls(t, hostcallCase{rules: []string{userElseIP}, user: tc.user, path: path, status: 200, warm: []string{tc.user}})
+			if allowedTotal == 0 {
+				t.Fatal("the allowed case did not run (run the whole test)")
+			}
+			if n := r.costliest["proxy_get_property"]; n != tc.propertyReads {
+				t.Errorf("proxy_get_property: %d, want %d", n, tc.propertyReads)
+			}
+			if n := r.costliest.total(); n != allowedTotal+tc.beyondUserOnly {
+				t.Errorf("hostcalls per request: %d, want %d (a key \"user\" costs %d)", n, allowedTotal+tc.beyondUserOnly, allowedTotal)
+			}
+		})
+	}
+
 	// Each response-header set a policy may choose costs an allowed request
 	// exactly one proxy_add_header_map_value per header it adds, and nothing
 	// more; without on_allow it costs an allowed request nothing.

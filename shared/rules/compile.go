@@ -229,15 +229,10 @@ func set(list []string) map[string]struct{} {
 	return m
 }
 
-func (s *exemptSet) contains(ip netip.Addr, user, tenant string) bool {
-	if ip.IsValid() && len(s.prefixes) > 0 {
-		ip = ip.Unmap()
-		for _, p := range s.prefixes {
-			if p.Contains(ip) {
-				return true
-			}
-		}
-	}
+// contains reports whether the request is exempt: user or tenant listed, or
+// its client address in a CIDR. The address is asked of req last, so a
+// request a listed id exempts never reads it.
+func (s *exemptSet) contains(req *Request, user, tenant string) bool {
 	if user != "" && s.users != nil {
 		if _, ok := s.users[user]; ok {
 			return true
@@ -245,6 +240,19 @@ func (s *exemptSet) contains(ip netip.Addr, user, tenant string) bool {
 	}
 	if tenant != "" && s.tenants != nil {
 		if _, ok := s.tenants[tenant]; ok {
+			return true
+		}
+	}
+	if len(s.prefixes) == 0 {
+		return false
+	}
+	ip := req.clientIP()
+	if !ip.IsValid() {
+		return false
+	}
+	ip = ip.Unmap()
+	for _, p := range s.prefixes {
+		if p.Contains(ip) {
 			return true
 		}
 	}

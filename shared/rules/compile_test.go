@@ -374,3 +374,62 @@ func TestMatchAndKeyDoNotAllocate(t *testing.T) {
 		t.Errorf("matched %d of %d rules, want all but one", len(out), c.Len())
 	}
 }
+
+// TestClientIPSourceAskedOnlyWhenNeeded: a request that leaves ClientIP
+// unset and gives a ClientIPSource is asked for the address at most once,
+// and only by a CIDR exemption or a client_ip key part that reaches it.
+func TestClientIPSourceAskedOnlyWhenNeeded(t *testing.T) {
+	c := mustCompile(t, keyPolicy, "prod")
+	api := -1
+	for i := range c.Len() {
+		if c.Rule(i).ID == "api" {
+			api = i
+		}
+	}
+	ex := mustCompile(t, `{"policy":"p","identity":{"user_header":"x-user-id"},
+		"exempt":{"cidrs":["10.0.0.0/8"],"users":["ops-bot"]},
+		"rules":[{"id":"a","algorithm":"gcra","limit":1,"window":"1s"}]}`, "")
+	for _, tc := range []struct {
+		name  string
+		run   func(*Request) bool
+		req   Request
+		calls int
+		want  bool
+	}{
+		{"key part reached by a request without a user", func(r *Request) bool {
+			key, ok := c.AppendKey(nil, api, r)
+			return ok && strings.Contains(string(key), "ip=10.1.2.3")
+		}, Request{Method: "GET"}, 1, true},
+		{"key part skipped by a request with a user", func(r *Request) bool {
+			_, ok := c.AppendKey(nil, api, r)
+			return ok
+		}, Request{Method: "GET", User: "alice"}, 0, true},
+		{"exemption by CIDR", ex.Exempt, Request{}, 1, true},
+		{"exemption by user first", ex.Exempt, Request{User: "ops-bot"}, 0, true},
+		{"set address used as is", ex.Exempt, Request{ClientIP: netip.MustParseAddr("192.0.2.1")}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			req := tc.req
+			req.ClientIPSource = func() netip.Addr {
+				calls++
+				return netip.MustParseAddr("10.1.2.3")
+			}
+			if got := tc.run(&req); got != tc.want {
+				t.Errorf("result %v, want %v", got, tc.want)
+			}
+			tc.run(&req) // a second use asks no more
+			if calls != tc.calls {
+				t.Errorf("ClientIPSource called %d times, want %d", calls, tc.calls)
+			}
+		})
+	}
+	// A source that does not know the address is asked once, not per use.
+	calls := 0
+	req := Request{ClientIPSource: func() netip.Addr { calls++; return netip.Addr{} }}
+	first := ex.Exempt(&req)
+	second := ex.Exempt(&req)
+	if first || second || calls != 1 {
+		t.Errorf("unknown address: exempt %v then %v, asked %d times; want not exempt, asked once", first, second, calls)
+	}
+}

@@ -35,7 +35,7 @@ func (c *Compiled) appendPart(dst []byte, a *keyAlt, r *CompiledRule, req *Reque
 	var v string
 	switch a.kind {
 	case partClientIP:
-		ip := req.ClientIP
+		ip := req.clientIP()
 		if !ip.IsValid() {
 			return dst, false
 		}

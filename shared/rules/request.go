@@ -23,11 +23,28 @@ type Request struct {
 	// IPv4-mapped IPv6 addresses are treated as IPv4. The zero Addr means unknown: the
 	// client_ip key part is then missing and CIDR exemptions do not apply.
 	ClientIP netip.Addr
+	// ClientIPSource, when not nil, supplies ClientIP on first use: while ClientIP is
+	// the zero Addr, the first CIDR exemption or client_ip key part that needs the
+	// address calls it, once per Request, and keeps its result in ClientIP. A filter
+	// sets it so that a request decided without the address (a key "user|client_ip"
+	// with the user present, say) never pays for reading it.
+	ClientIPSource func() netip.Addr
+	// ipSourced records that ClientIPSource was called.
+	ipSourced bool
 	// User and Tenant are the caller's ids. When empty, the policy's identity headers
 	// (identity.user_header, identity.tenant_header) are read from Headers instead, so
 	// a filter may leave them empty or set them from elsewhere (JWT metadata, say).
 	User   string
 	Tenant string
+}
+
+// clientIP returns ClientIP, first asking ClientIPSource for it if need be.
+func (r *Request) clientIP() netip.Addr {
+	if !r.ClientIP.IsValid() && r.ClientIPSource != nil && !r.ipSourced {
+		r.ipSourced = true
+		r.ClientIP = r.ClientIPSource()
+	}
+	return r.ClientIP
 }
 
 // Header is one request header field.
@@ -137,7 +154,7 @@ func (m *matcher) matches(req *Request) bool {
 // Exempt reports whether the request is exempt from the whole policy (policy-level
 // exempt: client IP in a CIDR, user or tenant listed).
 func (c *Compiled) Exempt(req *Request) bool {
-	return c.exempt.contains(req.ClientIP, c.user(req), c.tenant(req))
+	return c.exempt.contains(req, c.user(req), c.tenant(req))
 }
 
 // RuleExempt reports whether the request is exempt from rule i by the rule's own
@@ -147,7 +164,7 @@ func (c *Compiled) RuleExempt(i int, req *Request) bool {
 	if e.prefixes == nil && e.users == nil && e.tenants == nil {
 		return false
 	}
-	return e.contains(req.ClientIP, c.user(req), c.tenant(req))
+	return e.contains(req, c.user(req), c.tenant(req))
 }
 
 // Matches reports whether rule i's match conditions hold for the request,

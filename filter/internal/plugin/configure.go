@@ -39,11 +39,13 @@ type policyState struct {
 }
 
 // reads is what one phase of the request path reads: header values by
-// name, and the client address (ip), user and tenant identity headers,
-// :method and :path. Each costs a hostcall per request when set.
+// name, the user and tenant identity headers, :method and :path. Each
+// costs a hostcall per request when set. The client address is not among
+// them: rules.Request asks for it (clientIP) only when an exemption or a
+// key part needs it.
 type reads struct {
-	headerNames                    []string
-	ip, user, tenant, method, path bool
+	headerNames                []string
+	user, tenant, method, path bool
 }
 
 // add merges o into r, keeping header names unique.
@@ -51,7 +53,7 @@ func (r *reads) add(o reads) {
 	for _, n := range o.headerNames {
 		r.addHeader(n)
 	}
-	r.ip, r.user, r.tenant = r.ip || o.ip, r.user || o.user, r.tenant || o.tenant
+	r.user, r.tenant = r.user || o.user, r.tenant || o.tenant
 	r.method, r.path = r.method || o.method, r.path || o.path
 }
 
@@ -63,7 +65,7 @@ func (r *reads) addHeader(n string) {
 
 // minus is what r reads that done does not.
 func (r reads) minus(done reads) reads {
-	out := reads{ip: r.ip && !done.ip, user: r.user && !done.user, tenant: r.tenant && !done.tenant,
+	out := reads{user: r.user && !done.user, tenant: r.tenant && !done.tenant,
 		method: r.method && !done.method, path: r.path && !done.path}
 	for _, n := range r.headerNames {
 		if !slices.Contains(done.headerNames, n) {
@@ -252,7 +254,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 	// included: req.Method and req.Path (method, path) serve the
 	// "method"/"path" key parts and path/method matches, not req.Header,
 	// which header conditions and "header:<name>" key parts use.
-	match := reads{ip: len(c.Policy.Exempt.CIDRs) > 0, user: len(c.Policy.Exempt.Users) > 0,
+	match := reads{user: len(c.Policy.Exempt.Users) > 0,
 		tenant: len(c.Policy.Exempt.Tenants) > 0}
 	var key reads
 	for i := range ps.rules {
@@ -284,14 +286,14 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		for _, h := range r.Match.Headers {
 			match.addHeader(h.Name)
 		}
-		match.add(reads{ip: len(r.Exempt.CIDRs) > 0, user: len(r.Exempt.Users) > 0,
+		match.add(reads{user: len(r.Exempt.Users) > 0,
 			tenant: len(r.Exempt.Tenants) > 0, method: len(r.Match.Methods) > 0,
 			path: r.Match.Path != "" || r.Match.PathPrefix != ""})
 		ks := cr.KeySources()
 		for _, h := range ks.Headers {
 			key.addHeader(h)
 		}
-		key.add(reads{ip: ks.ClientIP, user: ks.User, tenant: ks.Tenant, method: ks.Method, path: ks.Path})
+		key.add(reads{user: ks.User, tenant: ks.Tenant, method: ks.Method, path: ks.Path})
 		key.addHeader(r.CostHeader)
 	}
 	for _, r := range []*reads{&match, &key} {

@@ -72,6 +72,8 @@
 package plugin
 
 import (
+	"net/netip"
+
 	"github.com/sluice-proxy/sluice/filter/internal/config"
 	"github.com/sluice-proxy/sluice/filter/internal/policysync"
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
@@ -90,7 +92,9 @@ type vmContext struct {
 // NewPluginContext is called for each root context (one per plugin
 // configuration per worker VM, plus the canary).
 func (*vmContext) NewPluginContext(contextID uint32) types.PluginContext {
-	return &pluginContext{}
+	p := &pluginContext{}
+	p.ipSource = p.clientIP
+	return p
 }
 
 // pluginContext is one root context: the configuration, the policy in use
@@ -121,6 +125,10 @@ type pluginContext struct {
 
 	// free is a list of finished HTTP contexts to reuse.
 	free []*httpContext
+
+	// ipSource is clientIP as the rules.Request's ClientIPSource, made
+	// once so that setting it per request allocates nothing.
+	ipSource func() netip.Addr
 
 	s scratch
 }

@@ -132,7 +132,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 func (p *pluginContext) readRequest(ps *policyState) *rules.Request {
 	s := &p.s
 	req := &s.req
-	*req = rules.Request{Headers: s.headers[:0]}
+	*req = rules.Request{Headers: s.headers[:0], ClientIPSource: p.ipSource}
 	s.haveAll = false
 	// The whole map can fail to decode (pairs.DecodeString refuses more
 	// than 1024 pairs or 1 MiB, limits Envoy applies only to maps from the
@@ -178,9 +178,6 @@ func (p *pluginContext) read(ps *policyState, r *reads, req *rules.Request) {
 	}
 	if r.tenant && ps.tenantHeader != "" {
 		req.Tenant, _ = req.Header(ps.tenantHeader)
-	}
-	if r.ip {
-		req.ClientIP = p.clientIP()
 	}
 }
 
