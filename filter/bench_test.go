@@ -16,8 +16,9 @@ import (
 // headers, on_log/on_done/on_delete) through one worker VM of the testenv
 // host, so ns/op and allocs/op include the host's own work; the floor
 // plugin (testdata/floor: reads the same request headers and
-// source.address, then continues) measures that part. Run them side by
-// side:
+// source.address, then continues) measures that part, and the call floor
+// (testdata/callfloor: sluice's host calls without its logic) what the
+// design's host calls add to it. Run them side by side:
 //
 //	go test ./filter -run '^$' -bench 'Request' -benchmem -count 6
 //	go test ./filter -run '^$' -bench 'LinearMemory' -benchtime 10000000x
@@ -50,24 +51,27 @@ func fiveRules() []string {
 	}
 }
 
-var floorBin []byte
+// floorBins holds the benchmark floors built so far, by directory.
+var floorBins = map[string][]byte{}
 
-func buildFloor(tb testing.TB) []byte {
+// buildFloor builds the plugin in testdata/<name> (floor or callfloor) once
+// per test binary.
+func buildFloor(tb testing.TB, name string) []byte {
 	tb.Helper()
-	if floorBin != nil {
-		return floorBin
+	if bin, ok := floorBins[name]; ok {
+		return bin
 	}
-	out := filepath.Join(tb.TempDir(), "floor.wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./testdata/floor")
+	out := filepath.Join(tb.TempDir(), name+".wasm")
+	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", out, "./testdata/"+name)
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("building the floor plugin: %v\n%s", err, b)
+		tb.Fatalf("building the %s plugin: %v\n%s", name, err, b)
 	}
 	bin, err := os.ReadFile(out)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	floorBin = bin
+	floorBins[name] = bin
 	return bin
 }
 
@@ -84,16 +88,17 @@ func benchHost(b *testing.B, bin []byte, cfg string) *host.Host {
 	return h
 }
 
-// BenchmarkRequest: the floor, then sluice with a policy whose rules match
-// nothing, one rule, five rules, one rule over a million distinct keys (a
-// new user per request, cycling through 1,000,000), and one rule of limit
-// 1 that denies every request (a local reply 429). Besides ns/op and
-// allocs/op each reports hostcalls/op: every import the guest called
-// (proxy_* and WASI, host.Host.ImportCalls) per request, the floor's
-// included.
+// BenchmarkRequest: the floor, the call floor (the host calls of sluice's
+// one-rule request, allowed and denied, without its logic), then sluice
+// with a policy whose rules match nothing, one rule, five rules, one rule
+// over a million distinct keys (a new user per request, cycling through
+// 1,000,000), and one rule of limit 1 that denies every request (a local
+// reply 429). Besides ns/op and allocs/op each reports hostcalls/op: every
+// import the guest called (proxy_* and WASI, host.Host.ImportCalls) per
+// request, the floors' included.
 func BenchmarkRequest(b *testing.B) {
 	sluice := buildWasmTB(b)
-	floor := buildFloor(b)
+	floor, callFloor := buildFloor(b, "floor"), buildFloor(b, "callfloor")
 	noMatch := `{"id":"r0","match":{"path_prefix":"/elsewhere"},"key":["user"],"algorithm":"gcra","limit":10,"window":"1s"}`
 	denyAll := `{"id":"r0","key":["user|client_ip"],"algorithm":"token_bucket","limit":1,"window":"1h"}`
 	for _, bc := range []struct {
@@ -104,6 +109,8 @@ func BenchmarkRequest(b *testing.B) {
 		status int // every request's status; 0 means 200
 	}{
 		{"floor", floor, "", 1, 0},
+		{"call_floor", callFloor, "", 1, 0},
+		{"call_floor_denied", callFloor, "deny", 1, 429},
 		{"no_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(noMatch) + `}`, 1, 0},
 		{"one_rule", sluice, `{"tick":"1m","policy":` + benchPolicy(benchRule) + `}`, 1, 0},
 		{"five_rules", sluice, `{"tick":"1m","policy":` + benchPolicy(fiveRules()...) + `}`, 1, 0},
