@@ -8,17 +8,19 @@ import (
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
-// bucketKey is the shared-data key of bucket n of a rule under a layout
-// (layoutName): "sluice/<policy>/<rule id>/<layout>/<n>". It holds no
-// version, so a rule that keeps its id and definition keeps its counters
+// bucketKeyPrefix is the shared-data key of a rule's buckets under a layout
+// (layoutName) up to the bucket number: bucket n's key is
+// "sluice/<policy>/<rule id>/<layout>/<n>", the prefix followed by n in
+// decimal (a loop over a rule's buckets builds the prefix once). It holds
+// no version, so a rule that keeps its id and definition keeps its counters
 // across policy versions. It holds the layout, so two plugin configurations
 // that share a vm_id and a policy but not entries_per_bucket or
 // buckets_per_rule (e.g. an old one still draining after a configuration
 // change) keep separate counters: neither reads the other's buckets as
 // corrupt and wipes them, and a client key maps to one bucket per
 // configuration, never to a bucket shared by chance.
-func bucketKey(policy, rule, layout string, n int) string {
-	return "sluice/" + policy + "/" + rule + "/" + layout + "/" + strconv.Itoa(n)
+func bucketKeyPrefix(policy, rule, layout string) string {
+	return "sluice/" + policy + "/" + rule + "/" + layout + "/"
 }
 
 // layoutName names a bucket layout in bucket keys:
@@ -62,9 +64,9 @@ func (p *pluginContext) createBuckets(c *rules.Compiled) error {
 		witness = cas
 	}
 	for i := 0; i < c.Len(); i++ {
-		id := c.Rule(i).ID
+		prefix := bucketKeyPrefix(c.Name, c.Rule(i).ID, layout)
 		for n := 0; n < p.cfg.BucketsPerRule; n++ {
-			key := bucketKey(c.Name, id, layout, n)
+			key := prefix + strconv.Itoa(n)
 			_, cas, err := proxywasm.GetSharedData(key)
 			switch {
 			case err == nil:

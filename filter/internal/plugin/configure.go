@@ -257,14 +257,16 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 	match := reads{user: len(c.Policy.Exempt.Users) > 0,
 		tenant: len(c.Policy.Exempt.Tenants) > 0}
 	var key reads
+	layoutName := p.layout()
 	for i := range ps.rules {
 		cr := c.Rule(i)
 		layout, _ := table.New(cr.Limiter, p.cfg.EntriesPerBucket) // checked by CheckPolicy
 		rs := &ps.rules[i]
 		rs.index, rs.cr, rs.layout = i, cr, layout
 		rs.keys = make([]string, p.cfg.BucketsPerRule)
+		prefix := bucketKeyPrefix(c.Name, cr.ID, layoutName)
 		for n := range rs.keys {
-			rs.keys[n] = bucketKey(c.Name, cr.ID, p.layout(), n)
+			rs.keys[n] = prefix + strconv.Itoa(n)
 		}
 		rs.m = p.ruleMetrics(cr.ID)
 		switch cr.Config.Algorithm {

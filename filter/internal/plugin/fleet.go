@@ -159,10 +159,11 @@ func printableID(b []byte) bool {
 	return true
 }
 
-// leaseKey is the shared-data key of lease bucket n of a fleet rule:
-// "sluice/<policy>/<rule id>/<layout>/q/<n>".
-func leaseKey(policy, rule, layout string, n int) string {
-	return "sluice/" + policy + "/" + rule + "/" + layout + "/q/" + strconv.Itoa(n)
+// leaseKeyPrefix is the shared-data key of a fleet rule's lease buckets up
+// to the bucket number: lease bucket n's key is
+// "sluice/<policy>/<rule id>/<layout>/q/<n>" (see bucketKeyPrefix).
+func leaseKeyPrefix(policy, rule, layout string) string {
+	return bucketKeyPrefix(policy, rule, layout) + "q/"
 }
 
 // initFleetRule sets rs's fleet part; for on_quota_failure "local" with a
@@ -189,8 +190,9 @@ func (p *pluginContext) initFleetRule(c *rules.Compiled, rs *ruleState) {
 		}
 	}
 	rs.fleet.leaseKeys = make([]string, p.cfg.BucketsPerRule)
+	prefix := leaseKeyPrefix(c.Name, cr.ID, p.layout())
 	for n := range rs.fleet.leaseKeys {
-		rs.fleet.leaseKeys[n] = leaseKey(c.Name, cr.ID, p.layout(), n)
+		rs.fleet.leaseKeys[n] = prefix + strconv.Itoa(n)
 	}
 }
 
@@ -210,12 +212,14 @@ func (p *pluginContext) createLeaseBuckets(c *rules.Compiled) error {
 	if _, cas, err := proxywasm.GetSharedData(hashKeyKey); err == nil {
 		witness = cas
 	}
+	layout := p.layout()
 	for i := 0; i < c.Len(); i++ {
 		if !c.Rule(i).Fleet() {
 			continue
 		}
+		prefix := leaseKeyPrefix(c.Name, c.Rule(i).ID, layout)
 		for n := 0; n < p.cfg.BucketsPerRule; n++ {
-			key := leaseKey(c.Name, c.Rule(i).ID, p.layout(), n)
+			key := prefix + strconv.Itoa(n)
 			_, cas, err := proxywasm.GetSharedData(key)
 			switch {
 			case err == nil:

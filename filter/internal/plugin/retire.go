@@ -109,8 +109,9 @@ func (p *pluginContext) retireTick() {
 	}
 	shrunk := 0
 	for _, id := range r.ids {
+		prefix := bucketKeyPrefix(r.policy, id, layout)
 		for n := 0; n < p.cfg.BucketsPerRule; n++ {
-			key := bucketKey(r.policy, id, layout, n)
+			key := prefix + strconv.Itoa(n)
 			v, cas, err := proxywasm.GetSharedData(key)
 			if err != nil || len(v) == 0 {
 				continue
