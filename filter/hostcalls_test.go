@@ -80,6 +80,12 @@ type hostcallCase struct {
 	warm []string
 	// responseHeaders is the policy's response_headers object ("": absent).
 	responseHeaders string
+	// requestID, when not empty, is every request's x-request-id.
+	requestID string
+	// module and pluginConfig, when module is not nil, replace sluice
+	// and the configuration made of rules and responseHeaders.
+	module       []byte
+	pluginConfig string
 }
 
 // hostcallResult is what measuring a case found: the per-request counts
@@ -104,10 +110,14 @@ type hostcallResult struct {
 // every distinct count seen is logged.
 func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 	t.Helper()
+	module, cfg := c.module, c.pluginConfig
+	if module == nil {
+		module = buildWasmTB(t)
+		cfg = `{"tick":"1m","policy":` + benchPolicyHeaders(c.responseHeaders, c.rules...) + `}`
+	}
 	h, err := host.New(context.Background(), host.Config{
-		Wasm: buildWasmTB(t), VMID: "sluice", PluginName: "sluice", NoCanary: true,
-		PluginConfig: []byte(`{"tick":"1m","policy":` + benchPolicyHeaders(c.responseHeaders, c.rules...) + `}`),
-		Clock:        host.NewVirtualClock(epoch), LogLevel: host.LogInfo,
+		Wasm: module, VMID: "sluice", PluginName: "sluice", NoCanary: true,
+		PluginConfig: []byte(cfg), Clock: host.NewVirtualClock(epoch), LogLevel: host.LogInfo,
 	})
 	if err != nil {
 		t.Fatalf("host.New: %v", err)
@@ -123,9 +133,12 @@ func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 	w := h.Worker(0)
 	send := func(user string) host.Response {
 		t.Helper()
-		resp, err := w.Do(context.Background(), host.Request{Path: c.path,
-			Headers: host.Headers{{"x-user-id", user}, {"x-tenant-id", "acme"}},
-			Info:    host.StreamInfo{SourceAddress: "203.0.113.7:40000"}})
+		headers := host.Headers{{"x-user-id", user}, {"x-tenant-id", "acme"}}
+		if c.requestID != "" {
+			headers = append(headers, [2]string{"x-request-id", c.requestID})
+		}
+		resp, err := w.Do(context.Background(), host.Request{Path: c.path, Headers: headers,
+			Info: host.StreamInfo{SourceAddress: "203.0.113.7:40000"}})
 		if err != nil {
 			t.Fatalf("Do: %v", err)
 		}
@@ -304,6 +317,34 @@ func TestRequestHostCallBudget(t *testing.T) {
 			}
 			if n := r.costliest.total(); n != allowedTotal+tc.adds {
 				t.Errorf("hostcalls per request: %d, want %d (the default's %d + %d headers)", n, allowedTotal+tc.adds, allowedTotal, tc.adds)
+			}
+		})
+	}
+}
+
+// TestCallFloorMakesSluicesHostCalls keeps the call floor
+// (testdata/callfloor) honest: per import, it makes the hostcalls of
+// sluice's one-rule request with a path match, allowed and denied (with an
+// x-request-id, as Envoy sets one), so that measuring it beside sluice
+// prices sluice's logic and nothing else.
+func TestCallFloorMakesSluicesHostCalls(t *testing.T) {
+	callFloor := buildFloor(t, "callfloor")
+	const path = "/v1/api/items"
+	for _, tc := range []struct {
+		name, rule, floorConfig string
+		status                  int
+	}{
+		{"allowed", `{"id":"r0","match":{"path_prefix":"/v1/"},"key":["user"],"algorithm":"token_bucket","limit":1000000000000,"window":"1s"}`, "", 200},
+		{"denied", `{"id":"r0","match":{"path_prefix":"/v1/"},"key":["user"],"algorithm":"token_bucket","limit":1,"window":"1h"}`, "deny", 429},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := hostcallCase{rules: []string{tc.rule}, user: "user-0", path: path, status: tc.status,
+				warm: []string{"user-0", "user-1"}, requestID: "7f1c2b9e-0d3a-4c55-9e1b-0123456789ab"}
+			sluice := measureHostcalls(t, c)
+			c.module, c.pluginConfig = callFloor, tc.floorConfig
+			floor := measureHostcalls(t, c)
+			if !maps.Equal(floor.costliest, sluice.costliest) {
+				t.Errorf("call floor: %s\nsluice:     %s", floor.costliest, sluice.costliest)
 			}
 		})
 	}
