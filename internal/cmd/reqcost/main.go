@@ -41,15 +41,15 @@ func main() {
 
 // run runs the command with args, the command line without the program name.
 func run(args []string) error {
-	flag := flag.NewFlagSet("reqcost", flag.ContinueOnError)
-	wasm := flag.String("wasm", "build/sluice.wasm", "the module")
-	config := flag.String("config", "", "a file holding the plugin configuration (none: empty)")
-	n := flag.Int("n", 1000, "the requests to run after the warm-up")
-	warm := flag.Int("warm", 2000, "the requests to run first")
-	users := flag.Int("users", 1000, "distinct x-user-id values, in turn")
-	path := flag.String("path", "/api/x", "the :path of every request")
-	status := flag.Int("status", 0, "the status every counted request must get (0: any)")
-	if err := flag.Parse(args); err != nil {
+	fs := flag.NewFlagSet("reqcost", flag.ContinueOnError)
+	wasm := fs.String("wasm", "build/sluice.wasm", "the module")
+	config := fs.String("config", "", "a file holding the plugin configuration (none: empty)")
+	n := fs.Int("n", 1000, "the requests to run after the warm-up")
+	warm := fs.Int("warm", 2000, "the requests to run first")
+	users := fs.Int("users", 1000, "distinct x-user-id values, in turn")
+	path := fs.String("path", "/api/x", "the :path of every request")
+	status := fs.Int("status", 0, "the status every counted request must get (0: any)")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *users < 1 || *n < 0 || *warm < 0 {
