@@ -279,6 +279,33 @@ func TestTrustXFCCIdentifiesBySidecarHeader(t *testing.T) {
 	}
 }
 
+// TestXFCCPrefixFromTheClientCannotActOnAnotherIdentitysLease: with --trust-xfcc,
+// a client that opens a quote ahead of the element its sidecar appends
+// (APPEND_FORWARD) is refused; it neither returns nor reads the victim's units.
+func TestXFCCPrefixFromTheClientCannotActOnAnotherIdentitysLease(t *testing.T) {
+	a, _ := serve(t, []string{"--trust-xfcc"}, map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_QUOTA_TOKEN": "qt", "SLUICE_DATA_DIR": t.TempDir()})
+	url := "http://" + a.String()
+	c := &http.Client{Timeout: 30 * time.Second}
+	req, _ := http.NewRequest("PUT", url+"/v1/policies/p", strings.NewReader(tightFW))
+	req.Header.Set("Authorization", "Bearer adm")
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := c.Do(req); err != nil || resp.StatusCode != 201 {
+		t.Fatalf("PUT policy: %v %v", resp, err)
+	}
+	victim := []string{"Authorization", "Bearer qt", "X-Forwarded-Client-Cert", `By=spiffe://cluster.local/ns/sluice/sa/cp;Hash=ab;Subject="";URI=` + idA}
+	if code, k, _ := ask(t, c, url, "e-1", 50, 0, 0, victim...); code != 200 || k.Granted != 50 {
+		t.Fatalf("victim → %d %+v", code, k)
+	}
+	forged := `URI=` + idA + `;X=",By=spiffe://cluster.local/ns/sluice/sa/cp;Hash=cd;Subject="";URI=` + idB
+	code, k, ecode := ask(t, c, url, "e-1", 0, 0, 40, "Authorization", "Bearer qt", "X-Forwarded-Client-Cert", forged)
+	if code != 401 || ecode != "client_certificate_required" || k.Returned != 0 {
+		t.Fatalf("attacker with a quote-opening prefix → %d %s %+v, want 401 and nothing returned", code, ecode, k)
+	}
+	if _, k, _ := ask(t, c, url, "e-1", 0, 0, 0, victim...); k.Held != 50 {
+		t.Fatalf("victim's lease after the attempt: %+v, want held 50", k)
+	}
+}
+
 // TestTLSCertificateReloadedWhenItsFilesChange: a certificate renewed on disk is
 // served from the next handshake; files that change into garbage leave the last
 // good one in service.

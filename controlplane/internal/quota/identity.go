@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"net/http"
-	"strings"
 )
 
 // IdentityMode selects who the service believes an Envoy is.
@@ -48,10 +47,10 @@ func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner string
 				"the client certificate has neither a URI nor a DNS subject alternative name to identify the Envoy by", nil), false
 		}
 	case IdentityXFCC:
-		id = XFCCIdentity(r.Header.Values("X-Forwarded-Client-Cert"))
-		if id == "" {
+		var err error
+		if id, err = XFCCIdentity(r.Header.Values("X-Forwarded-Client-Cert")); err != nil {
 			return "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
-				"quota calls need the x-forwarded-client-cert header of the mesh sidecar, with a URI or DNS element (--trust-xfcc)", nil), false
+				"quota calls need the x-forwarded-client-cert header of the mesh sidecar, with a URI or DNS in its last element (--trust-xfcc): "+err.Error(), nil), false
 		}
 	default:
 		return "", 0, true
@@ -66,75 +65,6 @@ func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner string
 func Owner(identity string) string {
 	sum := sha256.Sum256([]byte(identity))
 	return base64.RawURLEncoding.EncodeToString(sum[:12]) + "/"
-}
-
-// XFCCIdentity returns the identity in x-forwarded-client-cert header values: the
-// last element (the one the nearest proxy added; elements are separated by ',' and
-// the header may repeat), its first URI key, else its first DNS key; "" if there is
-// none. Keys are case-insensitive; a value may be double-quoted, with \" inside.
-func XFCCIdentity(values []string) string {
-	if len(values) == 0 {
-		return ""
-	}
-	elems := splitQuoted(values[len(values)-1], ',')
-	if len(elems) == 0 {
-		return ""
-	}
-	var uri, dns string
-	for _, kv := range splitQuoted(elems[len(elems)-1], ';') {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			continue
-		}
-		k, v = strings.TrimSpace(k), unquote(strings.TrimSpace(v))
-		switch {
-		case strings.EqualFold(k, "URI") && uri == "" && v != "":
-			uri = v
-		case strings.EqualFold(k, "DNS") && dns == "" && v != "":
-			dns = v
-		}
-	}
-	if uri != "" {
-		return uri
-	}
-	return dns
-}
-
-// splitQuoted splits s at sep outside double quotes (a backslash escapes the next
-// byte inside them).
-func splitQuoted(s string, sep byte) []string {
-	var out []string
-	start, quoted := 0, false
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case quoted && c == '\\':
-			i++
-		case c == '"':
-			quoted = !quoted
-		case !quoted && c == sep:
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return append(out, s[start:])
-}
-
-func unquote(v string) string {
-	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
-		return v
-	}
-	v = v[1 : len(v)-1]
-	if !strings.Contains(v, `\`) {
-		return v
-	}
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		if v[i] == '\\' && i+1 < len(v) {
-			i++
-		}
-		b.WriteByte(v[i])
-	}
-	return b.String()
 }
 
 // CertificateIdentity returns the identity of a verified client certificate: its

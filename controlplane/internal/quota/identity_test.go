@@ -8,32 +8,6 @@ import (
 	"time"
 )
 
-func TestXFCCIdentityTakesTheNearestElementsURIThenDNS(t *testing.T) {
-	for _, c := range []struct {
-		in   []string
-		want string
-	}{
-		{nil, ""},
-		{[]string{""}, ""},
-		{[]string{`By=spiffe://td/cp;Hash=ab;URI=spiffe://td/ns/a/sa/e`}, "spiffe://td/ns/a/sa/e"},
-		{[]string{`by=x;hash=1;uri=spiffe://td/lower`}, "spiffe://td/lower"},
-		{[]string{`Hash=1;DNS=e1.svc;DNS=e2.svc`}, "e1.svc"},
-		{[]string{`Hash=1;DNS=e1.svc;URI=spiffe://td/u`}, "spiffe://td/u"},
-		// The last element is the nearest proxy's: an earlier hop's claim is not it.
-		{[]string{`URI=spiffe://td/far,URI=spiffe://td/near`}, "spiffe://td/near"},
-		{[]string{`URI=spiffe://td/first-header`, `Hash=2;URI=spiffe://td/second-header`}, "spiffe://td/second-header"},
-		// Quoted values may hold , ; = and escaped quotes.
-		{[]string{`Subject="CN=a,O=b;c";URI="spiffe://td/q"`}, "spiffe://td/q"},
-		{[]string{`URI=spiffe://td/x,Subject="O=\"a,b\"";DNS=n.svc`}, "n.svc"},
-		{[]string{`Hash=1;Subject="CN=x"`}, ""},
-		{[]string{`URI=`}, ""},
-	} {
-		if got := XFCCIdentity(c.in); got != c.want {
-			t.Errorf("XFCCIdentity(%q) = %q, want %q", c.in, got, c.want)
-		}
-	}
-}
-
 func TestMakeRoomReplacesTheIdentitysLeastRecentEntryOnly(t *testing.T) {
 	a, b := Owner("spiffe://td/a"), Owner("spiffe://td/b")
 	if a == b || len(a) != 17 {

@@ -175,9 +175,9 @@ func (s *Server) authenticate(ctx context.Context) (string, error) {
 		}
 	}
 	if q.Identity() == quota.IdentityXFCC {
-		id := quota.XFCCIdentity(md.Get("x-forwarded-client-cert"))
-		if id == "" {
-			return "", status.Error(codes.Unauthenticated, "RLQS streams need the x-forwarded-client-cert metadata of the mesh sidecar, with a URI or DNS element (--trust-xfcc)")
+		id, err := quota.XFCCIdentity(md.Get("x-forwarded-client-cert"))
+		if err != nil {
+			return "", status.Error(codes.Unauthenticated, "RLQS streams need the x-forwarded-client-cert metadata of the mesh sidecar, with a URI or DNS in its last element (--trust-xfcc): "+err.Error())
 		}
 		return quota.Owner(id), nil
 	}
