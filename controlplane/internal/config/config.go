@@ -219,6 +219,13 @@ func (s Settings) Check() error {
 	if s.AdminToken == "" && s.ReadToken == "" && !Loopback(host) {
 		return ErrNoTokens
 	}
+	if s.TrustXFCC && s.QuotaToken == "" {
+		for _, addr := range []string{s.Listen, s.GRPCListen} {
+			if h, _, err := net.SplitHostPort(addr); err == nil && !Loopback(h) {
+				return fmt.Errorf("config: --trust-xfcc without --quota-token on the non-loopback listener %s: anyone who reaches it directly can write x-forwarded-client-cert and pose as any Envoy; set --quota-token (SLUICE_QUOTA_TOKEN), or listen on loopback behind the sidecar", addr)
+			}
+		}
+	}
 	if s.GRPCListen != "" {
 		ghost, gport, err := net.SplitHostPort(s.GRPCListen)
 		if err != nil {
@@ -227,7 +234,7 @@ func (s Settings) Check() error {
 		if _, err := strconv.ParseUint(gport, 10, 16); err != nil {
 			return fmt.Errorf("config: --grpc-listen %q: bad port", s.GRPCListen)
 		}
-		if s.QuotaToken == "" && s.ClientCAFile == "" && !s.TrustXFCC && !Loopback(ghost) {
+		if s.QuotaToken == "" && s.ClientCAFile == "" && !Loopback(ghost) {
 			return errors.New("config: --grpc-listen on a non-loopback address needs --quota-token or --client-ca-file: the Rate Limit Quota Service would spend fleet budgets for anyone")
 		}
 	}

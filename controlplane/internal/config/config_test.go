@@ -64,6 +64,10 @@ func TestParse(t *testing.T) {
 		{"ipv6 loopback without tokens", []string{"--listen", "[::1]:0"}, nil, nil, func(t *testing.T, s Settings) {}},
 		{"read token alone on a public address", []string{"--listen", ":0"}, map[string]string{"SLUICE_READ_TOKEN": "r"}, nil,
 			func(t *testing.T, s Settings) {}},
+		{"xfcc on loopback without a quota token", []string{"--trust-xfcc", "--grpc-listen", "127.0.0.1:0"}, nil, nil,
+			func(t *testing.T, s Settings) {}},
+		{"xfcc on the network with a quota token", []string{"--trust-xfcc", "--listen", "0.0.0.0:0", "--grpc-listen", "0.0.0.0:0"},
+			map[string]string{"SLUICE_ADMIN_TOKEN": "a", "SLUICE_QUOTA_TOKEN": "q"}, nil, func(t *testing.T, s Settings) {}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,6 +116,8 @@ func TestParseErrors(t *testing.T) {
 		{"reset with redis", []string{"--reset-damaged-store", "--redis-url", "redis://127.0.0.1:6379"}, nil, "--reset-damaged-store"},
 		{"grpc without port", []string{"--grpc-listen", "127.0.0.1"}, nil, "--grpc-listen"},
 		{"open grpc on the network", []string{"--grpc-listen", "0.0.0.0:8081"}, map[string]string{"SLUICE_ADMIN_TOKEN": "a"}, "needs --quota-token or --client-ca-file"},
+		{"xfcc without a quota token on the network", []string{"--listen", "0.0.0.0:8080", "--trust-xfcc"}, map[string]string{"SLUICE_ADMIN_TOKEN": "a"}, "--trust-xfcc without --quota-token on the non-loopback listener 0.0.0.0:8080"},
+		{"xfcc without a quota token on a network grpc listener", []string{"--grpc-listen", "0.0.0.0:8081", "--trust-xfcc"}, map[string]string{"SLUICE_ADMIN_TOKEN": "a"}, "non-loopback listener 0.0.0.0:8081"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
