@@ -55,8 +55,9 @@ import (
 const (
 	// MaxEnvoyBytes is the longest Envoy id.
 	MaxEnvoyBytes = 128
-	// MaxKeyBytes is the longest counter key.
-	MaxKeyBytes = 2048
+	// MaxKeyBytes is the longest counter key (rules.MaxKeyBytes: no rule builds
+	// a longer one).
+	MaxKeyBytes = rules.MaxKeyBytes
 	// DefaultMaxKeys is the default largest number of keys in one request.
 	DefaultMaxKeys = 1000
 	// DefaultMaxBytes is the default largest request document: 1 MiB.

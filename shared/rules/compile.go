@@ -156,7 +156,7 @@ func (c *Compiled) compileRule(i int, r *Rule) error {
 	if cr.match.hasPath {
 		route = cr.match.path
 	}
-	cr.routeValue = string(appendEscaped(nil, route))
+	cr.routeValue = string(appendValue(nil, route))
 	switch {
 	case cfg.Algorithm == limit.Concurrency:
 		cr.PeriodSeconds = 0
@@ -175,7 +175,28 @@ func (c *Compiled) compileRule(i int, r *Rule) error {
 		}
 		cr.parts = append(cr.parts, alts)
 	}
+	if n := cr.longestKey(); n > MaxKeyBytes {
+		return errors.New("key: its longest counter key is " + strconv.Itoa(n) + " bytes, over the " +
+			strconv.Itoa(MaxKeyBytes) + " a key may have; use shorter header names or fewer key parts")
+	}
 	return nil
+}
+
+// longestKey returns the length of the longest counter key the rule can build, in
+// bytes: every value is at most MaxKeyValueBytes (appendValue).
+func (cr *CompiledRule) longestKey() int {
+	if len(cr.parts) == 0 {
+		return len(cr.globalKey)
+	}
+	n := len(cr.keyPrefix) + len(cr.keySuffix) + len(cr.parts) - 1
+	for _, alts := range cr.parts {
+		longest := 0
+		for _, a := range alts {
+			longest = max(longest, len(a.tag)+1+MaxKeyValueBytes)
+		}
+		n += longest
+	}
+	return n
 }
 
 // Fingerprint returns the rule fingerprint described on CompiledRule.Fingerprint.

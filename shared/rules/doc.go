@@ -74,7 +74,11 @@
 // alternative that supplied the value: ip, user, tenant, route, method, path, or
 // h.<name> for a header. Values (and tags) are percent-escaped: every byte outside
 // printable ASCII, and '%', ':', '|' and '=', is written %XX (upper-case hex), so a
-// value can never forge a separator. Examples, with env "prod" and policy "default":
+// value can never forge a separator. A value longer than [MaxKeyValueBytes] once
+// escaped is written as "%S" and the unpadded base64url SHA-256 of the value (45
+// bytes), so no value a client sends makes a key longer than [MaxKeyBytes] or
+// sends its request down another path; no escaped value begins with "%S".
+// Examples, with env "prod" and policy "default":
 //
 //	key ["client_ip"], window 5m, client 203.0.113.7:
 //	    rl:prod:default/login-per-ip:ip=203.0.113.7:300s

@@ -42,7 +42,7 @@ func (c *Compiled) appendPart(dst []byte, a *keyAlt, r *CompiledRule, req *Reque
 		dst = append(dst, a.tag...)
 		dst = append(dst, '=')
 		var tmp [64]byte
-		return appendEscaped(dst, ip.Unmap().AppendTo(tmp[:0])), true
+		return appendValue(dst, ip.Unmap().AppendTo(tmp[:0])), true
 	case partRoute:
 		dst = append(dst, a.tag...)
 		dst = append(dst, '=')
@@ -63,7 +63,7 @@ func (c *Compiled) appendPart(dst []byte, a *keyAlt, r *CompiledRule, req *Reque
 	}
 	dst = append(dst, a.tag...)
 	dst = append(dst, '=')
-	return appendEscaped(dst, v), true
+	return appendValue(dst, v), true
 }
 
 // Cost returns what the request costs under rule i, in cost units, at least

@@ -37,6 +37,14 @@ const (
 	MaxMethodBytes = 32
 	// MaxHeaderMatches is the largest number of header conditions in a match.
 	MaxHeaderMatches = 16
+	// MaxKeyValueBytes is the longest key-part value a counter key carries as it
+	// is, escaped, in bytes; a longer one is carried as its digest, 45 bytes (see
+	// the package documentation), whatever the client sent.
+	MaxKeyValueBytes = 128
+	// MaxKeyBytes is the longest counter key a rule may build, in bytes: Compile
+	// refuses a rule whose key could be longer (only very long header names in
+	// many key parts come near).
+	MaxKeyBytes = 2048
 	// MaxKeyParts is the largest number of parts in a rule's key.
 	MaxKeyParts = 8
 	// MaxKeyAlternatives is the largest number of '|'-separated alternatives in one

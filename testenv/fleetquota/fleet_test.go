@@ -3,6 +3,7 @@ package fleetquota
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -318,17 +319,41 @@ func stateList(m map[string]string) []string {
 	return out
 }
 
-func TestOversizedKeyNeverTravels(t *testing.T) {
-	_, qp, e := setupFleet(t, fixedHour("100", `,"on_quota_failure":"pass"`), 1, quiet)
-	r := e.do(0, strings.Repeat("u", 3000))
-	if r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] != "degraded" || filterstate.Fields(r.FilterState)["reason"] != "quota_unavailable" {
-		t.Fatalf("%d %v", r.Status, r.FilterState)
-	}
-	if got := qp.count(); got != 0 {
-		t.Fatalf("quota calls %d for a key over %d bytes", got, 2048)
-	}
-	if r := e.do(0, "ivan"); r.Status != 200 || filterstate.Fields(r.FilterState)["quota"] != "waited" {
-		t.Fatalf("a normal key after it: %d %v", r.Status, r.FilterState)
+// TestLongKeyPartsAreEnforcedLikeShortOnes: a user id of 2 KB or 60 KB (Envoy's
+// default header limit) takes the fleet path every short one takes: its key part is
+// reduced to a fixed-size digest, the key travels to the quota service, and two
+// Envoys admit exactly the limit between them, whatever on_quota_failure says.
+func TestLongKeyPartsAreEnforcedLikeShortOnes(t *testing.T) {
+	for _, size := range []int{2 << 10, 60 << 10} {
+		for _, onFailure := range []string{"pass", "deny"} {
+			t.Run(strconv.Itoa(size)+"/"+onFailure, func(t *testing.T) {
+				cp := startControlPlane(t, "")
+				v := cp.put(fixedHour("5", `,"on_quota_failure":"`+onFailure+`"`))
+				qp := newQuotaProxy(t, cp.addr)
+				envoys := []*envoy{startEnvoy(t, qp.addr(), 1, quiet, v), startEnvoy(t, qp.addr(), 1, quiet, v)}
+				user := strings.Repeat("u", size-1) + "1"
+				admitted := 0
+				for i := 0; i < 12; i++ {
+					r := envoys[i%2].do(0, user)
+					if f := filterstate.Fields(r.FilterState); f["quota"] == "degraded" {
+						t.Fatalf("request %d: status %d, quota degraded (%s)", i, r.Status, f["reason"])
+					}
+					if r.Status == 200 {
+						admitted++
+					}
+				}
+				if admitted != 5 {
+					t.Fatalf("admitted %d of a %d-byte user across two Envoys, want exactly 5", admitted, size)
+				}
+				if qp.count() == 0 {
+					t.Fatal("no quota call for a long key")
+				}
+				// Another long id, differing only in its last byte, is another key.
+				if r := envoys[0].do(0, user[:size-1]+"2"); r.Status != 200 {
+					t.Fatalf("a second long user: %d (quota %s)", r.Status, filterstate.Fields(r.FilterState)["quota"])
+				}
+			})
+		}
 	}
 }
 

@@ -23,7 +23,6 @@ const (
 	ReasonUnknownEntry   = "unknown_entry"    // an entry names no key part of the rule
 	ReasonBadValue       = "bad_value"        // client_ip is not an IP address
 	ReasonMissingKeyPart = "missing_key_part" // a key part of the rule has no value
-	ReasonKeyTooLong     = "key_too_long"     // the counter key is over 2,048 bytes, as the filter refuses it
 	ReasonCost           = "unsupported_cost" // the rule's cost is not 1 request = 1 unit
 	ReasonLeaseTooShort  = "lease_too_short"  // the rule's leases end before an assignment could be used
 	ReasonTooManyBuckets = "too_many_buckets" // the stream holds Options.MaxBucketsPerStream

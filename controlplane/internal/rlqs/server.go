@@ -346,10 +346,6 @@ func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageRep
 			abandon(u.BucketId, key, ReasonMissingKeyPart)
 			continue
 		}
-		if len(ckey) > sq.MaxKeyBytes {
-			abandon(u.BucketId, key, ReasonKeyTooLong)
-			continue
-		}
 		if b == nil || b.key != ckey || b.rule.Rule.Fingerprint != fr.Rule.Fingerprint {
 			// A new counter (first report, or a rule whose counters restarted): units of
 			// the old one are forfeited, never returned into the new one.

@@ -68,7 +68,6 @@ func TestBucketsThatNameNoServableRuleAreAbandoned(t *testing.T) {
 		{ReasonBadValue, map[string]string{"policy": "p", "rule": "fw", "client_ip": "not-an-ip"}},
 		{ReasonLeaseTooShort, map[string]string{"policy": "p", "rule": "short"}},
 		{ReasonCost, map[string]string{"policy": "p", "rule": "costly"}},
-		{ReasonKeyTooLong, map[string]string{"policy": "p", "rule": "fw", "user": strings.Repeat("u", 3000)}},
 	} {
 		resp := f.send(ss, report(simEnv, 1, 0, tc.id))
 		if err := resp.ValidateAll(); err != nil {
@@ -95,6 +94,36 @@ func TestBucketsThatNameNoServableRuleAreAbandoned(t *testing.T) {
 	resp = f.send(ss, report("other-env", 1, 0, map[string]string{"policy": "p", "rule": "tb", "user": "a"}))
 	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 		t.Errorf("a fleet bucket of another env: %v, want a token bucket", resp)
+	}
+}
+
+// TestLongKeyValuesAreServedWithTheFiltersKey: a bucket whose user is 2 KB or
+// 60 KB is served like any other, under the very counter key the Wasm filter
+// builds for that user (a digest of the value), so both kinds of Envoy spend one
+// budget for it.
+func TestLongKeyValuesAreServedWithTheFiltersKey(t *testing.T) {
+	f := newFixture(t)
+	ss := f.srv.newStream("")
+	for _, size := range []int{2 << 10, 60 << 10} {
+		id := map[string]string{"policy": "p", "rule": "fw", "user": strings.Repeat("u", size)}
+		resp := f.send(ss, report(simEnv, 1, 0, id))
+		if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+			t.Fatalf("a %d-byte user: %.300v, want a token bucket", size, resp)
+		}
+		fr, _ := f.q.Resolve("p", simEnv, "fw")
+		want, _ := fr.Key(mustRequest(t, id))
+		if len(want) > 200 {
+			t.Fatalf("the filter's key for a %d-byte user is %d bytes", size, len(want))
+		}
+		var got string
+		for _, b := range ss.buckets {
+			if b.key == want {
+				got = b.key
+			}
+		}
+		if got == "" {
+			t.Fatalf("no bucket under the filter's key %q", want)
+		}
 	}
 }
 
