@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	"github.com/sluice-proxy/sluice/shared/limit"
+	sq "github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
@@ -97,6 +99,7 @@ type bucket struct {
 	lastDemand int64         // when the bucket last had a request
 	interval   time.Duration // the report interval, estimated (observe)
 	tbUntil    int64         // the live token bucket's end (sent.at + ttl), 0 if none
+	tokens     uint64        // max_tokens of the last token bucket sent, 0 if none
 	nanos      int32         // fill_interval.nanos of the last token bucket sent
 }
 
@@ -108,6 +111,41 @@ func (b *bucket) report(now int64, allowed uint64, margin time.Duration) {
 	b.epochUsed += allowed
 	b.unrecordedUsed += allowed
 	b.settle(now, margin)
+}
+
+// admittable is the most the Envoy can have admitted in the bucket since its
+// previous report, at now (before report and observe take this one): the last
+// token bucket sent, full, and its refill over the time since (Envoy refills
+// tokens_per_fill = max_tokens per fill_interval, refillPeriod; a second more for
+// its whole-second rounding), and, on a rule that does not fail closed (whose
+// Envoys admit with ALLOW_ALL between assignments) or on a bucket's first report on
+// this stream (the Envoy may still hold an assignment of an earlier stream), one
+// window of the rule's limit and burst per window elapsed. A report of more than
+// that is clamped to it: an Envoy cannot push a key's state further than a window
+// of use ahead, however large a number it sends.
+func (b *bucket) admittable(now int64, cfg limit.Config, failOpen bool) uint64 {
+	var elapsed time.Duration
+	if b.lastReport > 0 && now > b.lastReport {
+		elapsed = time.Duration(now - b.lastReport)
+	}
+	var n uint64
+	if b.tokens > 0 {
+		refills := uint64(ttlSeconds(elapsed)) + 1
+		n = b.tokens + b.tokens*refills/uint64(refillPeriod/time.Second)
+	}
+	if failOpen || b.lastReport == 0 {
+		w := cfg.Window
+		if cfg.CalendarDay || w <= 0 {
+			w = limit.CalendarDayWindow
+		}
+		windows := 1 + uint64(elapsed/w)
+		per := cfg.Limit + cfg.Burst
+		if windows > sq.MaxUnits/max(per, 1) {
+			return sq.MaxUnits
+		}
+		n += per * windows
+	}
+	return min(n, sq.MaxUnits)
 }
 
 // settle moves into settled the grants that can no longer be spent and whose

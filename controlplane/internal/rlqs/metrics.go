@@ -14,13 +14,15 @@ import "github.com/prometheus/client_golang/prometheus"
 //	sluice_controlplane_rlqs_abandoned_total{reason}   buckets abandoned, by reason
 //	sluice_controlplane_rlqs_units_charged_total       units reported allowed beyond every grant
 //	                                                   (fail-open admissions), taken from the budget
+//	sluice_controlplane_rlqs_reports_clamped_total     bucket usages whose allowed count was more than the
+//	                                                   bucket could admit, clamped to that (bucket.admittable)
 //	sluice_controlplane_rlqs_unavailable_total         reports left unanswered because the quota
 //	                                                   store failed
 //	sluice_controlplane_rlqs_report_duration_seconds   report received → response sent (histogram)
 type metrics struct {
 	streams                                prometheus.Gauge
 	refused, reports, invalid, unavailable prometheus.Counter
-	charged                                prometheus.Counter
+	charged, clamped                       prometheus.Counter
 	actions, abandoned                     *prometheus.CounterVec
 	duration                               prometheus.Histogram
 }
@@ -39,6 +41,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "RLQS reports left without new assignments because the quota store failed; Envoys keep their assignments until they expire."}),
 		charged: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_units_charged_total",
 			Help: "Units Envoys reported allowed beyond every assignment (admitted by a fail-open behaviour), taken from the budget."}),
+		clamped: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_reports_clamped_total",
+			Help: "RLQS bucket usages reporting more requests allowed than the bucket's assignment (or one window of a fail-open rule) could admit, clamped to that."}),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_actions_total",
 			Help: "Bucket actions decided: token_bucket, deny_all, allow_all (exempt), abandon, none (the Envoy keeps its assignment)."}, []string{"action"}),
 		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_abandoned_total",
@@ -48,7 +52,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.refused, m.reports, m.invalid, m.unavailable, m.charged, m.actions, m.abandoned, m.duration)
+		reg.MustRegister(m.streams, m.refused, m.reports, m.invalid, m.unavailable, m.charged, m.clamped, m.actions, m.abandoned, m.duration)
 	}
 	return m
 }

@@ -356,6 +356,11 @@ func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageRep
 		// Counts are the client's: bounded as the quota protocol bounds units, so no
 		// sum below can wrap.
 		allowed, denied := min(u.NumRequestsAllowed, sq.MaxUnits), min(u.NumRequestsDenied, sq.MaxUnits)
+		if most := b.admittable(now, fr.Rule.Config, fr.Rule.Rule.QuotaFailure() != rules.QuotaFailureDeny); allowed > most {
+			allowed = most
+			s.m.clamped.Inc()
+			s.warn("clamped", "rlqs: a report counted more requests allowed than the bucket could admit; clamped", "domain", msg.Domain, "reported", u.NumRequestsAllowed, "clamped_to", most)
+		}
 		b.report(now, allowed, margin)
 		switch {
 		case allowed+denied > 0 || b.lastDemand == 0:
@@ -432,6 +437,7 @@ func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageRep
 			after = append(after, func(at int64) {
 				bb.pending = append(bb.pending, sent{units: units, at: at, ttl: int64(ttl)})
 				bb.tbUntil = at + int64(ttl)
+				bb.tokens = tokens
 			})
 			continue
 		}

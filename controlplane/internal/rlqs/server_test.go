@@ -127,6 +127,30 @@ func TestLongKeyValuesAreServedWithTheFiltersKey(t *testing.T) {
 	}
 }
 
+// TestAReportIsClampedToWhatItCouldHaveAdmitted: a report of 2^64-1 requests on a
+// fail-open rule is charged at most what the Envoy could have admitted (here one
+// window of the limit, as it had no assignment yet), counted as clamped, so the
+// key is not locked for longer than a window and the next window grants again.
+func TestAReportIsClampedToWhatItCouldHaveAdmitted(t *testing.T) {
+	f := newFixture(t)
+	ss := f.srv.newStream("")
+	id := map[string]string{"policy": "p", "rule": "pass", "user": "liar"}
+	f.send(ss, report(simEnv, math.MaxUint64, 0, id))
+	if charged := counterWith(t, f.reg, "sluice_controlplane_rlqs_units_charged_total", "", ""); charged > 300 {
+		t.Fatalf("charged %v units for one report on a rule of 300 per 10 s", charged)
+	}
+	if got := counterWith(t, f.reg, "sluice_controlplane_rlqs_reports_clamped_total", "", ""); got != 1 {
+		t.Fatalf("reports_clamped_total = %v, want 1", got)
+	}
+	// Another Envoy, in the next window, is granted.
+	f.now += int64(10 * time.Second)
+	other := f.srv.newStream("")
+	resp := f.send(other, report(simEnv, 1, 0, id))
+	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+		t.Fatalf("the next window: %.300v, want a token bucket", resp)
+	}
+}
+
 func TestExemptClientsAreAllowedAll(t *testing.T) {
 	f := newFixture(t)
 	ss := f.srv.newStream("")
