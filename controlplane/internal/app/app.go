@@ -179,6 +179,10 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	}
 	log.Info("sluice-controlplane listening", "addr", l.Addr().String(), "scheme", scheme, "store", kind, "auth", auth, "quota_identity", identity,
 		"history_depth", s.HistoryDepth, "max_wait", s.MaxWait.String())
+	if s.ClientCAFile == "" && !s.TrustXFCC && (s.QuotaToken != "" || s.AdminToken == "" && s.ReadToken == "") {
+		log.Warn("quota calls are identified by their envoy field alone: any holder of the quota token can report, return and hold units under any Envoy id of the fleet; " +
+			"this is for one trusted fleet only. Give each Envoy a certificate (--client-ca-file) or run behind a mesh sidecar (--trust-xfcc)")
+	}
 	if listening != nil {
 		listening(l.Addr())
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,13 +155,15 @@ func TestAnotherIdentityCannotReturnAnEnvoysUnits(t *testing.T) {
 }
 
 // TestOneIdentityCannotFillAKeysLedger: one identity asking under more made-up
-// Envoy ids than a key's ledger holds only replaces its own entries; another
-// identity is still granted, and the replacements are counted.
+// Envoy ids than its cap holds its cap of live leases, and every further id is
+// answered retry without touching them; another identity is still granted, and the
+// newcomers kept waiting are counted.
 func TestOneIdentityCannotFillAKeysLedger(t *testing.T) {
 	p := startTLSPlane(t, looseFW)
 	b := p.envoy(t, idB)
-	const ids = 2100 // above the 2048 entries of a key's ledger
+	const ids, perIdentity = 300, 256
 	var wg sync.WaitGroup
+	var granted, retried atomic.Int64
 	errs := make(chan error, ids)
 	for w := 0; w < 4; w++ {
 		wg.Add(1)
@@ -168,7 +171,13 @@ func TestOneIdentityCannotFillAKeysLedger(t *testing.T) {
 			defer wg.Done()
 			for i := w; i < ids; i += 4 {
 				code, k, _, err := tryAsk(b, p.url, fmt.Sprintf("made-up-%d", i), 1, 0, 0)
-				if err == nil && (code != 200 || k.Granted != 1) {
+				switch {
+				case err != nil:
+				case code == 200 && k.Granted == 1:
+					granted.Add(1)
+				case code == 200 && k.Status == "retry" && k.Granted == 0:
+					retried.Add(1)
+				default:
 					err = fmt.Errorf("made-up id %d → %d %+v", i, code, k)
 				}
 				if err != nil {
@@ -183,17 +192,23 @@ func TestOneIdentityCannotFillAKeysLedger(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
+	if granted.Load() != perIdentity || retried.Load() != ids-perIdentity {
+		t.Fatalf("B's %d ids: %d granted, %d retry; want %d and %d", ids, granted.Load(), retried.Load(), perIdentity, ids-perIdentity)
+	}
+	// B's leases are intact: an id that holds one still holds it.
+	if _, k, _ := ask(t, b, p.url, "made-up-0", 0, 0, 0); k.Held != 1 {
+		t.Fatalf("B's first lease after the flood: %+v, want held 1", k)
+	}
 	a := p.envoy(t, idA)
 	for i := 0; i < 20; i++ {
 		if code, k, _ := ask(t, a, p.url, fmt.Sprintf("a-%d", i), 10, 0, 0); code != 200 || k.Granted != 10 {
 			t.Fatalf("A (Envoy a-%d) after B's %d ids → %d %+v", i, ids, code, k)
 		}
 	}
-	// B's ids beyond its 16, and A's beyond its own 16.
-	want := ids - 16 + 20 - 16
 	m := get(t, p.client(t, nil), p.url+"/metrics", "adm")
-	if !bytes.Contains(m, []byte(fmt.Sprintf("sluice_controlplane_quota_ledger_evictions_total %d\n", want))) {
-		t.Fatalf("evictions not counted (want %d):\n%s", want, grep(m, "evictions"))
+	if !bytes.Contains(m, []byte(fmt.Sprintf("sluice_controlplane_quota_ledger_full_total{scope=\"identity\"} %d\n", ids-perIdentity))) ||
+		!bytes.Contains(m, []byte("sluice_controlplane_quota_ledger_evictions_total 0\n")) {
+		t.Fatalf("want %d identity-full answers and no eviction:\n%s%s", ids-perIdentity, grep(m, "ledger_full"), grep(m, "evictions"))
 	}
 }
 

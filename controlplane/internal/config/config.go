@@ -76,7 +76,7 @@ type Settings struct {
 	// (quota.IdentityXFCC). Safe only when that sidecar is the sole way in.
 	TrustXFCC bool
 	// QuotaMaxEntriesPerIdentity bounds the ledger entries of one identity per
-	// counter key (default 16; quota.Options.MaxEntriesPerIdentity).
+	// counter key (default 256; quota.Options.MaxEntriesPerIdentity).
 	QuotaMaxEntriesPerIdentity int
 	// BootstrapPolicy is a policy file (YAML or JSON, its name in "policy") the
 	// control plane creates at start as version 1 if the store never held a
@@ -140,7 +140,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.TLSKeyFile, "tls-key-file", "", "the PEM private key of --tls-cert-file")
 	fs.StringVar(&s.ClientCAFile, "client-ca-file", "", "PEM CA certificates verifying Envoys' client certificates: POST /v1/quota then requires one (instead of --quota-token) and identifies the Envoy by its URI SAN (SPIFFE ID), else its first DNS SAN; needs --tls-cert-file")
 	fs.BoolVar(&s.TrustXFCC, "trust-xfcc", false, "identify Envoys by the x-forwarded-client-cert header of a mesh sidecar terminating mTLS (its URI=, else DNS=); ONLY safe when that sidecar is the sole way to this port")
-	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 16, "most ledger entries (Envoy ids) one certificate identity holds per counter key; a further id replaces its least recent one (1-2048)")
+	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 256, "most ledger entries (Envoy ids) one certificate identity holds per counter key, about 100 bytes each in the key's stored value; a further id takes the place of its least recent one without a live lease, or is answered retry (1-2048)")
 	fs.StringVar(&s.BootstrapPolicy, "bootstrap-policy", "", "policy file (YAML or JSON) created at start if the store never held a policy of its name; never overwrites or re-creates a deleted one")
 	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")
 	fs.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 1<<20+64<<10, "largest request body in bytes")

@@ -317,10 +317,22 @@ func (s *Service) attempt(pending *[]group) error {
 		var interval time.Duration
 		for _, a := range g.asks {
 			var ch bool
-			if makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity) {
+			evicted, full := makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity, now)
+			if evicted {
 				s.m.evictions.Inc()
 			}
+			if full {
+				// Every entry of the identity holds a live lease: the newcomer waits
+				// for one to end, nobody's lease is cut short.
+				a.res = quota.KeyResult{Key: a.k.Key, Status: quota.StatusRetry, RetryAfter: max(a.interval, time.Second)}
+				a.at, a.tag = now, g.f.tag(v.state)
+				s.m.identityFull.Inc()
+				continue
+			}
 			a.res, ch = g.f.decide(&v, now, a.envoy, a.k, a.interval, a.ao)
+			if a.res.Status == quota.StatusRetry {
+				s.m.keyFull.Inc() // decide answers retry only for a ledger full of live leases
+			}
 			a.at, a.tag = now, g.f.tag(v.state)
 			changed = changed || ch
 			interval = max(interval, a.interval)

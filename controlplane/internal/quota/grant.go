@@ -19,8 +19,9 @@ const (
 	// Headroom is the sizing factor: a grant covers the Envoy's recent rate for
 	// Headroom × its report interval (5/4: a little more than one report period).
 	headroomNum, headroomDen = 5, 4
-	// MaxEnvoysPerKey bounds a key's ledger; a further Envoy is refused until an
-	// entry is free.
+	// MaxEnvoysPerKey bounds a key's ledger: a further Envoy takes the place of
+	// the least recent entry without a live lease, or is answered retry while
+	// every entry holds one.
 	MaxEnvoysPerKey = 2048
 	// retainReports is how many report intervals an Envoy counts as active for a key
 	// after its last report (it shares the remainder while active).
@@ -233,9 +234,11 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 	var res quota.KeyResult
 	res.Key = k.Key
 	if me == nil {
-		if len(v.entries) >= MaxEnvoysPerKey {
-			res.Status = quota.StatusRefused
-			res.RetryAfter = interval
+		if len(v.entries) >= MaxEnvoysPerKey && !dropIdle(v) {
+			// Every entry holds a live lease: the newcomer is answered retry (the
+			// key's budget may well remain), and comes in when a lease ends.
+			res.Status = quota.StatusRetry
+			res.RetryAfter = max(interval, time.Second)
 			return res, false
 		}
 		v.entries = append(v.entries, entry{envoy: envoy})

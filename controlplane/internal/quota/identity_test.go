@@ -4,31 +4,54 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
 
-func TestMakeRoomReplacesTheIdentitysLeastRecentEntryOnly(t *testing.T) {
+func TestMakeRoomReplacesOnlyAnIdentitysEntryWithoutALiveLease(t *testing.T) {
 	a, b := Owner("spiffe://td/a"), Owner("spiffe://td/b")
 	if a == b || len(a) != 17 {
 		t.Fatalf("owners %q %q", a, b)
 	}
+	const now = 100
 	v := value{}
 	for i := 0; i < 3; i++ {
-		v.entries = append(v.entries, entry{envoy: a + "e" + strconv.Itoa(i), last: int64(10 + i), held: 5})
+		v.entries = append(v.entries, entry{envoy: a + "e" + strconv.Itoa(i), last: int64(10 + i), held: 5, exp: now + 10})
 	}
-	v.entries = append(v.entries, entry{envoy: b + "x", last: 1, held: 7})
-	if makeRoom(&v, a+"e1", a, 3) {
+	v.entries = append(v.entries, entry{envoy: b + "x", last: 1, held: 7, exp: now + 10})
+	if ev, full := makeRoom(&v, a+"e1", a, 3, now); ev || full {
 		t.Fatal("a known entry made room")
 	}
-	if makeRoom(&v, b+"y", b, 3) || makeRoom(&v, "plain", "", 1) {
-		t.Fatal("room made under the cap, or without an owner")
+	if ev, full := makeRoom(&v, b+"y", b, 3, now); ev || full {
+		t.Fatal("room made under the cap")
 	}
-	if !makeRoom(&v, a+"new", a, 3) {
-		t.Fatal("no room made at the cap")
+	if ev, full := makeRoom(&v, "plain", "", 1, now); ev || full {
+		t.Fatal("room made without an owner")
 	}
-	if len(v.entries) != 3 || v.entries[0].envoy != a+"e1" || v.entries[2].envoy != b+"x" {
-		t.Fatalf("entries after: %+v (want a's e0, its least recent, gone and b's kept)", v.entries)
+	// Every entry of a holds a live lease: full, nothing removed.
+	if ev, full := makeRoom(&v, a+"new", a, 3, now); ev || !full || len(v.entries) != 4 {
+		t.Fatalf("at the cap with live leases: evicted %v, full %v, %d entries", ev, full, len(v.entries))
+	}
+	// e2's lease ended, e1 holds nothing: e1 reported less recently and goes.
+	v.entries[2].exp = now
+	v.entries[1].held = 0
+	if ev, full := makeRoom(&v, a+"new", a, 3, now); !ev || full {
+		t.Fatalf("at the cap with two dead leases: evicted %v, full %v", ev, full)
+	}
+	if len(v.entries) != 3 || v.entries[0].envoy != a+"e0" || v.entries[1].envoy != a+"e2" || v.entries[2].envoy != b+"x" {
+		t.Fatalf("entries after: %+v (want a's e1, its least recent without a live lease, gone)", v.entries)
+	}
+}
+
+func TestEntryNamesOfTokenCallersCannotBeCertificateOwners(t *testing.T) {
+	owner := Owner("spiffe://td/ns/prod/sa/victim")
+	// A token caller sending the victim's entry name as its envoy id gets another.
+	if EntryName("", owner+"e-1") == EntryName(owner, "e-1") {
+		t.Fatal("a token caller named a certificate identity's entry")
+	}
+	if !strings.HasPrefix(EntryName("", "x"), TokenOwner) || strings.HasPrefix(owner, TokenOwner) {
+		t.Fatalf("token entries %q, owner %q", EntryName("", "x"), owner)
 	}
 }
 

@@ -110,36 +110,73 @@ func (v *value) encode(dst []byte) []byte {
 	return dst
 }
 
-// makeRoom keeps one identity from filling a key's ledger: when the entry name (owner
-// then the Envoy's id) is not in v and owner already has maxN entries, it removes the
-// owner's entry that reported least recently and reports true. owner "" (no
-// identity) is never limited.
+// TokenOwner is the ledger prefix of every caller the quota token alone
+// authenticates (IdentityBody): an entry is named TokenOwner then the request's
+// "envoy" field. No certificate identity's prefix (Owner: 16 characters, then '/')
+// can begin like it, so a token caller can never name, return or read a
+// certificate identity's entry, even on a replica sharing its Redis.
+const TokenOwner = "t/"
+
+// EntryName returns the ledger entry name of Envoy id under owner (Owner of an
+// identity, or "" for a caller the token alone authenticates).
+func EntryName(owner, id string) string {
+	if owner == "" {
+		return TokenOwner + id
+	}
+	return owner + id
+}
+
+// makeRoom keeps one identity from filling a key's ledger. When the entry name
+// (owner then the Envoy's id) is not in v and owner already has maxN entries, it
+// removes the owner's least recently reporting entry that holds no live lease at
+// now (evicted); when every one of them holds a live lease it removes nothing and
+// reports full: the newcomer is answered retry, and no live lease is touched.
+// owner "" (no identity) is never limited.
 //
-// Removing an entry never lets the fleet admit more than the limit: the units its
-// lease held were counted in the limiter state when granted, and are simply no longer
-// returnable. So an Envoy that restarted (a new id under the same certificate) takes
-// its old instance's place instead of being refused, and an identity posting made-up
-// ids only ever churns its own entries.
-func makeRoom(v *value, name, owner string, maxN int) bool {
+// An entry without a live lease holds nothing anyone could still spend, so
+// removing it changes no count: an Envoy that restarted (a new id under the same
+// certificate) takes its old instance's place once that instance's lease is over,
+// and an identity posting made-up ids only ever waits on its own leases. Removing a
+// live one would let its units be spent past their lease, unreturnable.
+func makeRoom(v *value, name, owner string, maxN int, now int64) (evicted, full bool) {
 	if owner == "" || maxN <= 0 {
-		return false
+		return false, false
 	}
 	n, oldest := 0, -1
 	for i := range v.entries {
 		e := &v.entries[i]
 		if e.envoy == name {
-			return false
+			return false, false
 		}
 		if len(e.envoy) >= len(owner) && e.envoy[:len(owner)] == owner {
 			n++
-			if oldest < 0 || e.last < v.entries[oldest].last {
+			if live := e.held > 0 && e.exp > now; !live && (oldest < 0 || e.last < v.entries[oldest].last) {
 				oldest = i
 			}
 		}
 	}
-	if n < maxN {
-		return false
+	switch {
+	case n < maxN:
+		return false, false
+	case oldest < 0:
+		return false, true
 	}
 	v.entries = append(v.entries[:oldest], v.entries[oldest+1:]...)
+	return true, false
+}
+
+// dropIdle removes the least recently reporting entry of v that holds no units
+// (leases that ended were emptied before), and reports whether there was one.
+func dropIdle(v *value) bool {
+	idle := -1
+	for i := range v.entries {
+		if e := &v.entries[i]; e.held == 0 && (idle < 0 || e.last < v.entries[idle].last) {
+			idle = i
+		}
+	}
+	if idle < 0 {
+		return false
+	}
+	v.entries = append(v.entries[:idle], v.entries[idle+1:]...)
 	return true
 }

@@ -25,6 +25,9 @@ import (
 //	                                                  or "round" (conflicts with other replicas past the timeout)
 //	sluice_controlplane_quota_ledger_evictions_total   entries removed to make room for another
 //	                                                  Envoy id of an identity at its cap (makeRoom)
+//	sluice_controlplane_quota_ledger_full_total{scope}  newcomers answered retry because every entry
+//	                                                  holds a live lease: of their identity at its cap
+//	                                                  (scope "identity") or of the key (scope "key")
 //	sluice_controlplane_quota_request_duration_seconds{code}  request latency (histogram)
 //	sluice_controlplane_quota_keys_active{policy,rule}         keys asked for in the last minute, per rule
 //
@@ -33,7 +36,7 @@ import (
 type metrics struct {
 	asked, granted, returned, casRetries prometheus.Counter
 	rounds, queueTimeouts, roundTimeouts prometheus.Counter
-	evictions                            prometheus.Counter
+	evictions, identityFull, keyFull     prometheus.Counter
 	keys                                 *prometheus.CounterVec
 	duration                             *prometheus.HistogramVec
 	active                               *activeKeys
@@ -58,7 +61,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_rounds_total",
 			Help: "Read-decide-write rounds run on the backend, per key and attempt; asks per round shows how much contention was combined."}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_ledger_evictions_total",
-			Help: "Ledger entries removed because their identity reached its cap of entries per key and asked under another Envoy id (restarts, or made-up ids)."}),
+			Help: "Ledger entries without a live lease removed because their identity reached its cap of entries per key and asked under another Envoy id (restarts, or made-up ids)."}),
 		keys: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_keys_total",
 			Help: "Keys answered, by status."}, []string{"status"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_controlplane_quota_request_duration_seconds",
@@ -70,8 +73,12 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		Help: "Keys answered retry because other asks held the key past the deadline (stage queued) or other replicas kept winning its compare-and-swap (stage round). Contention, not a backend outage."},
 		[]string{"stage"})
 	m.queueTimeouts, m.roundTimeouts = contended.WithLabelValues("queued"), contended.WithLabelValues("round")
+	full := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_ledger_full_total",
+		Help: "Envoys new to a key answered retry because every ledger entry of their identity at its cap (scope identity), or of the key (scope key), holds a live lease."},
+		[]string{"scope"})
+	m.identityFull, m.keyFull = full.WithLabelValues("identity"), full.WithLabelValues("key")
 	if reg != nil {
-		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, m.evictions, contended, m.keys, m.duration, m.active)
+		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, m.evictions, contended, full, m.keys, m.duration, m.active)
 	}
 	return m
 }

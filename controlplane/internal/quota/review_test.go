@@ -30,9 +30,34 @@ func storageKey(t testing.TB, s *Service, p *policies, rule, key string) string 
 	return c.pfx[c.byID[rule]] + key
 }
 
-// TestFullLedgerKeepsTheKeysState: an Envoy refused because the key's ledger is full
-// (MaxEnvoysPerKey Envoys hold leases) must leave the key's stored value as it was,
-// with its expiry: the units the others hold stay counted.
+// TestFullLedgerOfEmptyEntriesGivesWay: a ledger full of entries that hold no units
+// (made-up ids that asked once and gave their unit back) never keeps a newcomer out
+// of a key whose budget remains: the least recent empty entry gives way.
+func TestFullLedgerOfEmptyEntriesGivesWay(t *testing.T) {
+	clk := &clock{}
+	clk.set(base() + int64(time.Second))
+	p := newPolicies(t)
+	p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
+		`"id":"fw","algorithm":"fixed_window","limit":100000000`, 1))
+	s := newService(t, NewMemory(), p, clk)
+	key := globalKey("fw")
+	es := newEnvoys(MaxEnvoysPerKey + 1)
+	for _, e := range es[:MaxEnvoysPerKey] {
+		if r := ask(t, s, e, "fw", key, 0, 0, 1); r.Granted != 1 {
+			t.Fatalf("%+v", r)
+		}
+		if r := ask(t, s, e, "fw", key, 0, 1, 0); r.Held != 0 {
+			t.Fatalf("after the return: %+v", r)
+		}
+	}
+	if r := ask(t, s, es[MaxEnvoysPerKey], "fw", key, 0, 0, 5); r.Status != quota.StatusGranted || r.Granted != 5 {
+		t.Fatalf("a newcomer on a ledger full of empty entries: %+v", r)
+	}
+}
+
+// TestFullLedgerKeepsTheKeysState: an Envoy answered retry because the key's ledger
+// is full (MaxEnvoysPerKey Envoys hold live leases) must leave the key's stored value
+// as it was, with its expiry: the units the others hold stay counted.
 func TestFullLedgerKeepsTheKeysState(t *testing.T) {
 	for _, bk := range singleBackends {
 		t.Run(bk.name, func(t *testing.T) {
@@ -54,13 +79,13 @@ func TestFullLedgerKeepsTheKeysState(t *testing.T) {
 			if total != MaxEnvoysPerKey {
 				t.Fatalf("%d Envoys asking 1 unit each got %d", MaxEnvoysPerKey, total)
 			}
-			if r := ask(t, s, es[MaxEnvoysPerKey], "fw", key, 0, 0, 1); r.Status != quota.StatusRefused || r.Granted != 0 {
+			if r := ask(t, s, es[MaxEnvoysPerKey], "fw", key, 0, 0, 1); r.Status != quota.StatusRetry || r.Granted != 0 {
 				t.Fatalf("Envoy %d on a full ledger: %+v", MaxEnvoysPerKey+1, r)
 			}
 			skey := storageKey(t, s, p, "fw", key)
 			if client != nil {
 				if ttl := client.PTTL(context.Background(), skey).Val(); ttl < ttlSlack/2 {
-					t.Fatalf("after the refusal the key expires in %v", ttl)
+					t.Fatalf("after the retry the key expires in %v", ttl)
 				}
 			} else {
 				m := b.(*Memory)
@@ -68,7 +93,7 @@ func TestFullLedgerKeepsTheKeysState(t *testing.T) {
 				vals, _ := m.Load(context.Background(), []string{skey})
 				m.Now = nil
 				if vals[0] == nil {
-					t.Fatal("after the refusal the key's value is gone")
+					t.Fatal("after the retry the key's value is gone")
 				}
 			}
 			for i := 0; i < 100; i++ {

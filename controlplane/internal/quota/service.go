@@ -70,8 +70,9 @@ type Options struct {
 	Identity IdentityMode
 	// MaxEntriesPerIdentity bounds the ledger entries one identity holds per key
 	// (default DefaultMaxEntriesPerIdentity): a further Envoy id of that identity
-	// takes the place of its least recently reporting one (makeRoom), so no
-	// identity can fill a key's MaxEnvoysPerKey entries.
+	// takes the place of its least recently reporting entry without a live lease,
+	// or is answered retry while every one holds one (makeRoom); no live lease is
+	// ever cut short.
 	MaxEntriesPerIdentity int
 	// Limits bound a request (defaults shared/quota's).
 	Limits quota.Limits
@@ -331,7 +332,7 @@ func (s *Service) HandleFor(ctx context.Context, owner string, req *quota.Reques
 		case !c.c.Rule(ri).OwnsKey(k.Key):
 			res.Status = quota.StatusBadKey
 		default:
-			asks = append(asks, keyAsk{w: work{idx: i, f: c.fleet[ri], skey: c.pfx[ri] + k.Key}, envoy: owner + req.Envoy, owner: owner, k: k, interval: req.Interval})
+			asks = append(asks, keyAsk{w: work{idx: i, f: c.fleet[ri], skey: c.pfx[ri] + k.Key}, envoy: EntryName(owner, req.Envoy), owner: owner, k: k, interval: req.Interval})
 			s.m.touch(req.Policy, k.Rule, k.Key)
 		}
 	}

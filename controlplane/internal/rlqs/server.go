@@ -243,11 +243,11 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 }
 
 // newStream returns the state of a new stream of ledger owner owner: its ledger
-// entries are named owner, "rlqs:" and 16 random hex digits.
+// entries are named (quota.EntryName) under owner "rlqs:" and 16 random hex digits.
 func (s *Server) newStream(owner string) *stream {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &stream{s: s, owner: owner, entry: owner + "rlqs:" + hex.EncodeToString(id[:]), buckets: make(map[string]*bucket)}
+	return &stream{s: s, owner: owner, entry: quota.EntryName(owner, "rlqs:"+hex.EncodeToString(id[:])), buckets: make(map[string]*bucket)}
 }
 
 // stream is one RLQS stream's state; only its own goroutine uses it.
