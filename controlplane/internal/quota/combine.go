@@ -317,13 +317,13 @@ func (s *Service) attempt(pending *[]group) error {
 		var interval time.Duration
 		for _, a := range g.asks {
 			var ch bool
-			evicted, full := makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity, now)
+			evicted, full := makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity, now, int64(retainReports)*int64(a.interval))
 			if evicted {
 				s.m.evictions.Inc()
 			}
 			if full {
-				// Every entry of the identity holds a live lease: the newcomer waits
-				// for one to end, nobody's lease is cut short.
+				// Every entry of the identity holds a live lease of an Envoy that
+				// reports: the newcomer waits for one to end, no lease in use is cut.
 				a.res = quota.KeyResult{Key: a.k.Key, Status: quota.StatusRetry, RetryAfter: max(a.interval, time.Second)}
 				a.at, a.tag = now, g.f.tag(v.state)
 				s.m.identityFull.Inc()

@@ -128,21 +128,14 @@ func EntryName(owner, id string) string {
 
 // makeRoom keeps one identity from filling a key's ledger. When the entry name
 // (owner then the Envoy's id) is not in v and owner already has maxN entries, it
-// removes the owner's least recently reporting entry that holds no live lease at
-// now (evicted); when every one of them holds a live lease it removes nothing and
-// reports full: the newcomer is answered retry, and no live lease is touched.
-// owner "" (no identity) is never limited.
-//
-// An entry without a live lease holds nothing anyone could still spend, so
-// removing it changes no count: an Envoy that restarted (a new id under the same
-// certificate) takes its old instance's place once that instance's lease is over,
-// and an identity posting made-up ids only ever waits on its own leases. Removing a
-// live one would let its units be spent past their lease, unreturnable.
-func makeRoom(v *value, name, owner string, maxN int, now int64) (evicted, full bool) {
+// removes the owner's entry that can best give way (giveWay) and reports evicted;
+// when none can, it removes nothing and reports full: the newcomer is answered
+// retry, and no lease in use is touched. owner "" (no identity) is never limited.
+func makeRoom(v *value, name, owner string, maxN int, now, retain int64) (evicted, full bool) {
 	if owner == "" || maxN <= 0 {
 		return false, false
 	}
-	n, oldest := 0, -1
+	n, best := 0, -1
 	for i := range v.entries {
 		e := &v.entries[i]
 		if e.envoy == name {
@@ -150,33 +143,59 @@ func makeRoom(v *value, name, owner string, maxN int, now int64) (evicted, full 
 		}
 		if len(e.envoy) >= len(owner) && e.envoy[:len(owner)] == owner {
 			n++
-			if live := e.held > 0 && e.exp > now; !live && (oldest < 0 || e.last < v.entries[oldest].last) {
-				oldest = i
+			if giveWay(e, now, retain) > 0 && (best < 0 || better(e, &v.entries[best], now, retain)) {
+				best = i
 			}
 		}
 	}
 	switch {
 	case n < maxN:
 		return false, false
-	case oldest < 0:
+	case best < 0:
 		return false, true
 	}
-	v.entries = append(v.entries[:oldest], v.entries[oldest+1:]...)
+	v.entries = append(v.entries[:best], v.entries[best+1:]...)
 	return true, false
 }
 
-// dropIdle removes the least recently reporting entry of v that holds no units
-// (leases that ended were emptied before), and reports whether there was one.
-func dropIdle(v *value) bool {
-	idle := -1
+// giveWay ranks how readily an entry gives its place to a newcomer at now, with
+// retain the time an Envoy counts as active after its last report:
+//
+//	2  it holds no live lease: nothing of it can be spent, removing it changes no count
+//	1  its lease is live but its Envoy stopped reporting (a pod gone in a rollout,
+//	   made-up ids that asked once): the units stay counted in the limiter state,
+//	   never credited back, so removing it cannot let the fleet admit more; the
+//	   filter never carries such units into a newer lease (it replaces a lease whose
+//	   answer says the service holds nothing else)
+//	0  a live lease of an Envoy that reports: never removed
+func giveWay(e *entry, now, retain int64) int {
+	switch {
+	case e.held == 0 || e.exp <= now:
+		return 2
+	case e.last+retain <= now:
+		return 1
+	}
+	return 0
+}
+
+// better reports whether a gives way before b: higher rank, then less recent.
+func better(a, b *entry, now, retain int64) bool {
+	ra, rb := giveWay(a, now, retain), giveWay(b, now, retain)
+	return ra > rb || ra == rb && a.last < b.last
+}
+
+// dropIdle removes the entry of v that best gives way (giveWay) and reports
+// whether there was one.
+func dropIdle(v *value, now, retain int64) bool {
+	best := -1
 	for i := range v.entries {
-		if e := &v.entries[i]; e.held == 0 && (idle < 0 || e.last < v.entries[idle].last) {
-			idle = i
+		if e := &v.entries[i]; giveWay(e, now, retain) > 0 && (best < 0 || better(e, &v.entries[best], now, retain)) {
+			best = i
 		}
 	}
-	if idle < 0 {
+	if best < 0 {
 		return false
 	}
-	v.entries = append(v.entries[:idle], v.entries[idle+1:]...)
+	v.entries = append(v.entries[:best], v.entries[best+1:]...)
 	return true
 }

@@ -55,6 +55,43 @@ func TestFullLedgerOfEmptyEntriesGivesWay(t *testing.T) {
 	}
 }
 
+// TestFullLedgerOfQuietLeasesGivesWay: a ledger full of live leases whose Envoys
+// stopped reporting (made-up ids that asked once, pods gone in a rollout) keeps a
+// newcomer waiting only while they count as active (three report intervals); then
+// the least recent gives way, its units still counted, and the window never grants
+// more than the limit.
+func TestFullLedgerOfQuietLeasesGivesWay(t *testing.T) {
+	clk := &clock{}
+	clk.set(base() + int64(time.Second))
+	p := newPolicies(t)
+	const lim = 100000
+	p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
+		`"id":"fw","algorithm":"fixed_window","limit":`+strconv.Itoa(lim), 1))
+	s := newService(t, NewMemory(), p, clk)
+	key := globalKey("fw")
+	es := newEnvoys(MaxEnvoysPerKey + 1)
+	var total uint64
+	for _, e := range es[:MaxEnvoysPerKey] {
+		total += ask(t, s, e, "fw", key, 0, 0, 1).Granted
+	}
+	newcomer := es[MaxEnvoysPerKey]
+	if r := ask(t, s, newcomer, "fw", key, 0, 0, 5); r.Status != quota.StatusRetry {
+		t.Fatalf("a newcomer while every lease is active: %+v, want retry", r)
+	}
+	clk.add(4 * time.Second) // past three report intervals of 1 s, within the minute
+	r := ask(t, s, newcomer, "fw", key, 0, 0, 5)
+	if r.Status != quota.StatusGranted || r.Granted != 5 {
+		t.Fatalf("a newcomer once the others went quiet: %+v", r)
+	}
+	total += r.Granted
+	for i := 0; i < 50; i++ {
+		total += ask(t, s, newcomer, "fw", key, 0, 0, lim).Granted
+	}
+	if total > lim {
+		t.Fatalf("%d units granted in one window, limit %d", total, lim)
+	}
+}
+
 // TestFullLedgerKeepsTheKeysState: an Envoy answered retry because the key's ledger
 // is full (MaxEnvoysPerKey Envoys hold live leases) must leave the key's stored value
 // as it was, with its expiry: the units the others hold stay counted.

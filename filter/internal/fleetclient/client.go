@@ -173,6 +173,9 @@ type Key struct {
 	// because the service could not be asked, failed, or answered retry; the
 	// next ask is after it.
 	FailedUntil int64
+	// Envoys is how many Envoys shared the key at the service's last answer
+	// (quota.KeyResult.Envoys), 0 until one said.
+	Envoys uint32
 
 	call     *call
 	lastSeen int64
@@ -188,6 +191,9 @@ type grant struct {
 	units     uint64
 	expiresIn time.Duration
 	sent      int64
+	// fresh: the service's entry holds only this grant (held == granted), so any
+	// units still in the lease are not part of it and must not take its expiry.
+	fresh bool
 }
 
 // call is one quota request in flight.
@@ -203,7 +209,8 @@ type call struct {
 type item struct {
 	kind       Kind
 	used, back uint64
-	asked      bool // the call asks for the key (k.call == this call)
+	leaseSent  int64 // the Sent of the lease the returned units were taken from
+	asked      bool  // the call asks for the key (k.call == this call)
 }
 
 // Kind is what a report does for a key.
@@ -234,6 +241,7 @@ type Client struct {
 	keys       map[string]*Key
 	calls      map[*call]struct{}
 	orphans    []*Key
+	ruleEnvoys map[string]uint32 // by rule id: the Envoys of the last answer for any of its keys
 	nextReport int64
 	buf, mod   []byte
 }
@@ -246,7 +254,18 @@ func New(host Host, cfg Config, m Metrics) *Client {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = quota.DefaultMaxKeys
 	}
-	return &Client{host: host, cfg: cfg, m: m, keys: map[string]*Key{}, calls: map[*call]struct{}{}}
+	return &Client{host: host, cfg: cfg, m: m, keys: map[string]*Key{}, calls: map[*call]struct{}{}, ruleEnvoys: map[string]uint32{}}
+}
+
+// Envoys returns how many Envoys share a key of rule ruleID as the service last
+// said: of k itself when it said (k may be nil), else of the rule's key it last
+// answered for, else 0 (unknown). The plugin divides the limit by it when the
+// service cannot be reached (on_quota_failure "local").
+func (c *Client) Envoys(ruleID string, k *Key) uint32 {
+	if k != nil && k.Envoys > 0 {
+		return k.Envoys
+	}
+	return c.ruleEnvoys[ruleID]
 }
 
 // SetConfig replaces the configuration (a new plugin configuration).
@@ -492,8 +511,9 @@ func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
 		it := item{kind: kind}
 		fp := r.Fingerprint
 		var used, back uint64
+		var leaseSent int64
 		written := c.ModifyLease(r.LeaseKeys[k.Bucket], k.Hash, now, func(e *fleet.Entry, found bool) bool {
-			used, back = 0, 0
+			used, back, leaseSent = 0, 0, e.Sent
 			if !found {
 				return false
 			}
@@ -509,7 +529,7 @@ func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
 			return true
 		})
 		if written {
-			it.used, it.back = used, back
+			it.used, it.back, it.leaseSent = used, back, leaseSent
 		} // else nothing was taken out of the lease: report nothing, return nothing
 		want := uint64(0)
 		if kind == Ask {
@@ -673,6 +693,11 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 				c.restore(k, r, cl.items[i], now)
 			}
 		}
+		if resp != nil && resp.Keys[i].Envoys > 0 {
+			// Reports answer it too: every key of the call learns the fleet's size.
+			k.Envoys = resp.Keys[i].Envoys
+			c.ruleEnvoys[k.RuleID] = k.Envoys
+		}
 		if k.call != cl {
 			continue // not asked by this call
 		}
@@ -702,9 +727,9 @@ func (c *Client) resume(k *Key) {
 
 // restore puts back into the lease what a report took out when the service
 // recorded nothing of it (quota.StatusRetry, or a call never sent): the used
-// units are reported again next time, and returned units are held again if
-// the lease is still live under the same rule (else they end with it, as the
-// service's ledger says).
+// units are reported again next time, and returned units are held again if the
+// very lease they were taken from is still live under the same rule (else they
+// end with it, as the service's ledger says: a newer lease never gets them).
 func (c *Client) restore(k *Key, r Rule, it item, now int64) {
 	if it.used == 0 && it.back == 0 {
 		return
@@ -715,7 +740,7 @@ func (c *Client) restore(k *Key, r Rule, it item, now int64) {
 			return false
 		}
 		e.Used += it.used
-		if it.back > 0 && now < e.Expiry {
+		if it.back > 0 && now < e.Expiry && e.Sent == it.leaseSent {
 			e.Held += it.back
 		}
 		return true
@@ -732,11 +757,11 @@ func (c *Client) apply(k *Key, r Rule, res *quota.KeyResult, sent, now int64) {
 		k.granted = k.granted || res.Granted > 0
 		if res.Granted > 0 && res.ExpiresIn > 0 {
 			c.applyGrant(k, r, now) // an earlier grant first, if one is waiting
-			g := grant{units: res.Granted, expiresIn: res.ExpiresIn, sent: sent}
+			g := grant{units: res.Granted, expiresIn: res.ExpiresIn, sent: sent, fresh: res.Held <= res.Granted}
 			if u := k.unapplied; u != nil {
 				// Still not applied: both wait, ending with the earlier lease.
 				end := min(u.sent+int64(u.expiresIn), sent+int64(res.ExpiresIn))
-				g = grant{units: u.units + g.units, sent: max(u.sent, sent)}
+				g = grant{units: u.units + g.units, sent: max(u.sent, sent), fresh: g.fresh}
 				g.expiresIn = time.Duration(end - g.sent)
 			}
 			k.unapplied = &g
@@ -777,7 +802,11 @@ func (c *Client) apply(k *Key, r Rule, res *quota.KeyResult, sent, now int64) {
 }
 
 // applyGrant adds k's unapplied grant to its lease; if the edit fails the grant
-// stays unapplied (counted) for the next tick, until it has expired.
+// stays unapplied (counted) for the next tick, until it has expired. A fresh grant
+// (the service's entry holds nothing else) replaces the lease instead: units the
+// service no longer counts as this Envoy's (its entry was reclaimed, or a lease of
+// an earlier call ended there) keep no place in a lease whose end they never had,
+// so an old grant is never extended by a new answer.
 func (c *Client) applyGrant(k *Key, r Rule, now int64) {
 	g := k.unapplied
 	if g == nil {
@@ -791,7 +820,7 @@ func (c *Client) applyGrant(k *Key, r Rule, now int64) {
 	fp := r.Fingerprint
 	ok := c.ModifyLease(r.LeaseKeys[k.Bucket], k.Hash, now, func(e *fleet.Entry, found bool) bool {
 		e.Claim = 0
-		if !found || e.Fingerprint != fp || now >= e.Expiry {
+		if !found || e.Fingerprint != fp || now >= e.Expiry || g.fresh && g.sent >= e.Sent {
 			*e = fleet.Entry{Hash: k.Hash, Fingerprint: fp, Used: e.Used, LastUse: e.LastUse}
 			e.Held, e.Expiry, e.Sent = g.units, expiry, g.sent
 			return true

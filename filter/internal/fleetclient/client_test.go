@@ -334,3 +334,53 @@ func TestRefusalStillRefuses(t *testing.T) {
 		t.Fatalf("refused until +%v, failed until +%v", time.Duration(k.RefusedUntil-f.h.now), time.Duration(k.FailedUntil-f.h.now))
 	}
 }
+
+// TestRetriedReturnNeverLandsInANewerLease: units returned from a lease that ended
+// while the return was in flight, answered retry after a newer lease was applied,
+// are not added to the newer lease: they ended with theirs.
+func TestRetriedReturnNeverLandsInANewerLease(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.setLease(k, fleet.Entry{Held: 100, Expiry: f.h.now + int64(time.Second), Sent: f.h.now - int64(time.Second), LastUse: f.h.now})
+	f.c.Done(f.h.now) // returns the 100
+	if len(f.h.calls) != 1 || f.h.calls[0].req.Keys[0].Return != 100 {
+		t.Fatalf("calls %d, want one returning 100", len(f.h.calls))
+	}
+	// The old lease ends; a newer one of 50 is applied.
+	f.h.now += int64(2 * time.Second)
+	f.setLease(k, fleet.Entry{Held: 50, Expiry: f.h.now + int64(time.Minute), Sent: f.h.now - int64(time.Millisecond), LastUse: f.h.now})
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusRetry, RetryAfter: 5 * time.Millisecond}
+	})
+	if e := f.lease(k); e.Held != 50 {
+		t.Fatalf("the newer lease holds %d after the old one's return was retried, want 50", e.Held)
+	}
+}
+
+// TestANewAnswerNeverExtendsUnitsTheServiceNoLongerHolds: a grant whose answer says
+// the service's entry holds only that grant (its entry was reclaimed, so the units
+// still in the lease are no longer counted as this Envoy's) replaces the lease, so
+// the old units never take the new lease's end; a grant the service adds to what it
+// holds extends the lease as before.
+func TestANewAnswerNeverExtendsUnitsTheServiceNoLongerHolds(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	oldEnd := f.h.now + int64(2*time.Second)
+	f.setLease(k, fleet.Entry{Held: 40, Expiry: oldEnd, Sent: f.h.now - int64(time.Second), LastUse: f.h.now})
+	f.c.Ask([]*Key{k}, f.h.now)
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusGranted, Granted: 10, Held: 10, ExpiresIn: time.Minute}
+	})
+	if e := f.lease(k); e.Held != 10 || e.Expiry <= oldEnd {
+		t.Fatalf("after a fresh grant of 10: held %d (want 10: the 40 the service no longer counts are not extended), expiry +%v",
+			e.Held, time.Duration(e.Expiry-f.h.now))
+	}
+	// A top-up the service adds to its entry: the lease holds both.
+	f.c.Ask([]*Key{k}, f.h.now)
+	f.h.answer(f.h.calls[1], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusGranted, Granted: 5, Held: 15, ExpiresIn: time.Minute}
+	})
+	if e := f.lease(k); e.Held != 15 {
+		t.Fatalf("after a top-up of 5 on 10: held %d, want 15", e.Held)
+	}
+}
