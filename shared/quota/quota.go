@@ -171,7 +171,19 @@ type KeyResult struct {
 	// until more units may be available (limit.Never, 2^63-1, if never); for
 	// StatusRetry, when to ask again.
 	RetryAfter time.Duration
+	// Envoys ["envoys"]: how many Envoys share the key now (its ledger's entries
+	// with a live lease or a recent report, this one included); 0 when unknown.
+	// An Envoy that cannot reach the service enforces about 1/Envoys of the limit
+	// by itself (on_quota_failure "local"). Written only when the request carried
+	// EnvoysHeader, so an Envoy built before the field never receives it.
+	Envoys uint32
 }
+
+// EnvoysHeader is the HTTP request header by which a quota client says it reads
+// KeyResult.Envoys (any non-empty value): servers that predate the field ignore
+// the header, clients that predate it never send it, so neither strict codec ever
+// meets a member it does not know.
+const EnvoysHeader = "sluice-quota-envoys"
 
 // Limits bound a request document.
 type Limits struct {
@@ -479,6 +491,10 @@ func AppendResponse(dst []byte, r *Response) []byte {
 		w.AppendInt(int64(k.ExpiresIn))
 		w.AppendKey("retry_after_ns")
 		w.AppendInt(int64(k.RetryAfter))
+		if k.Envoys > 0 {
+			w.AppendKey("envoys")
+			w.AppendUint(uint64(k.Envoys))
+		}
 		w.EndObject()
 	}
 	w.EndArray()
@@ -521,6 +537,9 @@ func DecodeResponse(data []byte) (*Response, error) {
 					case "retry_after_ns":
 						v, _ := d.Int64()
 						k.RetryAfter = time.Duration(v)
+					case "envoys":
+						v, _ := d.Uint64()
+						k.Envoys = uint32(min(v, 1<<32-1))
 					default:
 						return d.UnknownField()
 					}

@@ -39,6 +39,7 @@ func TestResponseRoundTrip(t *testing.T) {
 	r := &Response{Policy: "p", Version: 3, Now: 1763890000000000000, Keys: []KeyResult{
 		{Key: "k", Status: StatusPartial, Granted: 4, Held: 9, Returned: 2, ExpiresIn: time.Second, RetryAfter: time.Millisecond},
 		{Key: "k2", Status: StatusRefused, RetryAfter: time.Duration(1<<63 - 1)},
+		{Key: "k3", Status: StatusGranted, Granted: 1, Held: 1, ExpiresIn: time.Second, Envoys: 7},
 	}}
 	got, err := DecodeResponse(AppendResponse(nil, r))
 	if err != nil {

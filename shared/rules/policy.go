@@ -181,10 +181,13 @@ type Rule struct {
 	// [QuotaFailurePass] ("pass") admits, [QuotaFailureDeny] ("deny") rejects.
 	OnQuotaFailure string
 	// LocalSharePermille ["local_share"] is, for on_quota_failure "local" only, the
-	// share of the rule's limit (and burst) each Envoy enforces by itself while the
-	// quota service fails, in thousandths: JSON holds a number in (0, 1] with at most
-	// three decimals ("local_share": 0.25 is 250). 0 (absent) means 1000, the whole
-	// limit per Envoy, as an envoy-scope rule.
+	// smallest share of the rule's limit (and burst) each Envoy enforces by itself
+	// while the quota service fails, in thousandths: JSON holds a number in (0, 1]
+	// with at most three decimals ("local_share": 0.25 is 250). An Envoy that heard
+	// from the service how many Envoys n share the key enforces 1/n of the limit, but
+	// never less than this share (rounded to 1/k for the whole k = ⌊1/share⌋); one
+	// that did not yet, this share. 0 (absent) means no floor: 1/n, or the whole
+	// limit while n is unknown.
 	LocalSharePermille uint32
 }
 

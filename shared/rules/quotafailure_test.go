@@ -4,8 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-
-	"github.com/sluice-proxy/sluice/shared/limit"
 )
 
 func TestQuotaFailureParsesAndRoundTrips(t *testing.T) {
@@ -62,21 +60,6 @@ func TestQuotaFailureValidationNamesTheField(t *testing.T) {
 		if len(errs) != 1 || errs[0].Field != c.field || !strings.Contains(errs[0].Message, c.want) {
 			t.Fatalf("%s: got %v, want one error at %s containing %q", c.rule, errs, c.field, c.want)
 		}
-	}
-}
-
-func TestLocalShareConfigScalesLimitAndBurst(t *testing.T) {
-	r := &Rule{LocalSharePermille: 250}
-	got := r.LocalShareConfig(limit.Config{Algorithm: limit.TokenBucket, Limit: 300, Burst: 10})
-	if got.Limit != 75 || got.Burst != 2 {
-		t.Fatalf("got limit %d burst %d, want 75 and 2", got.Limit, got.Burst)
-	}
-	got = r.LocalShareConfig(limit.Config{Algorithm: limit.FixedWindow, Limit: 3})
-	if got.Limit != 1 {
-		t.Fatalf("tiny limit scaled to %d, want at least 1", got.Limit)
-	}
-	if got := (&Rule{}).LocalShareConfig(limit.Config{Limit: 7}); got.Limit != 7 {
-		t.Fatalf("no share: limit %d", got.Limit)
 	}
 }
 

@@ -95,29 +95,6 @@ func (r *Rule) QuotaFailure() string {
 	return r.OnQuotaFailure
 }
 
-// LocalShareConfig returns the limit configuration a fleet rule enforces per Envoy
-// while the quota service fails (on_quota_failure "local"): cfg with Limit and a
-// non-zero Burst scaled by local_share (thousandths; 0 means 1000), rounded down,
-// at least 1 (a Burst of 0, meaning the default, stays 0 and so follows the scaled
-// Limit). The result is valid when cfg is.
-func (r *Rule) LocalShareConfig(cfg limit.Config) limit.Config {
-	p := uint64(r.LocalSharePermille)
-	if p == 0 || p >= 1000 {
-		return cfg
-	}
-	scale := func(v uint64) uint64 {
-		if v == 0 {
-			return 0
-		}
-		s := v / 1000 * p
-		s += v % 1000 * p / 1000
-		return max(s, 1)
-	}
-	cfg.Limit = scale(cfg.Limit)
-	cfg.Burst = scale(cfg.Burst)
-	return cfg
-}
-
 // parsePermille parses a JSON number in (0, 1] with at most three decimals
 // into thousandths.
 func parsePermille(num string) (uint32, bool) {

@@ -234,9 +234,10 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 	var res quota.KeyResult
 	res.Key = k.Key
 	if me == nil {
-		if len(v.entries) >= MaxEnvoysPerKey && !dropIdle(v) {
-			// Every entry holds a live lease: the newcomer is answered retry (the
-			// key's budget may well remain), and comes in when a lease ends.
+		if len(v.entries) >= MaxEnvoysPerKey && !dropIdle(v, now, retain) {
+			// Every entry holds a live lease of an Envoy that reports: the newcomer
+			// is answered retry (the key's budget may well remain), and comes in
+			// when a lease ends.
 			res.Status = quota.StatusRetry
 			res.RetryAfter = max(interval, time.Second)
 			return res, false
@@ -358,6 +359,7 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 	}
 	me.last = now
 	res.Granted, res.Held = granted, me.held
+	res.Envoys = uint32(others + 1)
 	if me.held > 0 {
 		res.ExpiresIn = time.Duration(me.exp - now)
 	}

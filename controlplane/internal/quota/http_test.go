@@ -81,6 +81,42 @@ func TestQuotaTokenIsRequired(t *testing.T) {
 	}
 }
 
+// TestAnswersSayHowManyEnvoysShareTheKeyToClientsThatAsk: a key's answer counts
+// the Envoys on it (the asker included) for a client sending the
+// sluice-quota-envoys header, and carries no such member for one that does not
+// (a filter built before the field would refuse it).
+func TestAnswersSayHowManyEnvoysShareTheKeyToClientsThatAsk(t *testing.T) {
+	clk := &clock{}
+	clk.set(base())
+	srv := serve(t, New(Options{Backend: NewMemory(), Policies: newPolicies(t), Open: true, Now: clk.Now}))
+	post := func(envoy string, header bool) string {
+		body := strings.Replace(okBody, `"envoy":"e"`, `"envoy":"`+envoy+`"`, 1)
+		hr, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/quota", strings.NewReader(body))
+		hr.Header.Set("Content-Type", "application/json")
+		if header {
+			hr.Header.Set(quota.EnvoysHeader, "1")
+		}
+		res, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return string(b)
+	}
+	for i, e := range []string{"e1", "e2", "e3"} {
+		if b := post(e, true); !strings.Contains(b, `"envoys":`+strconv.Itoa(i+1)+`}`) {
+			t.Fatalf("Envoy %d of %d: %s", i+1, i+1, b)
+		}
+	}
+	if b := post("e1", false); strings.Contains(b, "envoys") {
+		t.Fatalf("an answer to a client without the header: %s", b)
+	}
+	if b := post("e1", true); !strings.Contains(b, `"envoys":3}`) {
+		t.Fatalf("the first Envoy asking again: %s", b)
+	}
+}
+
 func TestMalformedQuotaBodiesAre400NamingTheField(t *testing.T) {
 	clk := &clock{}
 	clk.set(base())

@@ -255,6 +255,11 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 		}
 		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", msg, nil)
 	}
+	if r.Header.Get(quota.EnvoysHeader) == "" {
+		for i := range resp.Keys {
+			resp.Keys[i].Envoys = 0 // a client that does not read the member never gets it
+		}
+	}
 	httpjson.WriteRaw(w, http.StatusOK, quota.AppendResponse(make([]byte, 0, 64+len(resp.Keys)*160), resp))
 	return http.StatusOK
 }

@@ -7,9 +7,7 @@ import (
 	"github.com/sluice-proxy/sluice/filter/internal/fleet"
 	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
-	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/limit/siphash"
-	"github.com/sluice-proxy/sluice/shared/limit/table"
 	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
@@ -166,9 +164,7 @@ func leaseKeyPrefix(policy, rule, layout string) string {
 	return bucketKeyPrefix(policy, rule, layout) + "q/"
 }
 
-// initFleetRule sets rs's fleet part; for on_quota_failure "local" with a
-// local_share, the rule's own counter buckets (unused while quota is
-// leased) count the local share instead of the whole limit.
+// initFleetRule sets rs's fleet part.
 func (p *pluginContext) initFleetRule(c *rules.Compiled, rs *ruleState) {
 	cr := rs.cr
 	if !cr.Fleet() {
@@ -180,14 +176,7 @@ func (p *pluginContext) initFleetRule(c *rules.Compiled, rs *ruleState) {
 	case rules.QuotaFailureDeny:
 		rs.fleet.mode = fleetDeny
 	default:
-		rs.fleet.mode = fleetLocal
-		if cfg := cr.Rule.LocalShareConfig(cr.Config); cfg != cr.Config {
-			if lim, err := limit.New(cfg); err == nil {
-				if layout, err := table.New(lim, p.cfg.EntriesPerBucket); err == nil {
-					rs.layout = layout
-				}
-			}
-		}
+		rs.fleet.mode = fleetLocal // the share is a cost multiplier (degrade)
 	}
 	rs.fleet.leaseKeys = make([]string, p.cfg.BucketsPerRule)
 	prefix := leaseKeyPrefix(c.Name, cr.ID, p.layout())

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
@@ -34,7 +35,7 @@ func (q quotaHost) Call(body []byte, timeout time.Duration, onAnswer func(status
 	cp := q.p.cfg.ControlPlane
 	headers := [][2]string{
 		{":method", "POST"}, {":path", quotaPath}, {":authority", cp.Authority},
-		{"content-type", "application/json"},
+		{"content-type", "application/json"}, {quota.EnvoysHeader, "1"},
 	}
 	if cp.QuotaToken != "" {
 		headers = append(headers, [2]string{"authorization", "Bearer " + cp.QuotaToken})

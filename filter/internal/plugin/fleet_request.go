@@ -75,7 +75,47 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 		ev.dec = limit.Decision{Allowed: false, Limit: rs.cr.Config.Limit, RetryAfter: max(time.Duration(until-now), time.Second), Reset: time.Duration(until - now)}
 		return true
 	}
-	return p.readDecideLocal(ev, now)
+	// Local: the rule's own counter holds the whole limit and every request
+	// costs share times its cost there, so this Envoy admits about 1/share of
+	// the limit and the n Envoys the service last saw on the key about the
+	// limit together.
+	share := localShare(rs.cr.Rule.LocalSharePermille, p.fleet.client.Envoys(rs.cr.ID, p.fleet.client.Lookup(viewString(p.s.key[ev.keyOff:ev.keyEnd]))))
+	if share > 1 {
+		ev.cost = min(satMul(ev.cost, share), max(rs.cr.Config.Limit, 1))
+	}
+	if !p.readDecideLocal(ev, now) {
+		return false
+	}
+	ev.dec.Remaining /= share
+	return true
+}
+
+// localShare returns the divisor of a fleet rule's limit an Envoy cut off from
+// the quota service enforces (on_quota_failure "local"): the number of Envoys n
+// that shared the key at the service's last answer (0 when none said), but at
+// most 1/local_share rounded down, so each Envoy keeps at least local_share of the
+// limit (permille; 0, absent, means no floor). With n unknown it is 1/local_share
+// (1 without one: the whole limit, as an envoy-scope rule).
+func localShare(permille uint32, n uint32) uint64 {
+	most := uint64(1) << 32
+	if permille > 0 {
+		most = max(1000/uint64(permille), 1)
+	}
+	if n == 0 {
+		if permille == 0 {
+			return 1
+		}
+		return most
+	}
+	return min(uint64(n), most)
+}
+
+// satMul is a·b, or the largest uint64 if that overflows.
+func satMul(a, b uint64) uint64 {
+	if b != 0 && a > ^uint64(0)/b {
+		return ^uint64(0)
+	}
+	return a * b
 }
 
 // writeLease writes ev's lease entry by CAS.
