@@ -80,9 +80,13 @@ type bucket struct {
 	rule *quota.FleetRule
 	key  string
 
-	// Since the bucket was first seen on this stream: units reserved by grants,
-	// reported allowed, and charged as admitted without a grant.
-	granted, used, charged uint64
+	// Coverage of reported use, across epochs: the assignments sent, oldest first,
+	// each with the units of it no report has spent yet (credit.left), dropped once
+	// it is dead for every later report (as pending settles); and owed, the units
+	// reported allowed that no live assignment covered (fail-open admissions), not
+	// yet charged.
+	credits []credit
+	owed    uint64
 
 	// The current epoch: one window (fixed_window) or slot (time_wheel), forever
 	// for the buckets. Returns are only made for units of the epoch.
@@ -107,7 +111,7 @@ type bucket struct {
 // what can be settled, given margin (the longest one-way delay between the
 // server and the Envoy, timer lateness included).
 func (b *bucket) report(now int64, allowed uint64, margin time.Duration) {
-	b.used += allowed
+	b.cover(now, allowed, margin)
 	b.epochUsed += allowed
 	b.unrecordedUsed += allowed
 	b.settle(now, margin)
@@ -180,15 +184,44 @@ func (b *bucket) toReturn() uint64 {
 	return b.settled - spent
 }
 
-// toCharge is the units reported allowed beyond everything granted and charged:
-// admitted without a grant (an Envoy's ALLOW_ALL fallbacks).
-func (b *bucket) toCharge() uint64 {
-	covered := b.granted + b.charged
-	if b.used <= covered {
-		return 0
-	}
-	return b.used - covered
+// credit is an assignment sent, as coverage: its units no report spent yet.
+type credit struct {
+	left    uint64
+	at, ttl int64 // as sent's
 }
+
+// cover spends a report's allowed units from the assignments that may have
+// admitted them, oldest first, and adds what none covers to owed. An assignment
+// sent at s with TTL t, followed by another sent at s', is dead by min(s+t, s')
+// plus margin, and a report arriving after that plus margin was sent after it
+// died (settle's rule): its units left can cover none of that report. Units
+// granted and then returned, or forfeited when their window ended, are never
+// coverage for later use, as the lifetime totals made them.
+func (b *bucket) cover(now int64, allowed uint64, margin time.Duration) {
+	n := 0
+	for i, c := range b.credits {
+		dies := c.at + c.ttl
+		if i+1 < len(b.credits) {
+			dies = min(dies, b.credits[i+1].at)
+		}
+		if now < dies+2*int64(margin) {
+			break
+		}
+		n++
+	}
+	b.credits = b.credits[n:]
+	for i := range b.credits {
+		take := min(allowed, b.credits[i].left)
+		b.credits[i].left -= take
+		allowed -= take
+	}
+	b.owed = min(b.owed+allowed, sq.MaxUnits)
+}
+
+// toCharge is the units reported allowed that no live assignment covered and
+// that are not charged yet: admitted without a grant (an Envoy's ALLOW_ALL
+// fallbacks, before its first assignment or after one expired).
+func (b *bucket) toCharge() uint64 { return b.owed }
 
 // newEpoch starts counting returns afresh for the window or slot tag: the units of
 // earlier epochs belong to counts already reset, so they are never returned.

@@ -411,13 +411,12 @@ func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageRep
 		}
 		b.unrecordedUsed = 0
 		b.returned += a.Return
-		b.charged += a.Charge
+		b.owed -= min(b.owed, a.Charge)
 		s.m.charged.Add(float64(a.Charge))
 		if r.Tag != b.tag {
 			b.newEpoch(r.Tag)
 		}
 		if r.Granted > 0 {
-			b.granted += r.Granted
 			ttl := min(time.Duration(r.End-r.Now)-margin, ss.ttlFor(b))
 			ttl = ttl.Truncate(time.Second)
 			tokens := uint64(0)
@@ -436,6 +435,7 @@ func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageRep
 			units, bb := r.Granted, b
 			after = append(after, func(at int64) {
 				bb.pending = append(bb.pending, sent{units: units, at: at, ttl: int64(ttl)})
+				bb.credits = append(bb.credits, credit{left: units, at: at, ttl: int64(ttl)})
 				bb.tbUntil = at + int64(ttl)
 				bb.tokens = tokens
 			})
@@ -458,6 +458,7 @@ func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageRep
 		bb := b
 		after = append(after, func(at int64) {
 			bb.pending = append(bb.pending, sent{at: at, ttl: int64(ttl)})
+			bb.credits = append(bb.credits, credit{at: at, ttl: int64(ttl)})
 			bb.tbUntil = 0
 		})
 	}

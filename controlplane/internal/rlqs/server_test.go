@@ -207,7 +207,7 @@ func TestUnspentUnitsReturnOnceSettled(t *testing.T) {
 	if tb == nil {
 		t.Fatalf("%v", resp)
 	}
-	granted := ss.buckets[canonical(id)].granted
+	granted := ss.buckets[canonical(id)].credits[0].left // the units of the one assignment sent
 	if granted < 100 {
 		t.Fatalf("granted %d", granted)
 	}

@@ -1,0 +1,80 @@
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+)
+
+// downable is a quota backend that can be made to fail, as a Redis that stalls.
+type downable struct {
+	quota.Backend
+	down atomic.Bool
+}
+
+var errStoreDown = errors.New("store down")
+
+func (d *downable) Load(ctx context.Context, keys []string) ([][]byte, error) {
+	if d.down.Load() {
+		return nil, errStoreDown
+	}
+	return d.Backend.Load(ctx, keys)
+}
+
+func (d *downable) Swap(ctx context.Context, ops []quota.Op) ([]bool, error) {
+	if d.down.Load() {
+		return nil, errStoreDown
+	}
+	return d.Backend.Swap(ctx, ops)
+}
+
+// TestFailOpenUsageWhileTheStoreIsDownIsChargedWhenItIsBack: an Envoy whose
+// assignment ran out while the store was down admits with ALLOW_ALL (on_quota_failure
+// "pass"); those requests are covered by no live assignment, whatever was granted,
+// returned or forfeited before, so all of them are charged once the store answers.
+func TestFailOpenUsageWhileTheStoreIsDownIsChargedWhenItIsBack(t *testing.T) {
+	f := &fixture{pol: &policies{}, reg: prometheus.NewRegistry()}
+	m := int64(time.Minute)
+	f.now = time.Now().UnixNano()/m*m + m
+	f.pol.set(t, simPolicy)
+	store := &downable{Backend: quota.NewMemory()}
+	clock := func() int64 { return f.now }
+	f.q = quota.New(quota.Options{Backend: store, Policies: f.pol, Open: true, Now: clock, Timeout: time.Minute, Registry: f.reg})
+	f.srv = New(Options{Quota: f.q, Now: clock, Registry: f.reg})
+	ss := f.srv.newStream("")
+	id := map[string]string{"policy": "p", "rule": "pass", "user": "u"}
+	charged := func() float64 {
+		return counterWith(t, f.reg, "sluice_controlplane_rlqs_units_charged_total", "", "")
+	}
+
+	f.send(ss, report(simEnv, 1, 100, id)) // the first request, before any assignment: charged
+	base := charged()
+	f.now += int64(time.Second)
+	f.send(ss, report(simEnv, 20, 0, id)) // spent from the token bucket granted
+	if got := charged(); got != base {
+		t.Fatalf("usage covered by the assignment was charged: %v → %v", base, got)
+	}
+	// The store stalls for longer than the assignment lives: the Envoy falls back to
+	// ALLOW_ALL and admits 100, reported while the store is still down.
+	store.down.Store(true)
+	for i := 0; i < 6; i++ {
+		f.now += int64(time.Second)
+		allowed := uint64(0)
+		if i >= 3 {
+			allowed = 100 / 3
+		}
+		f.send(ss, report(simEnv, allowed, 0, id))
+	}
+	store.down.Store(false)
+	f.now += int64(time.Second)
+	f.send(ss, report(simEnv, 1, 0, id))
+	if got := charged() - base; got < 3*(100/3) {
+		t.Fatalf("charged %v of the %d requests admitted without a live assignment", got, 3*(100/3))
+	}
+}
