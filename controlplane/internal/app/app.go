@@ -197,7 +197,8 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		if tlsSrv != nil {
 			creds = credentials.NewTLS(tlsSrv.Config())
 		}
-		gs = rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log}), creds)
+		gs = rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log,
+			MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds)
 		log.Info("rate limit quota service (gRPC) listening", "addr", gl.Addr().String(), "scheme", map[bool]string{true: "https", false: "http"}[tlsSrv != nil])
 		go func() { _ = gs.Serve(gl) }()
 		defer gs.Stop()

@@ -31,6 +31,10 @@ type Settings struct {
 	// Service (Envoy's rate_limit_quota filter) and gRPC health; "" (default)
 	// serves none. It takes the TLS and identity settings of Listen.
 	GRPCListen string
+	// RLQSMaxBuckets and RLQSMaxBucketsPerIdentity bound the Rate Limit Quota
+	// Service's buckets, all streams together and per identity
+	// (rlqs.Options.MaxBuckets, MaxBucketsPerIdentity).
+	RLQSMaxBuckets, RLQSMaxBucketsPerIdentity int
 	// RedisURL selects the Redis store: a redis:// or rediss:// URL, or a
 	// comma-separated list of host:port (several: Cluster, or Sentinels with
 	// RedisMasterName). Empty selects the embedded store in DataDir.
@@ -122,6 +126,8 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.SetOutput(out)
 	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
 	fs.StringVar(&s.GRPCListen, "grpc-listen", "", "gRPC listen address host:port of the Rate Limit Quota Service for Envoy's rate_limit_quota filter (same TLS and identity as --listen); empty: none")
+	fs.IntVar(&s.RLQSMaxBuckets, "rlqs-max-buckets", 250000, "most Rate Limit Quota Service buckets tracked, all streams together (about 400 bytes each, whatever their ids); a further bucket is abandoned")
+	fs.IntVar(&s.RLQSMaxBucketsPerIdentity, "rlqs-max-buckets-per-identity", 50000, "most Rate Limit Quota Service buckets tracked for the streams of one identity (all token callers are one)")
 	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")
 	fs.StringVar(&s.RedisMasterName, "redis-master-name", "", "Sentinel master name (the --redis-url addresses are Sentinels)")
 	fs.IntVar(&s.RedisWaitReplicas, "redis-wait-replicas", 0, "acknowledge a write only once this many Redis replicas confirmed it (WAIT); 0: do not wait")
@@ -251,6 +257,8 @@ func (s Settings) Check() error {
 		return errors.New("config: --client-ca-file needs --tls-cert-file and --tls-key-file (client certificates are only seen over TLS)")
 	case s.ClientCAFile != "" && s.TrustXFCC:
 		return errors.New("config: --client-ca-file and --trust-xfcc both name where Envoy identities come from; use one")
+	case s.RLQSMaxBuckets < 1 || s.RLQSMaxBucketsPerIdentity < 1:
+		return fmt.Errorf("config: --rlqs-max-buckets %d and --rlqs-max-buckets-per-identity %d: want ≥ 1", s.RLQSMaxBuckets, s.RLQSMaxBucketsPerIdentity)
 	case s.QuotaMaxEntriesPerIdentity < 1 || s.QuotaMaxEntriesPerIdentity > 2048:
 		return fmt.Errorf("config: --quota-max-entries-per-identity %d: want 1 to 2048", s.QuotaMaxEntriesPerIdentity)
 	case s.HistoryDepth < 1 || s.HistoryDepth > 10000:

@@ -33,14 +33,23 @@ const (
 
 // request builds the filter's view of a request from a bucket id's key-part entries,
 // so that FleetRule.Key builds the very counter key the Wasm filter builds for
-// the same values. It returns a reason when an entry is not a key part the
-// rule's policy can read.
-func request(entries map[string]string) (rules.Request, string) {
+// the same values. Every entry but policy and rule must name a part of the rule's
+// key (one alternative of an element of keyParts, or "route"): an entry the rule
+// does not key on would only make more buckets of one counter, so it is
+// refused, not kept. It returns a reason when an entry is not such a part.
+func request(entries map[string]string, keyParts []string) (rules.Request, string) {
 	var req rules.Request
 	for name, v := range entries {
 		switch name {
-		case EntryPolicy, EntryRule, "route":
-			// route's value is the rule's own; policy and rule were read already.
+		case EntryPolicy, EntryRule:
+			continue
+		}
+		if name != "route" && !keysOn(keyParts, name) {
+			return req, ReasonUnknownEntry
+		}
+		switch name {
+		case "route":
+			// route's value is the rule's own.
 		case "user":
 			req.User = v
 		case "tenant":
@@ -66,6 +75,19 @@ func request(entries map[string]string) (rules.Request, string) {
 	return req, ""
 }
 
+// keysOn reports whether name is one alternative of an element of keyParts
+// (alternatives are joined by '|').
+func keysOn(keyParts []string, name string) bool {
+	for _, p := range keyParts {
+		for alt := range strings.SplitSeq(p, "|") {
+			if alt == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // sent is one action sent for a bucket: a token bucket of units reserved, or a
 // blanket rule (units 0), which ends the token bucket before it just as well.
 type sent struct {
@@ -76,7 +98,6 @@ type sent struct {
 
 // bucket is the stream's accounting of one bucket (docs/rlqs.md, "Returns").
 type bucket struct {
-	id   string // canonical bucket id
 	rule *quota.FleetRule
 	key  string
 
@@ -103,7 +124,6 @@ type bucket struct {
 	lastDemand int64         // when the bucket last had a request
 	interval   time.Duration // the report interval, estimated (observe)
 	tbUntil    int64         // the live token bucket's end (sent.at + ttl), 0 if none
-	tokens     uint64        // max_tokens of the last token bucket sent, 0 if none
 	nanos      int32         // fill_interval.nanos of the last token bucket sent
 }
 
@@ -118,24 +138,29 @@ func (b *bucket) report(now int64, allowed uint64, margin time.Duration) {
 }
 
 // admittable is the most the Envoy can have admitted in the bucket since its
-// previous report, at now (before report and observe take this one): the last
-// token bucket sent, full, and its refill over the time since (Envoy refills
-// tokens_per_fill = max_tokens per fill_interval, refillPeriod; a second more for
-// its whole-second rounding), and, on a rule that does not fail closed (whose
-// Envoys admit with ALLOW_ALL between assignments) or on a bucket's first report on
-// this stream (the Envoy may still hold an assignment of an earlier stream), one
-// window of the rule's limit and burst per window elapsed. A report of more than
-// that is clamped to it: an Envoy cannot push a key's state further than a window
-// of use ahead, however large a number it sends.
-func (b *bucket) admittable(now int64, cfg limit.Config, failOpen bool) uint64 {
+// previous report, at now (before report and observe take this one): every unit
+// of the assignments that were alive at some time since that report (a grant of g
+// units is a token bucket that admits at most g over its whole life, tokensFor),
+// and, on a rule that does not fail closed (whose Envoys admit with ALLOW_ALL
+// between assignments) or on a bucket's first report on this stream (the Envoy may
+// still hold an assignment of an earlier stream), one window of the rule's limit
+// and burst per window elapsed. A report of more than that is clamped to it: an
+// Envoy cannot push a key's state further than a window of use ahead, however
+// large a number it sends.
+func (b *bucket) admittable(now int64, cfg limit.Config, failOpen bool, margin time.Duration) uint64 {
 	var elapsed time.Duration
 	if b.lastReport > 0 && now > b.lastReport {
 		elapsed = time.Duration(now - b.lastReport)
 	}
 	var n uint64
-	if b.tokens > 0 {
-		refills := uint64(ttlSeconds(elapsed)) + 1
-		n = b.tokens + b.tokens*refills/uint64(refillPeriod/time.Second)
+	for i, c := range b.credits {
+		dies := c.at + c.ttl
+		if i+1 < len(b.credits) {
+			dies = min(dies, b.credits[i+1].at)
+		}
+		if dies+2*int64(margin) > b.lastReport {
+			n += c.units
+		}
 	}
 	if failOpen || b.lastReport == 0 {
 		w := cfg.Window
@@ -186,8 +211,8 @@ func (b *bucket) toReturn() uint64 {
 
 // credit is an assignment sent, as coverage: its units no report spent yet.
 type credit struct {
-	left    uint64
-	at, ttl int64 // as sent's
+	units, left uint64
+	at, ttl     int64 // as sent's
 }
 
 // cover spends a report's allowed units from the assignments that may have

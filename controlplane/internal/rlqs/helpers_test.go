@@ -38,7 +38,11 @@ func counterWith(t *testing.T, reg *prometheus.Registry, name, label, value stri
 
 func mustRequest(t *testing.T, id map[string]string) *rules.Request {
 	t.Helper()
-	r, reason := request(id)
+	var parts []string // the rule keys on every entry the test names
+	for name := range id {
+		parts = append(parts, name)
+	}
+	r, reason := request(id, parts)
 	if reason != "" {
 		t.Fatal(reason)
 	}

@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are the RLQS service's Prometheus metrics:
 //
 //	sluice_controlplane_rlqs_streams                   streams open now
+//	sluice_controlplane_rlqs_buckets                   buckets tracked now, all streams together
 //	sluice_controlplane_rlqs_streams_refused_total     streams refused (authentication, MaxStreams)
 //	sluice_controlplane_rlqs_reports_total             usage reports received
 //	sluice_controlplane_rlqs_invalid_reports_total     reports without a domain (the stream is ended) and
@@ -20,7 +21,7 @@ import "github.com/prometheus/client_golang/prometheus"
 //	                                                   store failed
 //	sluice_controlplane_rlqs_report_duration_seconds   report received → response sent (histogram)
 type metrics struct {
-	streams                                prometheus.Gauge
+	streams, buckets                       prometheus.Gauge
 	refused, reports, invalid, unavailable prometheus.Counter
 	charged, clamped                       prometheus.Counter
 	actions, abandoned                     *prometheus.CounterVec
@@ -31,6 +32,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	m := &metrics{
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controlplane_rlqs_streams",
 			Help: "RLQS streams open now (one per Envoy and filter configuration)."}),
+		buckets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controlplane_rlqs_buckets",
+			Help: "RLQS buckets tracked now, all streams together (bounded by --rlqs-max-buckets)."}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_streams_refused_total",
 			Help: "RLQS streams refused: no or wrong credentials, or the stream limit reached."}),
 		reports: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_reports_total",
@@ -52,7 +55,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.refused, m.reports, m.invalid, m.unavailable, m.charged, m.clamped, m.actions, m.abandoned, m.duration)
+		reg.MustRegister(m.streams, m.buckets, m.refused, m.reports, m.invalid, m.unavailable, m.charged, m.clamped, m.actions, m.abandoned, m.duration)
 	}
 	return m
 }

@@ -65,7 +65,7 @@ func TestBucketsThatNameNoServableRuleAreAbandoned(t *testing.T) {
 		{quota.ReasonNotFleet, map[string]string{"policy": "p", "rule": "local"}},
 		{ReasonMissingKeyPart, map[string]string{"policy": "p", "rule": "fw"}},
 		{ReasonUnknownEntry, map[string]string{"policy": "p", "rule": "fw", "user": "a", "colour": "red"}},
-		{ReasonBadValue, map[string]string{"policy": "p", "rule": "fw", "client_ip": "not-an-ip"}},
+		{ReasonBadValue, map[string]string{"policy": "p", "rule": "ip", "client_ip": "not-an-ip"}},
 		{ReasonLeaseTooShort, map[string]string{"policy": "p", "rule": "short"}},
 		{ReasonCost, map[string]string{"policy": "p", "rule": "costly"}},
 	} {

@@ -55,7 +55,8 @@ const simPolicy = `{"policy":"p","identity":{"user_header":"x-user-id"},"exempt"
  {"id":"pass","match":{"path_prefix":"/pass"},"key":["user"],"algorithm":"fixed_window","limit":300,"window":"10s","scope":"fleet","on_quota_failure":"pass"},
  {"id":"local","algorithm":"fixed_window","limit":10,"window":"10s"},
  {"id":"short","match":{"path_prefix":"/short"},"algorithm":"token_bucket","limit":1000,"burst":100,"window":"1s","scope":"fleet"},
- {"id":"costly","match":{"path_prefix":"/costly"},"algorithm":"fixed_window","limit":100,"window":"10s","cost":5,"scope":"fleet"}]}`
+ {"id":"costly","match":{"path_prefix":"/costly"},"algorithm":"fixed_window","limit":100,"window":"10s","cost":5,"scope":"fleet"},
+ {"id":"ip","match":{"path_prefix":"/ip"},"key":["client_ip"],"algorithm":"fixed_window","limit":300,"window":"10s","scope":"fleet","on_quota_failure":"deny"}]}`
 
 // sim is Envoys running Envoy's rate_limit_quota filter (rlqsclient) against one
 // RLQS server, on a fake clock: reports and responses each take delay to arrive.

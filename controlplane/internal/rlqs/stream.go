@@ -1,0 +1,401 @@
+package rlqs
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	mrand "math/rand/v2"
+	"slices"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	sq "github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// newStream returns the state of a new stream of ledger owner owner: its ledger
+// entries are named (quota.EntryName) under owner "rlqs:" and 16 random hex digits.
+func (s *Server) newStream(owner string) *stream {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return &stream{s: s, owner: owner, entry: quota.EntryName(owner, "rlqs:"+hex.EncodeToString(id[:])), buckets: make(map[bucketID]*bucket)}
+}
+
+// stream is one RLQS stream's state; only its own goroutine uses it.
+type stream struct {
+	s       *Server
+	owner   string
+	entry   string // its ledger entries' name
+	buckets map[bucketID]*bucket
+}
+
+// bucketID names a bucket: the SHA-256 of its id's entries (canonical), so what a
+// stream keeps per bucket is the same size however long the id's values are.
+type bucketID [sha256.Size]byte
+
+// canonical returns the name of a bucket id's map: the SHA-256 of its sorted
+// name, value pairs, each NUL-terminated.
+func canonical(m map[string]string) bucketID {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	h := sha256.New()
+	for _, k := range keys {
+		h.Write([]byte(k))
+		h.Write([]byte{0})
+		h.Write([]byte(m[k]))
+		h.Write([]byte{0})
+	}
+	var id bucketID
+	h.Sum(id[:0])
+	return id
+}
+
+// track makes room for one more bucket of the stream, within the stream's, its
+// identity's and the process's bounds; it returns which bound is full, "" when
+// the bucket was counted.
+func (ss *stream) track() string {
+	s := ss.s
+	if len(ss.buckets) >= s.o.MaxBucketsPerStream {
+		return "stream"
+	}
+	s.bucketsMu.Lock()
+	defer s.bucketsMu.Unlock()
+	switch {
+	case s.buckets >= s.o.MaxBuckets:
+		return "process"
+	case s.byOwner[ss.owner] >= s.o.MaxBucketsPerIdentity:
+		return "identity"
+	}
+	s.buckets++
+	s.byOwner[ss.owner]++
+	s.m.buckets.Set(float64(s.buckets))
+	return ""
+}
+
+// forget drops bucket id from the stream and its count.
+func (ss *stream) forget(id bucketID) {
+	if _, ok := ss.buckets[id]; !ok {
+		return
+	}
+	delete(ss.buckets, id)
+	ss.untrack(1)
+}
+
+func (ss *stream) untrack(n int) {
+	s := ss.s
+	s.bucketsMu.Lock()
+	defer s.bucketsMu.Unlock()
+	s.buckets -= n
+	if s.byOwner[ss.owner] -= n; s.byOwner[ss.owner] <= 0 {
+		delete(s.byOwner, ss.owner)
+	}
+	s.m.buckets.Set(float64(s.buckets))
+}
+
+// close releases the stream's buckets when it ends.
+func (ss *stream) close() {
+	ss.untrack(len(ss.buckets))
+	ss.buckets = nil
+}
+
+// round is one report being answered: the response, the asks for the quota
+// service, and what to record once the response is sent.
+type round struct {
+	ss     *stream
+	domain string
+	now    int64
+	resp   *rlqsv3.RateLimitQuotaResponse
+	after  []func(int64)
+	asks   []quota.Assignment
+	askFor []*bucket
+	idFor  []*rlqsv3.BucketId
+	// tooMany counts the buckets abandoned this round because a bound was full,
+	// logged once per report.
+	tooMany map[string]int
+}
+
+// abandon answers the bucket with an AbandonAction (Envoy forgets it) and drops
+// it from the stream.
+func (r *round) abandon(id *rlqsv3.BucketId, key bucketID, reason string) {
+	r.ss.forget(key)
+	r.resp.BucketAction = append(r.resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: id,
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+	r.ss.s.abandoned(reason, r.domain, id)
+}
+
+// handle answers one report; after holds what to record once the response is sent
+// (called with the time after the send).
+func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, []func(int64)) {
+	r := &round{ss: ss, domain: msg.Domain, now: ss.s.o.Now(), resp: &rlqsv3.RateLimitQuotaResponse{}}
+	seen := make(map[bucketID]struct{}, len(msg.BucketQuotaUsages))
+	for _, u := range msg.BucketQuotaUsages {
+		entries := u.GetBucketId().GetBucket()
+		if len(entries) == 0 || u.GetBucketId().ValidateAll() != nil {
+			ss.s.m.invalid.Inc()
+			continue // no entries, or an empty name or value: no valid answer can name it
+		}
+		key := canonical(entries)
+		if _, dup := seen[key]; dup {
+			ss.s.m.invalid.Inc()
+			continue // one answer per bucket: a repeat in the same report is ignored
+		}
+		seen[key] = struct{}{}
+		r.usage(u, key)
+	}
+	if len(r.tooMany) > 0 {
+		ss.s.warn("too_many_buckets", "rlqs: buckets abandoned: a bound on tracked buckets is full",
+			"domain", msg.Domain, "by_bound", r.tooMany, "stream_buckets", len(ss.buckets))
+	}
+	if len(r.asks) > 0 {
+		r.apply(ctx)
+	}
+	return r.resp, r.after
+}
+
+// usage takes one bucket's usage: it resolves the bucket to a fleet rule and a
+// counter key (or abandons it), accounts the report, and queues an ask when
+// there is something to grant, return, charge or record.
+func (r *round) usage(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, key bucketID) {
+	ss, s := r.ss, r.ss.s
+	b := ss.buckets[key]
+	fr, req, reason := r.resolve(u.GetBucketId().GetBucket())
+	if reason != "" {
+		r.abandon(u.BucketId, key, reason)
+		return
+	}
+	if fr.Exempt(&req) {
+		ss.forget(key)
+		r.resp.BucketAction = append(r.resp.BucketAction, blanket(u.BucketId, typev3.RateLimitStrategy_ALLOW_ALL, ss.ttlFor(nil)))
+		s.m.actions.WithLabelValues("allow_all").Inc()
+		return
+	}
+	ckey, ok := fr.Key(&req)
+	if !ok {
+		r.abandon(u.BucketId, key, ReasonMissingKeyPart)
+		return
+	}
+	if b == nil {
+		if full := ss.track(); full != "" {
+			if r.tooMany == nil {
+				r.tooMany = map[string]int{}
+			}
+			r.tooMany[full]++
+			r.resp.BucketAction = append(r.resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: u.BucketId,
+				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+			s.m.abandoned.WithLabelValues(ReasonTooManyBuckets).Inc()
+			s.m.actions.WithLabelValues("abandon").Inc()
+			return
+		}
+	}
+	if b == nil || b.key != ckey || b.rule.Rule.Fingerprint != fr.Rule.Fingerprint {
+		// A new counter (first report, or a rule whose counters restarted): units of
+		// the old one are forfeited, never returned into the new one.
+		b = &bucket{key: ckey, nanos: mrand.Int32N(999999999) + 1}
+		ss.buckets[key] = b
+	}
+	b.rule = fr
+	r.account(u, key, b)
+}
+
+// resolve finds the fleet rule a bucket id names and the request its key-part
+// entries describe, or the reason to abandon it.
+func (r *round) resolve(entries map[string]string) (*quota.FleetRule, rules.Request, string) {
+	s := r.ss.s
+	policy, rule := entries[EntryPolicy], entries[EntryRule]
+	if policy == "" || rule == "" {
+		return nil, rules.Request{}, ReasonNoPolicyEntry
+	}
+	fr, reason := s.o.Quota.Resolve(policy, r.domain, rule)
+	switch {
+	case fr == nil:
+		return nil, rules.Request{}, reason
+	case fr.Rule.Rule.CostHeader != "" || fr.Rule.Rule.Cost > 1:
+		return nil, rules.Request{}, ReasonCost
+	case fr.MaxLease() < time.Second+s.o.Margin:
+		return nil, rules.Request{}, ReasonLeaseTooShort
+	}
+	req, reason := request(entries, fr.Rule.Rule.Key)
+	return fr, req, reason
+}
+
+// account takes a bucket's report: the counts, clamped to what it could have
+// admitted, its demand and report interval, and queues the ask they call for.
+func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, key bucketID, b *bucket) {
+	s, fr, now := r.ss.s, b.rule, r.now
+	// Counts are the client's: bounded as the quota protocol bounds units, so no
+	// sum below can wrap.
+	allowed, denied := min(u.NumRequestsAllowed, sq.MaxUnits), min(u.NumRequestsDenied, sq.MaxUnits)
+	if most := b.admittable(now, fr.Rule.Config, fr.Rule.Rule.QuotaFailure() != rules.QuotaFailureDeny, s.o.Margin); allowed > most {
+		allowed = most
+		s.m.clamped.Inc()
+		s.warn("clamped", "rlqs: a report counted more requests allowed than the bucket could admit; clamped", "domain", r.domain, "reported", u.NumRequestsAllowed, "clamped_to", most)
+	}
+	b.report(now, allowed, s.o.Margin)
+	switch {
+	case allowed+denied > 0 || b.lastDemand == 0:
+		b.lastDemand = now
+	case now-b.lastDemand >= int64(s.o.IdleAfter):
+		r.abandon(u.BucketId, key, ReasonIdle)
+		return
+	}
+	interval := b.observe(now)
+	var want uint64
+	if d := allowed + denied; d > 0 {
+		// What the last report interval asked for (denied requests are demand too)
+		// and one more, and what the refill of the assignment's TTL reserves on top.
+		// No more headroom: a grant replaces the last, so what an Envoy leaves
+		// unspent is lost to the fleet until it settles, two reports later.
+		need := d + 1
+		want = need + need*uint64(ttlSeconds(interval)+1)/uint64(refillPeriod/time.Second)
+	}
+	ret := b.toReturn()
+	var charge uint64
+	if fr.Rule.Rule.QuotaFailure() != rules.QuotaFailureDeny {
+		charge = b.toCharge()
+	}
+	if want == 0 && ret == 0 && charge == 0 && b.unrecordedUsed == 0 {
+		return
+	}
+	r.asks = append(r.asks, quota.Assignment{Rule: fr, Key: b.key, Entry: r.ss.entry, Owner: r.ss.owner,
+		Used: b.unrecordedUsed, Return: ret, Charge: charge, Want: want, Interval: interval, MinLife: time.Second + s.o.Margin})
+	r.askFor = append(r.askFor, b)
+	r.idFor = append(r.idFor, u.BucketId)
+}
+
+// apply asks the quota service for the round's asks at once and turns each
+// result into the bucket's action: a fresh token bucket, DENY_ALL, or none.
+func (r *round) apply(ctx context.Context) {
+	ss, s, now, margin := r.ss, r.ss.s, r.now, r.ss.s.o.Margin
+	results, err := s.o.Quota.Assign(ctx, r.asks)
+	if err != nil {
+		// Nothing was recorded: every bucket keeps its assignment until its TTL, then
+		// falls back as its settings say; the use is reported again next time.
+		s.m.unavailable.Inc()
+		s.warn("unavailable", "rlqs: quota store unavailable; buckets keep their assignments until they expire", "err", err)
+		return
+	}
+	for i, res := range results {
+		b, a := r.askFor[i], &r.asks[i]
+		if res.Status == sq.StatusRetry {
+			s.m.actions.WithLabelValues("none").Inc()
+			continue // contended: nothing recorded, the same report goes again next time
+		}
+		b.unrecordedUsed = 0
+		b.returned += a.Return
+		b.owed -= min(b.owed, a.Charge)
+		s.m.charged.Add(float64(a.Charge))
+		if res.Tag != b.tag {
+			b.newEpoch(res.Tag)
+		}
+		if res.Granted > 0 {
+			ttl := min(time.Duration(res.End-res.Now)-margin, ss.ttlFor(b))
+			ttl = ttl.Truncate(time.Second)
+			tokens := uint64(0)
+			if ttl >= time.Second {
+				tokens = tokensFor(res.Granted, ttl)
+			}
+			if tokens == 0 {
+				// Too late or too little to use: the units settle and return.
+				b.pending = append(b.pending, sent{units: res.Granted, at: now})
+				s.m.actions.WithLabelValues("none").Inc()
+				continue
+			}
+			b.nanos = b.nanos%999999999 + 1 // a configuration Envoy has not got: a fresh bucket
+			r.resp.BucketAction = append(r.resp.BucketAction, tokenBucket(r.idFor[i], tokens, b.nanos, ttl))
+			s.m.actions.WithLabelValues("token_bucket").Inc()
+			units, bb := res.Granted, b
+			r.after = append(r.after, func(at int64) {
+				bb.pending = append(bb.pending, sent{units: units, at: at, ttl: int64(ttl)})
+				bb.credits = append(bb.credits, credit{units: units, left: units, at: at, ttl: int64(ttl)})
+				bb.tbUntil = at + int64(ttl)
+			})
+			continue
+		}
+		if a.Want == 0 {
+			continue // a report only
+		}
+		// Nothing granted: the budget is spent, or the lease ends too soon. A token
+		// bucket that lives past the next report is still good to spend; otherwise
+		// DENY_ALL until more may be granted.
+		if b.tbUntil > now+int64(ss.ttlFor(b)) {
+			s.m.actions.WithLabelValues("none").Inc()
+			continue
+		}
+		ttl := max(res.RetryAfter, ss.ttlFor(b))
+		ttl = min((ttl + time.Second - 1).Truncate(time.Second), time.Hour)
+		r.resp.BucketAction = append(r.resp.BucketAction, blanket(r.idFor[i], typev3.RateLimitStrategy_DENY_ALL, ttl))
+		s.m.actions.WithLabelValues("deny_all").Inc()
+		bb := b
+		r.after = append(r.after, func(at int64) {
+			bb.pending = append(bb.pending, sent{at: at, ttl: int64(ttl)})
+			bb.credits = append(bb.credits, credit{at: at, ttl: int64(ttl)})
+			bb.tbUntil = 0
+		})
+	}
+}
+
+// observe updates the bucket's estimate of the report interval with a report at
+// now and returns it: the time between its reports (Envoy reports every bucket
+// each reporting_interval), smoothed, 1 s until known, within 100 ms .. 1 min.
+func (b *bucket) observe(now int64) time.Duration {
+	if b.lastReport > 0 && now > b.lastReport {
+		gap := time.Duration(now - b.lastReport)
+		gap = min(max(gap, 100*time.Millisecond), time.Minute)
+		if b.interval == 0 {
+			b.interval = gap
+		} else {
+			b.interval = (3*b.interval + gap) / 4
+		}
+	}
+	b.lastReport = now
+	if b.interval == 0 {
+		return time.Second
+	}
+	return b.interval
+}
+
+// ttlFor is the TTL of an assignment: past the next report's answer (one report
+// interval, rounded up to whole seconds, plus a second), as Envoy takes whole
+// seconds only.
+func (ss *stream) ttlFor(b *bucket) time.Duration {
+	iv := time.Second
+	if b != nil && b.interval > 0 {
+		iv = b.interval
+	}
+	return time.Duration(ttlSeconds(iv)+1) * time.Second
+}
+
+// ttlSeconds is d in whole seconds, rounded up.
+func ttlSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// tokenBucket is an assignment of a fresh token bucket of tokens, refilling tokens
+// per refillPeriod; nanos makes its configuration differ from the previous one, so
+// that Envoy replaces its bucket instead of carrying it over.
+func tokenBucket(id *rlqsv3.BucketId, tokens uint64, nanos int32, ttl time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return assignment(id, ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+		MaxTokens:     uint32(tokens),
+		TokensPerFill: wrapperspb.UInt32(uint32(tokens)),
+		FillInterval:  &durationpb.Duration{Seconds: int64(refillPeriod / time.Second), Nanos: nanos},
+	}}})
+}
+
+func blanket(id *rlqsv3.BucketId, rule typev3.RateLimitStrategy_BlanketRule, ttl time.Duration) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return assignment(id, ttl, &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: rule}})
+}
+
+func assignment(id *rlqsv3.BucketId, ttl time.Duration, strategy *typev3.RateLimitStrategy) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: id,
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+			AssignmentTimeToLive: durationpb.New(ttl),
+			RateLimitStrategy:    strategy,
+		}}}
+}
