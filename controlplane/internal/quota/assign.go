@@ -101,6 +101,16 @@ type Assignment struct {
 	// MinLife is the shortest lease worth granting: when the key's lease would end
 	// sooner (the window's end is near), nothing is granted.
 	MinLife time.Duration
+	// Fit, when set, maps a grant of units on a lease lasting life to the largest
+	// grant at most units that the caller's assignment can use whole (an Envoy
+	// token bucket admits max_tokens plus its refill, in whole tokens): the service
+	// grants that instead, so no unit is reserved that could never be spent.
+	Fit func(units uint64, life time.Duration) uint64
+	// Keep is units the caller's live assignment still holds: a grant of no more
+	// would replace it for nothing (an Envoy's new token bucket replaces the old,
+	// whose units come back only once it settles), so none is made and the caller
+	// keeps what it has.
+	Keep uint64
 }
 
 // AssignResult is the answer to one Assignment.
@@ -140,7 +150,7 @@ func (s *Service) Assign(ctx context.Context, asks []Assignment) ([]AssignResult
 			return nil, errors.New("quota: Assign needs a rule and an entry of at most 255 bytes")
 		}
 		kr[i] = quota.KeyRequest{Rule: a.Rule.Rule.ID, Key: a.Key, Used: a.Used, Return: a.Return, Want: a.Want}
-		aos[i] = assignOpts{charge: a.Charge, minLife: int64(a.MinLife)}
+		aos[i] = assignOpts{charge: a.Charge, minLife: int64(a.MinLife), fit: a.Fit, keep: a.Keep}
 		ka[i] = keyAsk{w: work{idx: i, f: a.Rule.c.fleet[a.Rule.idx], skey: a.Rule.c.pfx[a.Rule.idx] + a.Key},
 			envoy: a.Entry, owner: a.Owner, k: &kr[i], interval: a.Interval, ao: &aos[i]}
 		s.m.touch(a.Rule.Policy, a.Rule.Rule.ID, a.Key)

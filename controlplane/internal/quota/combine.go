@@ -317,7 +317,7 @@ func (s *Service) attempt(pending *[]group) error {
 		var interval time.Duration
 		for _, a := range g.asks {
 			var ch bool
-			evicted, full := makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity, now, int64(retainReports)*int64(a.interval))
+			evicted, full := makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity, now, retainFor(a.interval))
 			if evicted {
 				s.m.evictions.Inc()
 			}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/bits"
+	"strings"
 	"time"
 
 	"github.com/sluice-proxy/sluice/shared/limit"
@@ -192,6 +193,95 @@ type assignOpts struct {
 	// minLife is the shortest lease worth granting, in ns from now: a lease that
 	// would end sooner grants nothing (StatusRefused, RetryAfter until it ends).
 	minLife int64
+	// fit, when set, rounds a grant down to what the assignment can use whole
+	// (Assignment.Fit).
+	fit func(units uint64, life time.Duration) uint64
+	// keep: a grant of at most this many units is not made (Assignment.Keep).
+	keep uint64
+}
+
+// assignmentEntry reports whether a ledger entry is an assignment client's (an
+// RLQS stream: EntryName(owner, "rlqs:…")), whose window share is kept for it
+// (share). A filter whose Envoy id begins so only keeps its own share.
+func assignmentEntry(name string) bool {
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	return strings.HasPrefix(name, "rlqs:")
+}
+
+// retainFor is how long an Envoy counts as active for a key after its last
+// report, seen by an asker reporting every interval: retainReports intervals of
+// the asker, or of the slowest client (reserveBefore, Envoy's own quota filter
+// reporting every 5 s) if that is longer, so that a filter lease topping up every
+// second does not forget an assignment client between two of its reports.
+func retainFor(interval time.Duration) int64 {
+	return int64(retainReports) * int64(max(interval, reserveBefore))
+}
+
+// reserveBefore is how long before a fixed window's end the shares of Envoys
+// that have not yet asked for theirs stop being kept for them: the longest report
+// interval of a client (Envoy's own quota filter reports every 5 s), so that every
+// Envoy reports at least once while its share is kept.
+const reserveBefore = 5 * time.Second
+
+// share is the most one ask of me may be granted, with others other active
+// entries (a live lease or a recent report) in v and remaining units left at now.
+//
+// Fixed windows are shared per window: each of the n active Envoys has a fair
+// share of the window's limit, ⌈L/n⌉, and may take what is left of its own
+// (entry.first counts what it was granted in the window), or a share of what the
+// assignment clients' unclaimed shares leave of the remainder, split as before
+// among the Envoys and a newcomer, whichever is more. Until reserveBefore the
+// window's end an assignment client (Envoy's own quota filter, reporting every
+// 5 s: it asks twice in a 10 s window while a filter lease tops up every second)
+// finds its share kept, however often the others ask; after that, what is left
+// goes to whoever asks. The Wasm filter's leases keep nothing for each other:
+// they ask often enough to take their turn, and an Envoy holding its lease
+// without asking must not keep budget from those that do.
+//
+// Alone on the key an Envoy may take half the remainder (so that a newcomer still
+// finds some). Other algorithms with others: half the remainder split among them
+// and a newcomer, or the Envoy's equal share of the budget in play (what remains
+// and what the active Envoys hold) less what it holds (nothing for an assignment,
+// which replaces it), whichever is more.
+func (f *fleetLimiter) share(v *value, me *entry, others int, retain int64, remaining uint64, lim uint64, tag uint64, now int64, assignment bool) uint64 {
+	held := me.held
+	if assignment {
+		held = 0
+	}
+	if others == 0 {
+		return max(1, remaining/2)
+	}
+	if f.alg == limit.FixedWindow {
+		n := uint64(others + 1)
+		fairW := (lim + n - 1) / n
+		got := func(e *entry) uint64 {
+			if e.tag != tag {
+				return 0
+			}
+			return min(e.first, fairW)
+		}
+		var reserved uint64
+		if int64(tag)-now > int64(reserveBefore) {
+			for i := range v.entries {
+				if e := &v.entries[i]; e != me && (e.held > 0 || e.last+retain > now) && assignmentEntry(e.envoy) {
+					reserved += fairW - got(e)
+				}
+			}
+		}
+		mine := fairW - got(me)
+		free := remaining - min(remaining, reserved)
+		return max(1, min(mine, remaining), free/uint64(others+2))
+	}
+	inPlay := remaining + held
+	for i := range v.entries {
+		if e := &v.entries[i]; e != me && (e.held > 0 || e.last+retain > now) {
+			inPlay += e.held
+		}
+	}
+	fair := inPlay / uint64(others+1)
+	return max(1, remaining/uint64(others+2), fair-min(fair, held))
 }
 
 // decide applies one Envoy's report and ask for one key to the decoded value v at
@@ -210,7 +300,7 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 
 	// The ledger: leases that ended or belong to another window/slot are over; their
 	// units are never credited back (they were counted where they were granted).
-	retain := int64(retainReports) * int64(interval)
+	retain := retainFor(interval)
 	var me *entry
 	others := 0
 	kept := v.entries[:0]
@@ -274,6 +364,8 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 				returned = 0
 			}
 			me.first -= returned
+		} else if me.tag == tag {
+			me.first -= min(returned, me.first) // back in the window's budget: its share again
 		}
 		me.held -= min(k.Return, me.held)
 		f.lim.Adjust(cur, tmp, now, -int64(returned))
@@ -295,8 +387,9 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 	// Sizing.
 	var granted uint64
 	tooShort := false
+	var life int64
 	if ao != nil && k.Want > 0 {
-		if life := f.leaseEnd(tag, now, 0) - now; life < ao.minLife {
+		if life = f.leaseEnd(tag, now, 0) - now; life < ao.minLife {
 			tooShort = true
 			res.RetryAfter = time.Duration(max(life, 0))
 		}
@@ -320,11 +413,23 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 				want = 1
 			}
 		}
-		capped := max(1, probe.Remaining/uint64(others+2))
-		want = min(want, capped)
+		want = min(want, f.share(v, me, others, retain, probe.Remaining, probe.Limit, tag, now, ao != nil))
+		if ao != nil && ao.fit != nil {
+			if fit := ao.fit(want, time.Duration(life)); fit > 0 {
+				want = fit
+			}
+		}
+		if ao != nil && want <= ao.keep {
+			want = 0 // the caller keeps its live assignment (Assignment.Keep)
+		}
 		d := f.lim.Decide(cur, tmp, now, want)
 		if !d.Allowed && d.Remaining > 0 {
 			want = min(want, d.Remaining)
+			if ao != nil && ao.fit != nil {
+				if fit := ao.fit(want, time.Duration(life)); fit > 0 {
+					want = fit
+				}
+			}
 			d = f.lim.Decide(cur, tmp, now, want)
 		}
 		if d.Allowed {
@@ -346,7 +451,15 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 	}
 	if granted > 0 {
 		v.total += granted
-		if me.held == 0 {
+		switch {
+		case f.validity == 0:
+			// Fixed window, time wheel: first counts what the Envoy was granted
+			// under tag (share).
+			if me.tag != tag {
+				me.first = 0
+			}
+			me.first += granted
+		case me.held == 0:
 			me.seq, me.first = v.total, granted
 		}
 		start := me.exp

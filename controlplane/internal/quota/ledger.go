@@ -21,7 +21,9 @@ import (
 //	  u64 tag            window end (fixed_window) or slot (time_wheel) of the lease
 //	  i64 last           Unix ns of the Envoy's last report for this key
 //	  u64 seq            total just after the lease's first grant (token_bucket, gcra)
-//	  u64 first          units of that first grant not yet credited back
+//	  u64 first          token_bucket, gcra: units of that first grant not yet
+//	                     credited back; fixed_window, time_wheel: units granted
+//	                     under tag (fleetLimiter.share)
 //
 // Only this code writes these values, under a key that names the rule's
 // fingerprint (so the state size always matches); a value that does not decode

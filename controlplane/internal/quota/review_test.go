@@ -57,7 +57,8 @@ func TestFullLedgerOfEmptyEntriesGivesWay(t *testing.T) {
 
 // TestFullLedgerOfQuietLeasesGivesWay: a ledger full of live leases whose Envoys
 // stopped reporting (made-up ids that asked once, pods gone in a rollout) keeps a
-// newcomer waiting only while they count as active (three report intervals); then
+// newcomer waiting only while they count as active (three report intervals of at
+// least 5 s); then
 // the least recent gives way, its units still counted, and the window never grants
 // more than the limit.
 func TestFullLedgerOfQuietLeasesGivesWay(t *testing.T) {
@@ -78,7 +79,7 @@ func TestFullLedgerOfQuietLeasesGivesWay(t *testing.T) {
 	if r := ask(t, s, newcomer, "fw", key, 0, 0, 5); r.Status != quota.StatusRetry {
 		t.Fatalf("a newcomer while every lease is active: %+v, want retry", r)
 	}
-	clk.add(4 * time.Second) // past three report intervals of 1 s, within the minute
+	clk.add(16 * time.Second) // past three report intervals (of at least 5 s, retainFor), within the minute
 	r := ask(t, s, newcomer, "fw", key, 0, 0, 5)
 	if r.Status != quota.StatusGranted || r.Granted != 5 {
 		t.Fatalf("a newcomer once the others went quiet: %+v", r)

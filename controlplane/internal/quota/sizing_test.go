@@ -9,7 +9,9 @@ import (
 // gets what it wants, capped at half of what is left when alone; with history, its
 // recent rate for 5/4 of its report interval, minus what it holds unspent (units
 // it reports used are no longer held); with others
-// active, at most remaining/(others+2); near the limit, single units.
+// active, a fixed window's fair share ⌈L/n⌉ less what it was granted in the window,
+// or a share of what the others' unclaimed shares leave; near the limit, single
+// units.
 func TestGrantSizing(t *testing.T) {
 	clk := &clock{}
 	start := base() + int64(time.Second)
@@ -32,12 +34,12 @@ func TestGrantSizing(t *testing.T) {
 	if r := ask(t, s, a, "fw", key, 100, 250, 1000); r.Returned != 250 || r.Granted != 75 || r.Held != 126 {
 		t.Fatalf("after a return: %+v, want 250 returned, 75 granted, 126 held", r)
 	}
-	// A second Envoy while the first is active: at most remaining/(1+2). 200 units
-	// were spent, 126 are held.
+	// A second Envoy while the first is active: its fair share of the window, half
+	// of 1000 (the first was granted more than its half already). 200 units were
+	// spent, 126 are held.
 	const spent = 200
-	remaining := uint64(1000 - spent - 126)
-	if r := ask(t, s, b, "fw", key, 0, 0, 1000); r.Granted != remaining/3 {
-		t.Fatalf("second Envoy: %+v, want %d", r, remaining/3)
+	if r := ask(t, s, b, "fw", key, 0, 0, 1000); r.Granted != 500 {
+		t.Fatalf("second Envoy: %+v, want its fair share of the window, 500", r)
 	}
 	// Fill up to a few units left; then grants are single units.
 	for i := 0; i < 100; i++ {
@@ -50,12 +52,12 @@ func TestGrantSizing(t *testing.T) {
 	if total+spent != 1000 {
 		t.Fatalf("held %d in total and %d spent, want 1000", total, spent)
 	}
-	// Near the limit: return 3 units, then asks of 10 get one unit each.
+	// Near the limit: C returns 3 units. A, granted 326 in the window net of its
+	// return (under its share of ⌈1000/3⌉), takes them; B, over its share, would
+	// have got single units.
 	ask(t, s, c, "fw", key, 0, 3, 0)
-	for i := 0; i < 3; i++ {
-		if r := ask(t, s, es[i], "fw", key, 0, 0, 10); r.Granted != 1 {
-			t.Fatalf("near the limit: %+v, want a single unit", r)
-		}
+	if r := ask(t, s, a, "fw", key, 0, 0, 10); r.Granted != 3 {
+		t.Fatalf("near the limit, an Envoy under its share: %+v, want the 3 left", r)
 	}
 	if r := ask(t, s, a, "fw", key, 0, 0, 10); r.Granted != 0 || r.Status != "refused" || r.RetryAfter != time.Duration(start/int64(time.Minute)*int64(time.Minute)+int64(time.Minute)-clk.Now()) {
 		t.Fatalf("at the limit: %+v, want refused until the window ends", r)
