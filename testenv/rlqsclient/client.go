@@ -13,9 +13,10 @@
 //   - a cached bucket decides by its assignment, else by no_assignment_behavior:
 //     ALLOW_ALL, DENY_ALL, or one token from its token bucket;
 //     requests_per_time_unit allows everything;
-//   - every reporting interval all buckets are reported (counts reset as they are
-//     read); with no stream open, one is started, and if that fails the reports are
-//     dropped;
+//   - every 5 s all buckets are reported (counts reset as they are read): Envoy
+//     hard-codes the interval (filter_persistence.cc: reporting_interval(5000), with
+//     a TODO to honour each bucket's reporting_interval, which it ignores); with no
+//     stream open, one is started, and if that fails the reports are dropped;
 //   - an assignment replaces the bucket's; a token bucket is created afresh (full)
 //     only when max_tokens, tokens_per_fill or fill_interval.nanos differ from the
 //     cached one, otherwise the old one (and its tokens) is carried over;
@@ -80,9 +81,13 @@ func (c *RealClock) AfterFunc(d time.Duration, f func()) func() {
 type Config struct {
 	// Domain is RateLimitQuotaFilterConfig.domain (sluice: the env).
 	Domain string
-	// Settings are the matched action's RateLimitQuotaBucketSettings; its
-	// reporting_interval is the client's.
+	// Settings are the matched action's RateLimitQuotaBucketSettings (Envoy
+	// ignores its reporting_interval, and so does the client).
 	Settings *rlqsfilterv3.RateLimitQuotaBucketSettings
+	// ReportEvery is how often every bucket is reported (default EnvoyReportInterval,
+	// what Envoy hard-codes; another value models a future Envoy that honours
+	// reporting_interval).
+	ReportEvery time.Duration
 	// Metadata is sent with the stream (grpc_service initial_metadata).
 	Metadata map[string]string
 	// StartTimeout bounds opening a stream (Envoy's start does not block; a stream
@@ -142,6 +147,9 @@ type cached struct {
 func New(conn grpc.ClientConnInterface, clock Clock, cfg Config) *Client {
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = time.Second
+	}
+	if cfg.ReportEvery <= 0 {
+		cfg.ReportEvery = EnvoyReportInterval
 	}
 	return &Client{cfg: cfg, conn: conn, clock: clock, buckets: make(map[string]*cached)}
 }
@@ -279,9 +287,14 @@ func (c *Client) allow(b *cached) bool {
 	return true // requests_per_time_unit and unset strategies allow
 }
 
+// EnvoyReportInterval is how often Envoy's rate_limit_quota filter reports every
+// bucket: 5 s, hard-coded (source/extensions/filters/http/rate_limit_quota/
+// filter_persistence.cc), whatever the bucket settings' reporting_interval says.
+const EnvoyReportInterval = 5 * time.Second
+
 // tickLocked arms the report timer.
 func (c *Client) tickLocked() {
-	iv := c.cfg.Settings.GetReportingInterval().AsDuration()
+	iv := c.cfg.ReportEvery
 	c.stopTk = c.clock.AfterFunc(iv, func() {
 		c.mu.Lock()
 		if c.closed {

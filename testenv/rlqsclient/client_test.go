@@ -159,3 +159,32 @@ func TestTokenBucketRefillFollowsEnvoy(t *testing.T) {
 		t.Fatal("the refill is not one token per 0.6 s")
 	}
 }
+
+// TestReportsEveryFiveSecondsWhateverReportingIntervalSays: Envoy reports every
+// bucket every 5 s (filter_persistence.cc hard-codes it) and ignores the bucket
+// settings' reporting_interval (here 1 s): a new bucket is reported at once, then
+// with every other bucket at each 5 s tick, its counts reset as they are read.
+func TestReportsEveryFiveSecondsWhateverReportingIntervalSays(t *testing.T) {
+	clk := NewFakeClock(time.Hour)
+	var reports []*rlqsv3.RateLimitQuotaUsageReports
+	c := New(nil, clk, Config{Settings: settings(typev3.RateLimitStrategy_ALLOW_ALL, typev3.RateLimitStrategy_DENY_ALL, 5),
+		Loopback: func(r *rlqsv3.RateLimitQuotaUsageReports) { reports = append(reports, r) }})
+	defer c.Close()
+	c.Decide(id) // a new bucket: reported at once
+	if len(reports) != 1 {
+		t.Fatalf("%d reports after the first request, want the new bucket's", len(reports))
+	}
+	count(c, 3)
+	clk.Advance(4900 * time.Millisecond)
+	if len(reports) != 1 {
+		t.Fatalf("%d reports within 5 s, want none but the first (reporting_interval of 1 s ignored)", len(reports))
+	}
+	clk.Advance(200 * time.Millisecond)
+	if len(reports) != 2 || reports[1].BucketQuotaUsages[0].NumRequestsAllowed != 3 {
+		t.Fatalf("reports at 5 s: %v, want a second one counting the 3 requests", reports)
+	}
+	clk.Advance(5 * time.Second)
+	if len(reports) != 3 || reports[2].BucketQuotaUsages[0].NumRequestsAllowed != 0 {
+		t.Fatalf("reports at 10 s: %v, want a third one counting nothing (counts reset as read)", reports)
+	}
+}

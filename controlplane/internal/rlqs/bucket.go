@@ -122,6 +122,7 @@ type bucket struct {
 
 	lastReport int64         // when the previous report for the bucket arrived
 	lastDemand int64         // when the bucket last had a request
+	pace       time.Duration // time between two of its requests, smoothed (paceReport)
 	interval   time.Duration // the report interval, estimated (observe)
 	tbUntil    int64         // the live token bucket's end (sent.at + ttl), 0 if none
 	nanos      int32         // fill_interval.nanos of the last token bucket sent
@@ -154,11 +155,7 @@ func (b *bucket) admittable(now int64, cfg limit.Config, failOpen bool, margin t
 	}
 	var n uint64
 	for i, c := range b.credits {
-		dies := c.at + c.ttl
-		if i+1 < len(b.credits) {
-			dies = min(dies, b.credits[i+1].at)
-		}
-		if dies+2*int64(margin) > b.lastReport {
+		if diesAt(b.credits, i)+2*int64(margin) > b.lastReport {
 			n += c.units
 		}
 	}
@@ -177,6 +174,27 @@ func (b *bucket) admittable(now int64, cfg limit.Config, failOpen bool, margin t
 	return min(n, sq.MaxUnits)
 }
 
+// paceReport folds a report of d requests at now into the bucket's pace, the
+// time between two of its requests: the time since the last report with requests
+// (at least the report interval iv, ttlFor's, for a bucket's first requests),
+// divided by d, smoothed as observe smooths the interval. A report without
+// requests leaves it.
+func (b *bucket) paceReport(d uint64, now int64, iv time.Duration) {
+	if d == 0 {
+		return
+	}
+	since := iv
+	if b.lastDemand > 0 && now > b.lastDemand {
+		since = time.Duration(now - b.lastDemand)
+	}
+	p := since / time.Duration(min(d, 1<<30))
+	if b.pace == 0 {
+		b.pace = p
+		return
+	}
+	b.pace = (3*b.pace + p) / 4
+}
+
 // settle moves into settled the grants that can no longer be spent and whose
 // spending every later report covers: a grant sent at s with TTL t, followed by an
 // action sent at s', is dead by min(s+t, s') + margin (it reaches the Envoy at most
@@ -184,17 +202,32 @@ func (b *bucket) admittable(now int64, cfg limit.Config, failOpen bool, margin t
 func (b *bucket) settle(now int64, margin time.Duration) {
 	n := 0
 	for i, p := range b.pending {
-		dies := p.at + p.ttl
-		if i+1 < len(b.pending) {
-			dies = min(dies, b.pending[i+1].at)
-		}
-		if now < dies+2*int64(margin) {
+		if now < diesAt(b.pending, i)+2*int64(margin) {
 			break
 		}
 		b.settled += p.units
 		n++
 	}
 	b.pending = b.pending[n:]
+}
+
+// action is an action sent for a bucket (sent, or a credit's), in the order sent.
+type action interface{ sentAt() (at, ttl int64) }
+
+func (s sent) sentAt() (int64, int64)   { return s.at, s.ttl }
+func (c credit) sentAt() (int64, int64) { return c.at, c.ttl }
+
+// diesAt is when action i of xs stops being spendable: its TTL's end, or when the
+// next action was sent (Envoy replaces an assignment with the next), whichever is
+// first.
+func diesAt[T action](xs []T, i int) int64 {
+	at, ttl := xs[i].sentAt()
+	dies := at + ttl
+	if i+1 < len(xs) {
+		next, _ := xs[i+1].sentAt()
+		dies = min(dies, next)
+	}
+	return dies
 }
 
 // toReturn is the units of settled grants this epoch that were certainly not spent
@@ -224,12 +257,8 @@ type credit struct {
 // coverage for later use, as the lifetime totals made them.
 func (b *bucket) cover(now int64, allowed uint64, margin time.Duration) {
 	n := 0
-	for i, c := range b.credits {
-		dies := c.at + c.ttl
-		if i+1 < len(b.credits) {
-			dies = min(dies, b.credits[i+1].at)
-		}
-		if now < dies+2*int64(margin) {
+	for i := range b.credits {
+		if now < diesAt(b.credits, i)+2*int64(margin) {
 			break
 		}
 		n++
@@ -241,6 +270,17 @@ func (b *bucket) cover(now int64, allowed uint64, margin time.Duration) {
 		allowed -= take
 	}
 	b.owed = min(b.owed+allowed, sq.MaxUnits)
+}
+
+// keep is the units of the live token bucket no report has spent yet: the last
+// assignment sent, while it lives (0 when it ended, was a DENY_ALL, or none was
+// sent). A grant of no more than that would replace it for nothing
+// (quota.Assignment.Keep).
+func (b *bucket) keep(now int64) uint64 {
+	if len(b.credits) == 0 || b.tbUntil <= now {
+		return 0
+	}
+	return b.credits[len(b.credits)-1].left
 }
 
 // toCharge is the units reported allowed that no live assignment covered and

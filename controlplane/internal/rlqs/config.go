@@ -38,7 +38,8 @@ type ConfigOptions struct {
 	// Env is the filter's domain: the env of the counter keys (default "default").
 	Env string
 	// ReportingInterval is each bucket's reporting_interval (default 1 s; Envoy
-	// requires more than 100 ms).
+	// requires more than 100 ms, and today reports every EnvoyReportInterval
+	// whatever it says: the server learns the interval from the reports).
 	ReportingInterval time.Duration
 	// ControlPlane is the control plane's gRPC address, host:port (--grpc-listen;
 	// default 127.0.0.1:8081).
@@ -208,13 +209,20 @@ func Settings(p *rules.Policy, r *rules.Rule, interval time.Duration) (*rlqsfilt
 	}, nil
 }
 
+// EnvoyReportInterval is how often Envoy's rate_limit_quota filter reports every
+// bucket: 5 s, hard-coded in source/extensions/filters/http/rate_limit_quota/
+// filter_persistence.cc (reporting_interval(5000), with a TODO to honour each
+// bucket's reporting_interval, which it ignores today).
+const EnvoyReportInterval = 5 * time.Second
+
 // ExpiredDenyFor is how long an Envoy denies a bucket whose assignment expired
-// before it falls back to no_assignment_behavior: 3 reporting intervals, at least
-// 5 s, in whole seconds (Envoy reads only the seconds). An assignment normally
-// expires only between a window's end and the next answer; past this, the server is
-// taken to be unreachable.
+// before it falls back to no_assignment_behavior: 3 report intervals, of the
+// configured reporting_interval or of the 5 s Envoy really reports at, whichever is
+// longer, in whole seconds (Envoy reads only the seconds). An assignment normally
+// expires only between a window's end and the next answer, which can be a report
+// interval away; past this, the server is taken to be unreachable.
 func ExpiredDenyFor(interval time.Duration) time.Duration {
-	return max(5*time.Second, (3*interval + time.Second - 1).Truncate(time.Second))
+	return (3*max(interval, EnvoyReportInterval) + time.Second - 1).Truncate(time.Second)
 }
 
 // maxLease is FleetRule.MaxLease from the rule alone, 0 when unknown.

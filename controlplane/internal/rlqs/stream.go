@@ -240,6 +240,7 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 		s.warn("clamped", "rlqs: a report counted more requests allowed than the bucket could admit; clamped", "domain", r.domain, "reported", u.NumRequestsAllowed, "clamped_to", most)
 	}
 	b.report(now, allowed, s.o.Margin)
+	b.paceReport(allowed+denied, now, r.ss.ttlFor(b))
 	switch {
 	case allowed+denied > 0 || b.lastDemand == 0:
 		b.lastDemand = now
@@ -265,8 +266,18 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 	if want == 0 && ret == 0 && charge == 0 && b.unrecordedUsed == 0 {
 		return
 	}
+	ss := r.ss
+	fit := func(units uint64, life time.Duration) uint64 {
+		ttl := ss.grantTTL(b, life)
+		if ttl < time.Second {
+			return 0
+		}
+		m := tokensFor(units, ttl)
+		return reserved(m, uint64((ttl+time.Second)/time.Second), uint64(refillPeriod/time.Second))
+	}
 	r.asks = append(r.asks, quota.Assignment{Rule: fr, Key: b.key, Entry: r.ss.entry, Owner: r.ss.owner,
-		Used: b.unrecordedUsed, Return: ret, Charge: charge, Want: want, Interval: interval, MinLife: time.Second + s.o.Margin})
+		Used: b.unrecordedUsed, Return: ret, Charge: charge, Want: want, Interval: interval, MinLife: time.Second + s.o.Margin, Fit: fit,
+		Keep: b.keep(now)})
 	r.askFor = append(r.askFor, b)
 	r.idFor = append(r.idFor, u.BucketId)
 }
@@ -274,7 +285,7 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 // apply asks the quota service for the round's asks at once and turns each
 // result into the bucket's action: a fresh token bucket, DENY_ALL, or none.
 func (r *round) apply(ctx context.Context) {
-	ss, s, now, margin := r.ss, r.ss.s, r.now, r.ss.s.o.Margin
+	ss, s, now := r.ss, r.ss.s, r.now
 	results, err := s.o.Quota.Assign(ctx, r.asks)
 	if err != nil {
 		// Nothing was recorded: every bucket keeps its assignment until its TTL, then
@@ -297,8 +308,7 @@ func (r *round) apply(ctx context.Context) {
 			b.newEpoch(res.Tag)
 		}
 		if res.Granted > 0 {
-			ttl := min(time.Duration(res.End-res.Now)-margin, ss.ttlFor(b))
-			ttl = ttl.Truncate(time.Second)
+			ttl := ss.grantTTL(b, time.Duration(res.End-res.Now))
 			tokens := uint64(0)
 			if ttl >= time.Second {
 				tokens = tokensFor(res.Granted, ttl)
@@ -322,6 +332,12 @@ func (r *round) apply(ctx context.Context) {
 		}
 		if a.Want == 0 {
 			continue // a report only
+		}
+		if a.Keep > 0 {
+			// Its live token bucket still holds units: a grant no larger would only
+			// have replaced it, and a denial would void units it was granted.
+			s.m.actions.WithLabelValues("none").Inc()
+			continue
 		}
 		// Nothing granted: the budget is spent, or the lease ends too soon. A token
 		// bucket that lives past the next report is still good to spend; otherwise
@@ -361,6 +377,24 @@ func (b *bucket) observe(now int64) time.Duration {
 		return time.Second
 	}
 	return b.interval
+}
+
+// maxGrantTTL is the longest TTL of a token bucket assignment: under half the
+// refillPeriod, so that a bucket of a token or two refills no whole token over its
+// life and its units cover no refill (reserved).
+const maxGrantTTL = 28 * time.Second
+
+// grantTTL is the TTL of a token bucket assignment of a lease with life left, in
+// whole seconds as Envoy counts them, ending the margin before the lease does: the
+// time of about two of the bucket's requests at its rate, at least ttlFor (past
+// the next report, which replaces a bucket with demand anyway) and at most
+// maxGrantTTL. An Envoy that reports every 5 s and sends a request every 10 s must
+// still find its token when the request comes, not its expired behaviour (a
+// denial); a busier bucket keeps a short life, so that the refill its units must
+// cover stays small and what it leaves unspent comes back soon.
+func (ss *stream) grantTTL(b *bucket, life time.Duration) time.Duration {
+	ttl := max(ss.ttlFor(b), min(maxGrantTTL, 2*b.pace))
+	return min(life-ss.s.o.Margin, ttl).Truncate(time.Second)
 }
 
 // ttlFor is the TTL of an assignment: past the next report's answer (one report
