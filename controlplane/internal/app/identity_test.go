@@ -269,9 +269,10 @@ func TestSpoofedXFCCIsIgnoredWithoutTrustXFCC(t *testing.T) {
 	}
 }
 
-// TestTrustXFCCIdentifiesBySidecarHeader: behind a sidecar that terminates mTLS,
-// --trust-xfcc keys the ledger by the header's URI; a call without it is 401.
-func TestTrustXFCCIdentifiesBySidecarHeader(t *testing.T) {
+// xfccPlane starts a control plane with --trust-xfcc, the quota token "qt" and
+// the policy tightFW, and returns its URL and a client.
+func xfccPlane(t *testing.T) (string, *http.Client) {
+	t.Helper()
 	a, _ := serve(t, []string{"--trust-xfcc"}, map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_QUOTA_TOKEN": "qt", "SLUICE_DATA_DIR": t.TempDir()})
 	url := "http://" + a.String()
 	c := &http.Client{Timeout: 30 * time.Second}
@@ -281,6 +282,13 @@ func TestTrustXFCCIdentifiesBySidecarHeader(t *testing.T) {
 	if resp, err := c.Do(req); err != nil || resp.StatusCode != 201 {
 		t.Fatalf("PUT policy: %v %v", resp, err)
 	}
+	return url, c
+}
+
+// TestTrustXFCCIdentifiesBySidecarHeader: behind a sidecar that terminates mTLS,
+// --trust-xfcc keys the ledger by the header's URI; a call without it is 401.
+func TestTrustXFCCIdentifiesBySidecarHeader(t *testing.T) {
+	url, c := xfccPlane(t)
 	auth := []string{"Authorization", "Bearer qt"}
 	fromA := append(auth, "X-Forwarded-Client-Cert", `By=spiffe://cluster.local/ns/sluice/sa/cp;Hash=ab;Subject="CN=a,O=x";URI=`+idA)
 	fromB := append(auth, "X-Forwarded-Client-Cert", `By=spiffe://cluster.local/ns/sluice/sa/cp;Hash=cd;URI=`+idB)
@@ -306,15 +314,7 @@ func TestTrustXFCCIdentifiesBySidecarHeader(t *testing.T) {
 // a client that opens a quote ahead of the element its sidecar appends
 // (APPEND_FORWARD) is refused; it neither returns nor reads the victim's units.
 func TestXFCCPrefixFromTheClientCannotActOnAnotherIdentitysLease(t *testing.T) {
-	a, _ := serve(t, []string{"--trust-xfcc"}, map[string]string{"SLUICE_ADMIN_TOKEN": "adm", "SLUICE_QUOTA_TOKEN": "qt", "SLUICE_DATA_DIR": t.TempDir()})
-	url := "http://" + a.String()
-	c := &http.Client{Timeout: 30 * time.Second}
-	req, _ := http.NewRequest("PUT", url+"/v1/policies/p", strings.NewReader(tightFW))
-	req.Header.Set("Authorization", "Bearer adm")
-	req.Header.Set("Content-Type", "application/json")
-	if resp, err := c.Do(req); err != nil || resp.StatusCode != 201 {
-		t.Fatalf("PUT policy: %v %v", resp, err)
-	}
+	url, c := xfccPlane(t)
 	victim := []string{"Authorization", "Bearer qt", "X-Forwarded-Client-Cert", `By=spiffe://cluster.local/ns/sluice/sa/cp;Hash=ab;Subject="";URI=` + idA}
 	if code, k, _ := ask(t, c, url, "e-1", 50, 0, 0, victim...); code != 200 || k.Granted != 50 {
 		t.Fatalf("victim → %d %+v", code, k)
