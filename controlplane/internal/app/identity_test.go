@@ -373,16 +373,6 @@ func get(t *testing.T, c *http.Client, url, token string) []byte {
 	return b
 }
 
-func grep(b []byte, s string) string {
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
 // metricValue returns the value of the series named exactly name (with its
 // labels) in a Prometheus text exposition.
 func metricValue(t *testing.T, exposition []byte, name string) int64 {
