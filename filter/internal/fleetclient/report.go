@@ -1,0 +1,270 @@
+package fleetclient
+
+// Reports and asks: what the worker sends, in calls within the service's limits.
+
+import (
+	"github.com/sluice-proxy/sluice/filter/internal/fleet"
+	"github.com/sluice-proxy/sluice/shared/quota"
+)
+
+// Ask asks the service for keys (reporting their use) in as few calls as
+// their size allows; false if a call could not be dispatched (its keys then
+// degrade for an interval).
+func (c *Client) Ask(keys []*Key, now int64) bool {
+	return c.send(c.policy(), keys, nil, now)
+}
+
+// Tick ends calls whose answer never came, re-decides the waiters of keys a
+// policy change dropped, applies grants whose lease edit failed, and, once per
+// quota interval, reports use, tops up leases running low and returns the
+// units of idle keys, in as few calls as their size allows. With no policy
+// nothing is reported.
+func (c *Client) Tick(now int64) {
+	pol := c.policy()
+	if orphans := c.orphans; len(orphans) > 0 {
+		c.orphans = nil
+		for _, k := range orphans {
+			c.resume(k)
+		}
+	}
+	for cl := range c.calls {
+		if now > cl.deadline {
+			c.finish(cl, nil, now)
+		}
+	}
+	if pol == nil {
+		return
+	}
+	for _, k := range c.keys {
+		if k.unapplied != nil {
+			if r, ok := pol.Rule(k.RuleID); ok {
+				c.applyGrant(k, r, now)
+			} else {
+				k.unapplied = nil
+			}
+		}
+	}
+	interval := int64(c.cfg.Interval)
+	if c.nextReport == 0 {
+		// The first report is an interval after the first tick with a policy,
+		// however late that tick runs: what was used before it is reported then.
+		c.nextReport = now + interval
+	}
+	if now < c.nextReport {
+		return
+	}
+	c.nextReport = now + interval
+	var keys []*Key
+	var kinds []Kind
+	for _, k := range c.keys {
+		if k.call != nil {
+			continue
+		}
+		r, ok := pol.Rule(k.RuleID)
+		if !ok {
+			delete(c.keys, k.Key)
+			continue
+		}
+		value, _, err := c.host.GetSharedData(r.LeaseKeys[k.Bucket])
+		if err != nil {
+			continue
+		}
+		e, _, found := fleet.Find(value, k.Hash)
+		if !found || e.Fingerprint != r.Fingerprint {
+			continue
+		}
+		// Requests spending from the lease never touch the record: the lease
+		// says when the key was last used.
+		k.lastSeen = max(k.lastSeen, e.LastUse)
+		live := e.Live(r.Fingerprint, now)
+		switch {
+		case live > 0 && now-e.LastUse > 3*interval:
+			// Idle: give the units back; its next ask starts small again
+			// (the service may have forgotten its use by then).
+			k.granted = false
+			keys, kinds = append(keys, k), append(kinds, Return)
+		case now-e.LastUse <= 2*interval && e.Claim <= now && k.RefusedUntil <= now &&
+			(live <= 2*e.Used || e.Expiry-now <= 2*interval):
+			k.Want = max(k.Want, 2*e.Used)
+			keys, kinds = append(keys, k), append(kinds, Ask)
+		case e.Used > 0:
+			keys, kinds = append(keys, k), append(kinds, Report)
+		}
+	}
+	if len(keys) > 0 {
+		c.send(pol, keys, kinds, now)
+	}
+	c.forgetIdle(now, false)
+}
+
+// PolicyChanged drops the records of keys whose rule the new policy removed,
+// made envoy-scoped or changed (same(id) false: their leases are void, as an
+// entry of another fingerprint reads as absent); the next Tick re-decides
+// their waiters under the new policy. Their units are not returned: the service
+// answers a report under the old version stale_policy, and under the new one
+// the rule's key is another lease; it gets them back when the lease ends.
+func (c *Client) PolicyChanged(same func(ruleID string) bool) {
+	for name, k := range c.keys {
+		if same(k.RuleID) {
+			continue
+		}
+		delete(c.keys, name)
+		k.call = nil
+		c.orphans = append(c.orphans, k)
+	}
+}
+
+// Done returns every unused unit the worker's keys hold, as the plugin goes
+// away (Envoy may not deliver the answer; nothing waits on it).
+func (c *Client) Done(now int64) {
+	pol := c.policy()
+	if pol == nil || len(c.keys) == 0 {
+		return
+	}
+	keys := make([]*Key, 0, len(c.keys))
+	kinds := make([]Kind, 0, len(c.keys))
+	for _, k := range c.keys {
+		keys, kinds = append(keys, k), append(kinds, Return)
+	}
+	c.send(pol, keys, kinds, now)
+}
+
+// send reports on keys (kinds nil: Ask for all) in calls of at most MaxKeys
+// keys and MaxBytes bytes each; false if one could not be dispatched.
+func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
+	if pol == nil || len(keys) == 0 {
+		return true
+	}
+	timeout := int64(c.cfg.Timeout)
+	cl := &call{sent: now, deadline: now + timeout + 2*int64(c.cfg.Tick)}
+	var reqs []quota.KeyRequest
+	for i, k := range keys {
+		r, ok := pol.Rule(k.RuleID)
+		if !ok {
+			continue
+		}
+		kind := Ask
+		if kinds != nil {
+			kind = kinds[i]
+		}
+		it := item{kind: kind}
+		fp := r.Fingerprint
+		var used, back uint64
+		var leaseSent int64
+		written := c.ModifyLease(r.LeaseKeys[k.Bucket], k.Hash, now, func(e *fleet.Entry, found bool) bool {
+			used, back, leaseSent = 0, 0, e.Sent
+			if !found {
+				return false
+			}
+			used = e.Used
+			e.Used = 0
+			switch kind {
+			case Return:
+				back = e.Live(fp, now)
+				e.Held = 0
+			case Ask:
+				e.Claim = now + timeout
+			}
+			return true
+		})
+		if written {
+			it.used, it.back, it.leaseSent = used, back, leaseSent
+		} // else nothing was taken out of the lease: report nothing, return nothing
+		want := uint64(0)
+		if kind == Ask {
+			want = max(k.Want, 2*it.used, MinWant)
+			if k.granted {
+				want = max(want, SizedWant)
+			}
+			want = min(want, quota.MaxUnits)
+		}
+		if kind != Ask && it.used == 0 && it.back == 0 {
+			continue // nothing to say
+		}
+		k.Want = 0
+		reqs = append(reqs, quota.KeyRequest{Rule: k.RuleID, Key: k.Key, Used: min(it.used, quota.MaxUnits), Return: min(it.back, quota.MaxUnits), Want: want})
+		if kind == Ask {
+			it.asked = true
+			k.call = cl
+		}
+		cl.keys = append(cl.keys, k)
+		cl.items = append(cl.items, it)
+	}
+	if len(reqs) == 0 {
+		return true
+	}
+	base := quota.Request{Envoy: c.Envoy, Policy: pol.Name, Version: pol.Version, Env: pol.Env, Interval: c.cfg.Interval}
+	ok := true
+	for _, part := range c.cut(&base, reqs) {
+		sub := &call{sent: cl.sent, deadline: cl.deadline, keys: cl.keys[part.from:part.to], items: cl.items[part.from:part.to]}
+		for j, k := range sub.keys {
+			if sub.items[j].asked {
+				k.call = sub
+			}
+		}
+		base.Keys = reqs[part.from:part.to]
+		if !c.dispatch(pol, sub, &base, now) {
+			ok = false
+		}
+	}
+	return ok
+}
+
+type span struct{ from, to int }
+
+// cut splits reqs into runs of at most MaxKeys keys whose request documents
+// (base with those keys) encode to at most MaxBytes. A key too large to fit
+// even alone (it cannot be: keys are at most quota.MaxKeyBytes) would travel
+// alone and be refused alone.
+func (c *Client) cut(base *quota.Request, reqs []quota.KeyRequest) []span {
+	var out []span
+	var stack []span
+	stack = append(stack, span{0, len(reqs)})
+	for len(stack) > 0 {
+		s := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		n := s.to - s.from
+		if n > 1 && (n > c.cfg.MaxKeys || c.size(base, reqs[s.from:s.to]) > c.cfg.MaxBytes) {
+			mid := s.from + n/2
+			stack = append(stack, span{mid, s.to}, span{s.from, mid}) // first half on top: keeps order
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (c *Client) size(base *quota.Request, keys []quota.KeyRequest) int {
+	base.Keys = keys
+	c.buf = quota.AppendRequest(c.buf[:0], base)
+	return len(c.buf)
+}
+
+// dispatch sends one call; on failure its keys degrade for an interval and
+// what the report took out of the leases is restored.
+func (c *Client) dispatch(pol *Policy, cl *call, req *quota.Request, now int64) bool {
+	c.buf = quota.AppendRequest(c.buf[:0], req)
+	inc(c.m.Calls, 1)
+	err := c.host.Call(c.buf, c.cfg.Timeout, func(status string, body []byte) { c.answer(cl, status, body) })
+	if cap(c.buf) > maxKeepBytes {
+		c.buf = nil
+	}
+	if err != nil {
+		c.host.Debug("sluice: quota call: " + err.Error())
+		inc(c.m.Failures, 1)
+		cl.done = true
+		for j, k := range cl.keys {
+			if k.call == cl {
+				k.call = nil
+			}
+			k.FailedUntil = now + int64(c.cfg.Interval)
+			// Never sent: nothing was recorded, so what the report took goes back.
+			if r, ok := pol.Rule(k.RuleID); ok {
+				c.restore(k, r, cl.items[j], now)
+			}
+		}
+		return false
+	}
+	c.calls[cl] = struct{}{}
+	return true
+}
