@@ -1,7 +1,8 @@
 // Package fleettorture holds the fleet torture test: two control-plane replica
 // processes on a real redis-server (and on a three-node Redis Cluster), three
 // sluice-devproxy processes and N in-process Envoys (the real sluice.wasm under
-// the testenv host), all spending one hot fleet key, while the test kills a proxy
+// the testenv host), all spending one hot fleet key (its user id 2 KB long, so the
+// key carries it as a digest), while the test kills a proxy
 // holding leases, freezes Redis (SIGSTOP) for 5 s, kills Redis and restarts it
 // empty, and kills a control-plane replica.
 //

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/shared/rules"
 	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
@@ -46,8 +47,11 @@ const (
 	limit      = 300
 	looseLimit = 100000000
 	window     = 2 * time.Second
-	hotUser    = "hot"
 )
+
+// hotUser is the user every request names: 2 KB long, so that the whole torture
+// runs on a key part carried as its digest (as a client's long header is).
+var hotUser = "hot-" + strings.Repeat("u", 2044)
 
 // policyDoc has the two rules the test counts (see the package doc): both keyed
 // by user, both fleet-scoped over a 2 s fixed window, both denying when the
@@ -282,6 +286,30 @@ func awaitWindowStart() int64 {
 	return w
 }
 
+// hotKey is the counter key of the hot user under rule id, as the filter builds it.
+func hotKey(t testing.TB, id string) string {
+	t.Helper()
+	p, err := rules.ParsePolicy([]byte(policyDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rules.Compile(p, rules.CompileOptions{Env: "dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < c.Len(); i++ {
+		if c.Rule(i).ID == id {
+			k, ok := c.AppendKey(nil, i, &rules.Request{Headers: []rules.Header{{Name: "x-user-id", Value: hotUser}}})
+			if !ok || len(k) > 200 {
+				t.Fatalf("the hot user's key under %s: %q %v", id, k, ok)
+			}
+			return string(k)
+		}
+	}
+	t.Fatalf("no rule %s", id)
+	return ""
+}
+
 // press starts n quota clients that ask the replicas, in turn, for 5 units of
 // the loose rule's key of the hot user in a tight loop, reporting what they were
 // granted as used (as Envoys would); the returned function stops them and fails
@@ -292,7 +320,7 @@ func (s *stack) press(n int) (stop func()) {
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: n}}
 	var granted, bad atomic.Int64
 	var wg sync.WaitGroup
-	key := "rl:dev:default/loose:user=" + hotUser + ":2s"
+	key := hotKey(s.t, "loose")
 	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func(i int) {
