@@ -22,6 +22,25 @@ import (
 const benchPolicy = `{"policy":"p","identity":{"user_header":"x-user-id"},"rules":[
  {"id":"fw","key":["user"],"algorithm":"fixed_window","limit":100000000,"window":"1h","scope":"fleet"}]}`
 
+// serveLoopback serves srv over plaintext gRPC on a loopback port until the
+// benchmark ends, and returns a connection to it.
+func serveLoopback(b *testing.B, srv *Server) *grpc.ClientConn {
+	b.Helper()
+	g := NewGRPCServer(srv, nil)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go g.Serve(l)
+	b.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 // BenchmarkRLQSReports measures one replica serving RLQS over loopback gRPC with a
 // real redis-server: streams × buckets per report, every bucket reporting one
 // request and answered with a new token bucket. It reports buckets/s (answered
@@ -36,18 +55,7 @@ func BenchmarkRLQSReports(b *testing.B) {
 	pol := &policies{}
 	pol.set(b, benchPolicy)
 	q := quota.New(quota.Options{Backend: quota.NewRedis(rc), Policies: pol, Open: true})
-	g := NewGRPCServer(New(Options{Quota: q}), nil)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go g.Serve(l)
-	defer g.Stop()
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
+	conn := serveLoopback(b, New(Options{Quota: q}))
 	for _, tc := range []struct{ streams, buckets int }{{1, 1}, {1, 10}, {1, 100}, {4, 100}, {32, 10}} {
 		b.Run("streams="+strconv.Itoa(tc.streams)+"/buckets="+strconv.Itoa(tc.buckets), func(b *testing.B) {
 			reports := make([]*rlqsv3.RateLimitQuotaUsageReports, tc.streams)

@@ -2,7 +2,6 @@ package rlqs
 
 import (
 	"context"
-	"net"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -12,8 +11,6 @@ import (
 	"testing"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 )
@@ -49,18 +46,7 @@ func BenchmarkRLQSFloodMemory(b *testing.B) {
 			pol.set(b, benchPolicy)
 			q := quota.New(quota.Options{Backend: quota.NewMemory(), Policies: pol, Open: true})
 			srv := New(Options{Quota: q})
-			g := NewGRPCServer(srv, nil)
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			go g.Serve(l)
-			defer g.Stop()
-			conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Close()
+			conn := serveLoopback(b, srv)
 			pad := strings.Repeat("p", 4<<10)
 			runtime.GC()
 			debug.FreeOSMemory()
