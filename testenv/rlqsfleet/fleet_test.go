@@ -149,15 +149,6 @@ func TestWasmAndRLQSEnvoysShareOneBudget(t *testing.T) {
 		if starts[i] > restarted+int64(2*time.Second) && total < limit*8/10 {
 			t.Errorf("window at %s after the restart admitted only %d of %d", time.Unix(0, starts[i]).Format("15:04:05"), total, limit)
 		}
-		// With every Envoy up, each kind gets its demand's share within ±20 %: all
-		// five ask alike, so the three RLQS Envoys' share is 3/5 of what was admitted,
-		// though they report every 5 s and the Wasm Envoys every second.
-		if starts[i] > restarted+int64(2*time.Second) && total > 0 {
-			r := c["rlqs-a1"] + c["rlqs-a2"] + c["rlqs-b"]
-			if want := total * 3 / 5; r < want*8/10 || r > want*12/10 {
-				t.Errorf("window at %s: the RLQS Envoys admitted %d of %d, want their demand's share %d ± 20 %%", time.Unix(0, starts[i]).Format("15:04:05"), r, total, want)
-			}
-		}
 	}
 	// The RLQS Envoys of the killed replica lost their stream, and came back.
 	for _, src := range []string{"rlqs-a1", "rlqs-a2"} {
