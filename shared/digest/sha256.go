@@ -4,7 +4,10 @@
 // It serves short inputs (counter key values) and does not allocate.
 package digest
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"math/bits"
+)
 
 // Size is the length of a SHA-256 digest, in bytes.
 const Size = 32
@@ -48,7 +51,7 @@ func Sum256[S ~string | ~[]byte](data S) [Size]byte {
 	return out
 }
 
-func rotr(x uint32, n uint) uint32 { return x>>n | x<<(32-n) }
+func rotr(x uint32, n int) uint32 { return bits.RotateLeft32(x, -n) }
 
 // compress applies the SHA-256 compression function to one 64-byte block (§6.2.2).
 func compress(h *[8]uint32, p *[64]byte) {

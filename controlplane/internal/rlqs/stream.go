@@ -123,12 +123,17 @@ type round struct {
 	tooMany map[string]int
 }
 
+// abandonAction is an AbandonAction for bucket id: Envoy erases the bucket.
+func abandonAction(id *rlqsv3.BucketId) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: id,
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}}
+}
+
 // abandon answers the bucket with an AbandonAction (Envoy forgets it) and drops
 // it from the stream.
 func (r *round) abandon(id *rlqsv3.BucketId, key bucketID, reason string) {
 	r.ss.forget(key)
-	r.resp.BucketAction = append(r.resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: id,
-		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+	r.resp.BucketAction = append(r.resp.BucketAction, abandonAction(id))
 	r.ss.s.abandoned(reason, r.domain, id)
 }
 
@@ -189,8 +194,7 @@ func (r *round) usage(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, key
 				r.tooMany = map[string]int{}
 			}
 			r.tooMany[full]++
-			r.resp.BucketAction = append(r.resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: u.BucketId,
-				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+			r.resp.BucketAction = append(r.resp.BucketAction, abandonAction(u.BucketId))
 			s.m.abandoned.WithLabelValues(ReasonTooManyBuckets).Inc()
 			s.m.actions.WithLabelValues("abandon").Inc()
 			return
