@@ -17,9 +17,13 @@
 //     hard-codes the interval (filter_persistence.cc: reporting_interval(5000), with
 //     a TODO to honour each bucket's reporting_interval, which it ignores); with no
 //     stream open, one is started, and if that fails the reports are dropped;
-//   - an assignment replaces the bucket's; a token bucket is created afresh (full)
-//     only when max_tokens, tokens_per_fill or fill_interval.nanos differ from the
-//     cached one, otherwise the old one (and its tokens) is carried over;
+//   - an assignment replaces the bucket's; a token bucket is created afresh only
+//     when max_tokens, tokens_per_fill or fill_interval.nanos differ from the
+//     cached one, otherwise the old one (and its tokens) is carried over; a fresh
+//     one starts full when the bucket had no token bucket, and otherwise as full
+//     as the one it replaces (⌊max_tokens × remaining/old max⌋: Envoy's
+//     createTokenBucketFromAction since envoyproxy/envoy#37624), so a bucket that
+//     spent its tokens gets an empty one;
 //     requests_per_time_unit assignments are ignored; an abandon action erases the
 //     bucket; actions for buckets not cached are ignored;
 //   - an assignment expires after assignment_time_to_live's whole seconds: then
@@ -469,6 +473,9 @@ func (c *Client) Apply(resp *rlqsv3.RateLimitQuotaResponse) {
 					c.stats.CarriedOver++
 				} else {
 					lim = newTokenBucket(s.GetTokenBucket(), c.clock.Now())
+					if b.limiter != nil {
+						lim.fillLike(b.limiter, c.clock.Now())
+					}
 					c.stats.Replaced++
 				}
 			default:
@@ -551,6 +558,26 @@ func newTokenBucket(tb *typev3.TokenBucket, now time.Duration) *tokenBucket {
 		b.t -= w // start full
 	} // else Envoy's ENVOY_BUG branch: it starts empty
 	return b
+}
+
+// fillLike starts b (just made, full or empty) with the share of its max_tokens
+// that old holds at now, whole tokens rounded down: Envoy's
+// createTokenBucketFromAction passes max_tokens × old.remainingTokens() /
+// old.maxTokens() to the new AtomicTokenBucketImpl as its initial tokens.
+func (b *tokenBucket) fillLike(old *tokenBucket, now time.Duration) {
+	n := now.Seconds()
+	remaining := 0.0
+	if n > old.t {
+		remaining = math.Min(old.max, (n-old.t)*old.rate)
+	}
+	initial := 0.0
+	if old.max > 0 {
+		initial = math.Floor(b.max * (remaining / old.max))
+	}
+	b.t = n
+	if w := initial / b.rate; w < n {
+		b.t = n - w
+	}
 }
 
 func (b *tokenBucket) consume(now time.Duration) bool {

@@ -83,12 +83,45 @@ func TestTokenBucketIsReplacedOnlyWhenItsConfigurationDiffers(t *testing.T) {
 	if got := count(c, 20); got != 0 {
 		t.Errorf("a carried-over spent bucket allowed %d", got)
 	}
+	// Another nanos: a fresh bucket, but as full as the spent one it replaces.
 	c.Apply(assign(tb(10, 10, 60, 2), 5*time.Second))
-	if got := count(c, 20); got != 10 {
-		t.Errorf("another nanos: a fresh bucket, %d allowed", got)
+	if got := count(c, 20); got != 0 {
+		t.Errorf("another nanos after a spent bucket: %d allowed, want an empty bucket", got)
 	}
-	if s := c.Stats(); s.Replaced != 2 || s.CarriedOver != 1 {
+	// A blanket rule drops the token bucket: the next one starts full.
+	c.Apply(assign(blanket(typev3.RateLimitStrategy_DENY_ALL), 5*time.Second))
+	c.Apply(assign(tb(10, 10, 60, 3), 5*time.Second))
+	if got := count(c, 20); got != 10 {
+		t.Errorf("a fresh bucket after a blanket rule: %d allowed, want 10", got)
+	}
+	if s := c.Stats(); s.Replaced != 3 || s.CarriedOver != 1 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestAFreshTokenBucketStartsAsFullAsTheOneItReplaces: Envoy starts a replacing
+// token bucket with the share of its max_tokens the old one still held
+// (envoyproxy/envoy#37624), rounded down to whole tokens.
+func TestAFreshTokenBucketStartsAsFullAsTheOneItReplaces(t *testing.T) {
+	clk := NewFakeClock(time.Hour)
+	c := New(nil, clk, Config{Settings: settings(typev3.RateLimitStrategy_ALLOW_ALL, typev3.RateLimitStrategy_DENY_ALL, 5)})
+	defer c.Close()
+	c.Decide(id)
+	c.Apply(assign(tb(10, 10, 600, 1), 5*time.Second))
+	if got := count(c, 3); got != 3 {
+		t.Fatalf("a fresh bucket of 10: %d of 3 allowed", got)
+	}
+	// 7 of 10 left: a bucket of 20 starts with 14, one of 5 with 3 (3.5 rounded down).
+	c.Apply(assign(tb(20, 20, 600, 2), 5*time.Second))
+	if got := count(c, 30); got != 14 {
+		t.Errorf("20 replacing 7 of 10: %d allowed, want 14", got)
+	}
+	c.Apply(assign(blanket(typev3.RateLimitStrategy_DENY_ALL), 5*time.Second))
+	c.Apply(assign(tb(10, 10, 600, 3), 5*time.Second))
+	count(c, 3)
+	c.Apply(assign(tb(5, 5, 600, 4), 5*time.Second))
+	if got := count(c, 30); got != 3 {
+		t.Errorf("5 replacing 7 of 10: %d allowed, want 3", got)
 	}
 }
 

@@ -61,7 +61,7 @@ func TestStreamsNeedTheQuotaToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+	if len(applied(resp)) != 1 || applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 		t.Fatalf("a bucket reported twice in one report: %v, want one token bucket", resp)
 	}
 }

@@ -95,14 +95,14 @@ func BenchmarkRLQSReports(b *testing.B) {
 							return
 						}
 						lat[s] = append(lat[s], time.Since(t0))
-						for _, a := range resp.BucketAction {
+						for _, a := range applied(resp) {
 							if a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 								b.Errorf("not a token bucket: %v", a)
 								return
 							}
 						}
-						if len(resp.BucketAction) != tc.buckets {
-							b.Errorf("%d actions for %d buckets", len(resp.BucketAction), tc.buckets)
+						if len(applied(resp)) != tc.buckets {
+							b.Errorf("%d actions for %d buckets", len(applied(resp)), tc.buckets)
 							return
 						}
 					}

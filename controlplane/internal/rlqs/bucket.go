@@ -176,18 +176,17 @@ func (b *bucket) admittable(now int64, cfg limit.Config, failOpen bool, margin t
 
 // paceReport folds a report of d requests at now into the bucket's pace, the
 // time between two of its requests: the time since the last report with requests
-// (at least the report interval iv, ttlFor's, for a bucket's first requests),
-// divided by d, smoothed as observe smooths the interval. A report without
-// requests leaves it.
-func (b *bucket) paceReport(d uint64, now int64, iv time.Duration) {
-	if d == 0 {
+// divided by d, smoothed as observe smooths the interval. The bucket's first
+// report (Envoy sends it at the bucket's first request) only starts the clock:
+// its pace is measured from the next report with requests, which replaces the
+// unknown (0) at once, so a bucket whose requests come seconds apart gets
+// assignments that last until its next request from its second report on. A
+// report without requests leaves it.
+func (b *bucket) paceReport(d uint64, now int64) {
+	if d == 0 || b.lastDemand == 0 || now <= b.lastDemand {
 		return
 	}
-	since := iv
-	if b.lastDemand > 0 && now > b.lastDemand {
-		since = time.Duration(now - b.lastDemand)
-	}
-	p := since / time.Duration(min(d, 1<<30))
+	p := time.Duration(now-b.lastDemand) / time.Duration(min(d, 1<<30))
 	if b.pace == 0 {
 		b.pace = p
 		return

@@ -104,13 +104,13 @@ func BenchmarkRLQSFloodMemory(b *testing.B) {
 				b.Fatal(err)
 			}
 			resp, err := st.Recv()
-			if err != nil || len(resp.BucketAction) != 1 {
+			if err != nil || len(applied(resp)) != 1 {
 				b.Fatalf("a stream after the flood: %v %v", resp, err)
 			}
 			// Served unless the flood filled its identity's bound (an open control
 			// plane, as here, takes every caller for one identity; with certificates
 			// another identity is served: TestAFloodOfBucketsIsBoundedInCountAndBytes).
-			served := resp.BucketAction[0].GetQuotaAssignmentAction() != nil
+			served := applied(resp)[0].GetQuotaAssignmentAction() != nil
 			if served != (kept < DefaultMaxBucketsPerIdentity) {
 				b.Fatalf("a stream after the flood: served %t with %d buckets kept", served, kept)
 			}

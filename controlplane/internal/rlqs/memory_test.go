@@ -76,12 +76,12 @@ func TestAFloodOfBucketsIsBoundedInCountAndBytes(t *testing.T) {
 	// Entries the rule does not key on are refused.
 	ss := f.srv.newStream("other/")
 	resp := f.send(ss, report(simEnv, 0, 1, map[string]string{"policy": "p", "rule": "fw", "user": "u", "header:x-pad": pad}))
-	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetAbandonAction() == nil || len(ss.buckets) != 0 {
+	if len(applied(resp)) != 1 || applied(resp)[0].GetAbandonAction() == nil || len(ss.buckets) != 0 {
 		t.Fatalf("a bucket with an entry the rule does not key on: %.200v", resp)
 	}
 	// Another identity is served.
 	resp = f.send(ss, report(simEnv, 0, 1, map[string]string{"policy": "p", "rule": "fw", "user": "legit"}))
-	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+	if len(applied(resp)) != 1 || applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 		t.Fatalf("another identity after the flood: %.200v", resp)
 	}
 	for _, s := range append(streams, ss) {

@@ -73,7 +73,7 @@ func TestBucketsThatNameNoServableRuleAreAbandoned(t *testing.T) {
 		if err := resp.ValidateAll(); err != nil {
 			t.Fatal(err)
 		}
-		if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetAbandonAction() == nil {
+		if len(applied(resp)) != 1 || applied(resp)[0].GetAbandonAction() == nil {
 			t.Errorf("%s: %v, want an abandon action", tc.reason, resp)
 			continue
 		}
@@ -83,7 +83,7 @@ func TestBucketsThatNameNoServableRuleAreAbandoned(t *testing.T) {
 	}
 	// Ids no valid answer can name are skipped, not answered with an invalid response.
 	resp := f.send(ss, report(simEnv, 1, 0, map[string]string{"policy": "p", "rule": ""}, map[string]string{}))
-	if len(resp.BucketAction) != 0 {
+	if len(applied(resp)) != 0 {
 		t.Errorf("ids with an empty value, or none: %v, want no action", resp)
 	}
 	if got := counterWith(t, f.reg, "sluice_controlplane_rlqs_invalid_reports_total", "", ""); got != 2 {
@@ -92,7 +92,7 @@ func TestBucketsThatNameNoServableRuleAreAbandoned(t *testing.T) {
 	// A wrong domain is another env: no such counters, but the rule resolves, so
 	// the bucket is served (its keys are that env's).
 	resp = f.send(ss, report("other-env", 1, 0, map[string]string{"policy": "p", "rule": "tb", "user": "a"}))
-	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+	if len(applied(resp)) != 1 || applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 		t.Errorf("a fleet bucket of another env: %v, want a token bucket", resp)
 	}
 }
@@ -107,7 +107,7 @@ func TestLongKeyValuesAreServedWithTheFiltersKey(t *testing.T) {
 	for _, size := range []int{2 << 10, 60 << 10} {
 		id := map[string]string{"policy": "p", "rule": "fw", "user": strings.Repeat("u", size)}
 		resp := f.send(ss, report(simEnv, 1, 0, id))
-		if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+		if len(applied(resp)) != 1 || applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 			t.Fatalf("a %d-byte user: %.300v, want a token bucket", size, resp)
 		}
 		fr, _ := f.q.Resolve("p", simEnv, "fw")
@@ -146,7 +146,7 @@ func TestAReportIsClampedToWhatItCouldHaveAdmitted(t *testing.T) {
 	f.now += int64(10 * time.Second)
 	other := f.srv.newStream("")
 	resp := f.send(other, report(simEnv, 1, 0, id))
-	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+	if len(applied(resp)) != 1 || applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 		t.Fatalf("the next window: %.300v, want a token bucket", resp)
 	}
 }
@@ -155,7 +155,7 @@ func TestExemptClientsAreAllowedAll(t *testing.T) {
 	f := newFixture(t)
 	ss := f.srv.newStream("")
 	resp := f.send(ss, report(simEnv, 5, 0, map[string]string{"policy": "p", "rule": "fw", "user": "vip"}))
-	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule() != typev3.RateLimitStrategy_ALLOW_ALL {
+	if len(applied(resp)) != 1 || applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule() != typev3.RateLimitStrategy_ALLOW_ALL {
 		t.Fatalf("exempt user: %v, want ALLOW_ALL", resp)
 	}
 }
@@ -181,7 +181,7 @@ func TestSpentBudgetIsDenyAllUntilTheWindowTurns(t *testing.T) {
 	ss := f.srv.newStream("")
 	f.now += int64(3 * time.Second)
 	resp := f.send(ss, report(simEnv, 0, 10, id))
-	a := resp.BucketAction[0].GetQuotaAssignmentAction()
+	a := applied(resp)[0].GetQuotaAssignmentAction()
 	if a.GetRateLimitStrategy().GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL {
 		t.Fatalf("spent budget: %v, want DENY_ALL", resp)
 	}
@@ -190,7 +190,7 @@ func TestSpentBudgetIsDenyAllUntilTheWindowTurns(t *testing.T) {
 	}
 	f.now += int64(7 * time.Second)
 	resp = f.send(ss, report(simEnv, 0, 10, id))
-	tb := resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+	tb := applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
 	if tb == nil || tb.MaxTokens < 10 {
 		t.Fatalf("the next window: %v, want a token bucket of at least the 10 denied", resp)
 	}
@@ -203,7 +203,7 @@ func TestUnspentUnitsReturnOnceSettled(t *testing.T) {
 	id := map[string]string{"policy": "p", "rule": "fw", "user": "u"}
 	ss := f.srv.newStream("")
 	resp := f.send(ss, report(simEnv, 0, 199, id)) // wants 200 (+ refill reserve)
-	tb := resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+	tb := applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
 	if tb == nil {
 		t.Fatalf("%v", resp)
 	}
@@ -238,7 +238,7 @@ func TestHugeCountsDoNotWrap(t *testing.T) {
 	f := newFixture(t)
 	ss := f.srv.newStream("")
 	resp := f.send(ss, report(simEnv, math.MaxUint64, 1, map[string]string{"policy": "p", "rule": "tb", "user": "u"}))
-	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+	if len(applied(resp)) != 1 || applied(resp)[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
 		t.Fatalf("a report of 2^64-1 requests: %v, want a token bucket", resp)
 	}
 }

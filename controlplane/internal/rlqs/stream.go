@@ -244,7 +244,7 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 		s.warn("clamped", "rlqs: a report counted more requests allowed than the bucket could admit; clamped", "domain", r.domain, "reported", u.NumRequestsAllowed, "clamped_to", most)
 	}
 	b.report(now, allowed, s.o.Margin)
-	b.paceReport(allowed+denied, now, r.ss.ttlFor(b))
+	b.paceReport(allowed+denied, now)
 	switch {
 	case allowed+denied > 0 || b.lastDemand == 0:
 		b.lastDemand = now
@@ -324,7 +324,7 @@ func (r *round) apply(ctx context.Context) {
 				continue
 			}
 			b.nanos = b.nanos%999999999 + 1 // a configuration Envoy has not got: a fresh bucket
-			r.resp.BucketAction = append(r.resp.BucketAction, tokenBucket(r.idFor[i], tokens, b.nanos, ttl))
+			r.resp.BucketAction = append(r.resp.BucketAction, fresh(r.idFor[i], tokens, b.nanos, ttl)...)
 			s.m.actions.WithLabelValues("token_bucket").Inc()
 			units, bb := res.Granted, b
 			r.after = append(r.after, func(at int64) {
@@ -397,7 +397,14 @@ const maxGrantTTL = 28 * time.Second
 // denial); a busier bucket keeps a short life, so that the refill its units must
 // cover stays small and what it leaves unspent comes back soon.
 func (ss *stream) grantTTL(b *bucket, life time.Duration) time.Duration {
-	ttl := max(ss.ttlFor(b), min(maxGrantTTL, 2*b.pace))
+	next := ss.ttlFor(b)
+	ttl := max(next, min(maxGrantTTL, 2*b.pace))
+	if rest := life - ss.s.o.Margin; rest-ttl < next {
+		// No grant after the next report could outlive this one by a report: the
+		// next report would find units left in it and leave them (Keep) to die at
+		// its TTL. Let it live to the lease's end instead.
+		ttl = min(rest, maxGrantTTL)
+	}
 	return min(life-ss.s.o.Margin, ttl).Truncate(time.Second)
 }
 
@@ -414,6 +421,17 @@ func (ss *stream) ttlFor(b *bucket) time.Duration {
 
 // ttlSeconds is d in whole seconds, rounded up.
 func ttlSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// fresh is the actions that give bucket id a fresh token bucket of tokens, full:
+// a DENY_ALL, then the token bucket. Envoy starts a token bucket that replaces
+// another only as full as the old one still is (createTokenBucketFromAction,
+// since envoyproxy/envoy#37624), so a grant after a spent one would start empty;
+// after a blanket rule there is no old one. Envoy applies a response's actions
+// in order and publishes the buckets to its workers once, after the last
+// (onQuotaResponseImpl), so no request ever meets the DENY_ALL.
+func fresh(id *rlqsv3.BucketId, tokens uint64, nanos int32, ttl time.Duration) []*rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return []*rlqsv3.RateLimitQuotaResponse_BucketAction{blanket(id, typev3.RateLimitStrategy_DENY_ALL, ttl), tokenBucket(id, tokens, nanos, ttl)}
+}
 
 // tokenBucket is an assignment of a fresh token bucket of tokens, refilling tokens
 // per refillPeriod; nanos makes its configuration differ from the previous one, so
