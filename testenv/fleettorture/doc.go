@@ -21,6 +21,12 @@
 // A request counts in a window when it was sent and answered within it (loopback
 // round trips are far shorter than a window); the few that straddle a boundary
 // count towards the upper bound of both windows and the lower bound of neither.
+// TestMixedFleetKeepsItsLimitThroughOutages adds Envoys of Envoy's own
+// rate_limit_quota kind (reporting every 5 s) beside Wasm ones on a rule that
+// degrades to local shares, and bounds what the fleet admits per window while one
+// Envoy, then Redis, is cut off: L plus the cut-off Envoy's share of L, L while
+// Redis is frozen a whole window, 2 L in the windows such an outage begins or ends.
+//
 // Every process listens on loopback only and is stopped by the test; the package
 // has no non-test code.
 package fleettorture

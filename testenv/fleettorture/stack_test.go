@@ -30,7 +30,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	proctest.MainWithBinaries(m, []string{"./controlplane/cmd/sluice-controlplane", "./testenv/cmd/sluice-devproxy", "./testenv/cmd/sluice-echo"},
+	proctest.MainWithBinaries(m, []string{"./controlplane/cmd/sluice-controlplane", "./controlplane/cmd/sluicectl", "./testenv/cmd/sluice-devproxy", "./testenv/cmd/sluice-echo"},
 		func(dir, root string) (err error) {
 			binDir, repo = dir, root
 			wasmBin, err = os.ReadFile(filepath.Join(dir, "sluice.wasm"))

@@ -3,23 +3,15 @@ package rlqsfleet
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	rlqsfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluice-proxy/sluice/testenv/devproxy"
 	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
+	"github.com/sluice-proxy/sluice/testenv/internal/rlqstest"
 	"github.com/sluice-proxy/sluice/testenv/rlqsclient"
 )
 
@@ -66,61 +58,18 @@ func (c *controlPlane) await(t *testing.T) {
 	proctest.AwaitListening(t, c.grpcAddr, 15*time.Second, c.p)
 }
 
-// bucketSettings runs `sluicectl envoy-config rlqs` on the stored policy, with
-// reporting interval iv, and returns the settings of rule's bucket matcher: what
-// an Envoy configured with its output would use.
+// bucketSettings is rlqstest's, for cp.
 func bucketSettings(t *testing.T, cp *controlPlane, rule string, iv time.Duration) *rlqsfilterv3.RateLimitQuotaBucketSettings {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), "--server", "http://"+cp.addr, "envoy-config", "rlqs", "--policy", policyName,
-		"--grpc", cp.grpcAddr, "--reporting-interval", iv.String())
-	cmd.Env = append(os.Environ(), "SLUICE_READ_TOKEN="+readToken, "SLUICE_QUOTA_TOKEN="+quotaToken)
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("sluicectl envoy-config rlqs: %v", err)
-	}
-	b, err := devproxy.ParseBootstrap(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var hcm hcmv3.HttpConnectionManager
-	if err := b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
-		t.Fatal(err)
-	}
-	var f rlqsfilterv3.RateLimitQuotaFilterConfig
-	if err := hcm.GetHttpFilters()[0].GetTypedConfig().UnmarshalTo(&f); err != nil {
-		t.Fatal(err)
-	}
-	if md := f.GetRlqsServer().GetInitialMetadata(); len(md) != 1 || md[0].GetValue() != "Bearer "+quotaToken {
-		t.Fatalf("the generated filter sends metadata %v, want the quota token", md)
-	}
-	for _, m := range f.GetBucketMatchers().GetMatcherList().GetMatchers() {
-		a := m.GetOnMatch().GetAction()
-		if a.GetName() != "sluice."+rule {
-			continue
-		}
-		var s rlqsfilterv3.RateLimitQuotaBucketSettings
-		if err := a.GetTypedConfig().UnmarshalTo(&s); err != nil {
-			t.Fatal(err)
-		}
-		return &s
-	}
-	t.Fatalf("no bucket matcher for rule %s", rule)
-	return nil
+	g := rlqstest.Generator{Sluicectl: filepath.Join(binDir, "sluicectl"), Server: cp.addr, GRPC: cp.grpcAddr, Policy: policyName,
+		ReadToken: readToken, QuotaToken: quotaToken}
+	return g.BucketSettings(t, rule, iv)
 }
 
-// rlqsEnvoy returns an Envoy running the rate_limit_quota filter against addr,
-// with the quota token as the generated configuration sends it.
+// rlqsEnvoy returns an Envoy running the rate_limit_quota filter against addr.
 func rlqsEnvoy(t *testing.T, addr string, s *rlqsfilterv3.RateLimitQuotaBucketSettings) *rlqsclient.Client {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: time.Second}, MinConnectTimeout: time.Second}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := rlqsclient.New(conn, rlqsclient.NewRealClock(time.Hour), rlqsclient.Config{Domain: "default", Settings: s,
-		Metadata: map[string]string{"authorization": "Bearer " + quotaToken}, StartTimeout: 500 * time.Millisecond})
-	t.Cleanup(func() { c.Close(); conn.Close() })
-	return c
+	return rlqstest.Envoy(t, addr, policyName, quotaToken, s)
 }
 
 // wasmEnvoy is an Envoy running the sluice Wasm filter, one worker, whose
