@@ -209,7 +209,7 @@ func TestMixedFleetKeepsItsLimitThroughOutages(t *testing.T) {
 	share := (mixedLimit+len(members)-1)/len(members) + 1
 	type count struct {
 		sure, straddling, denied, cutAdmitted, degraded int
-		by                                           [mixedWasm + mixedRLQS]int
+		by                                              [mixedWasm + mixedRLQS]int
 	}
 	counts := make([]count, 9)
 	for _, r := range results {
