@@ -39,8 +39,10 @@ func validateCmd(env *Env) *cobra.Command {
 		Use:   "validate -f FILE|DIR|-",
 		Short: "Check policy files offline, with the control plane's own validation",
 		Long: `Check policy files (YAML or JSON) without contacting the server, with the same
-validation the control plane runs (shared/rules). Problems name the file, the line and the
-field. A file without "policy" takes its name from the file name (without extension).`,
+validation the control plane runs (shared/rules). A *.json file is read as the server reads
+a PUT body, strict JSON (no trailing comma, comment or duplicate member); other files are
+YAML. Problems name the file, the line and the field. A file without "policy" takes its
+name from the file name (without extension).`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pfs, err := loadFiles(env, files)

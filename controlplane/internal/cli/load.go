@@ -155,12 +155,15 @@ func loadPolicies(paths []string, stdin io.Reader) ([]policyFile, error) {
 	return out, nil
 }
 
-// parsePolicyFile converts a YAML or JSON policy document to JSON and
-// validates it as the control plane does (rules.DecodePolicy, then
-// Validate): "policy" may be absent, and then is the file's name without
-// its extension; "rules" is required. Problems carry the line of the
-// offending field where the YAML parser knows it.
+// parsePolicyFile reads a policy file: a .json file as strict JSON
+// (parseJSONFile), anything else (YAML, or JSON from standard input) through
+// YAML, converted to JSON; then it validates it as the control plane does
+// (validateDocument). Problems carry the line of the offending field where
+// the parser knows it.
 func parsePolicyFile(file string, data []byte) (policyFile, []Problem) {
+	if strings.EqualFold(filepath.Ext(file), ".json") {
+		return parseJSONFile(file, data)
+	}
 	pf := policyFile{File: file}
 	prob := func(field, msg string, line int) []Problem {
 		return []Problem{{File: file, Field: field, Message: msg, Line: line}}
@@ -200,14 +203,49 @@ func parsePolicyFile(file string, data []byte) (policyFile, []Problem) {
 	if err != nil {
 		return pf, prob("", "cannot convert to JSON: "+err.Error(), 0)
 	}
-	d := rules.DecodePolicy(doc)
+	return validateDocument(file, rules.DecodePolicy(doc), func(fe rules.FieldError) (int, int) { return lineOf(&root, fe.Field), 0 })
+}
+
+// parseJSONFile reads a .json policy file as the control plane reads a PUT body:
+// its very bytes, strict JSON (rules.DecodePolicy), so that what the server would
+// refuse (a trailing comma, a comment, a duplicate member) is refused here, at its
+// line and column.
+func parseJSONFile(file string, data []byte) (policyFile, []Problem) {
+	var root yaml.Node // for the lines of fields, when YAML reads the document too
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		root = yaml.Node{}
+	}
+	return validateDocument(file, rules.DecodePolicy(data), func(fe rules.FieldError) (int, int) {
+		if fe.Decoding {
+			return lineColumn(data, fe.Offset)
+		}
+		return lineOf(&root, fe.Field), 0
+	})
+}
+
+// lineColumn is the 1-based line and column of byte offset off in data.
+func lineColumn(data []byte, off int) (line, col int) {
+	off = min(max(off, 0), len(data))
+	line = 1 + bytes.Count(data[:off], []byte("\n"))
+	return line, off - bytes.LastIndexByte(data[:off], '\n')
+}
+
+// validateDocument validates a decoded policy document of file as the control
+// plane does: "policy" may be absent, and then is the file's name without its
+// extension; "rules" is required. at gives a problem's line and column (0 when
+// unknown).
+func validateDocument(file string, d *rules.Document, at func(rules.FieldError) (line, col int)) (policyFile, []Problem) {
+	pf := policyFile{File: file}
+	prob := func(field, msg string) []Problem {
+		return []Problem{{File: file, Field: field, Message: msg}}
+	}
 	if d.Missing("policy") {
 		if file == "-" {
-			return pf, prob("policy", `required when reading standard input (the name of the policy)`, 0)
+			return pf, prob("policy", `required when reading standard input (the name of the policy)`)
 		}
 		name := strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))
 		if !rules.ValidName(name) {
-			return pf, prob("policy", "absent, and the file name "+strconv.Quote(name)+" is not a valid policy name (1 to 63 bytes of [a-z0-9_.-] starting with [a-z0-9]); set \"policy\"", 0)
+			return pf, prob("policy", "absent, and the file name "+strconv.Quote(name)+" is not a valid policy name (1 to 63 bytes of [a-z0-9_.-] starting with [a-z0-9]); set \"policy\"")
 		}
 		d.Policy.Name = name
 	}
@@ -216,10 +254,11 @@ func parsePolicyFile(file string, data []byte) (policyFile, []Problem) {
 	if err != nil {
 		var errs rules.Errors
 		if !errors.As(err, &errs) {
-			return pf, prob("", err.Error(), 0)
+			return pf, prob("", err.Error())
 		}
 		for _, fe := range errs {
-			probs = append(probs, Problem{File: file, Field: fe.Field, Message: fe.Message, Line: lineOf(&root, fe.Field)})
+			line, col := at(fe)
+			probs = append(probs, Problem{File: file, Field: fe.Field, Message: fe.Message, Line: line, Column: col})
 		}
 	}
 	if d.Missing("rules") {

@@ -52,3 +52,35 @@ func TestOneDocumentPerFile(t *testing.T) {
 		t.Fatalf("empty file: %v", probs)
 	}
 }
+
+// TestJSONFilesAreReadAsTheServerReadsThem: a .json file is strict JSON, as the
+// control plane's PUT reads it: what YAML would forgive (a trailing comma, a
+// comment, a single-quoted string, a duplicate member) is a problem at its line
+// and column; the same content as .yaml is YAML.
+func TestJSONFilesAreReadAsTheServerReadsThem(t *testing.T) {
+	for _, tc := range []struct{ name, doc, want string }{
+		{"trailing comma", "{\"policy\": \"x\",\n \"rules\": [],\n}", "x.json:3:1"},
+		{"comment", "{\"policy\": \"x\", # a comment\n \"rules\": []}", "x.json:1:17"},
+		{"single quotes", "{\"policy\": 'x', \"rules\": []}", "x.json:1:12"},
+	} {
+		pf, probs := parsePolicyFile("x.json", []byte(tc.doc))
+		if len(probs) == 0 {
+			t.Errorf("%s: accepted as %s", tc.name, pf.Doc)
+			continue
+		}
+		if got := probs[0].String(); !bytes.Contains([]byte(got), []byte(tc.want)) {
+			t.Errorf("%s: %q, want it at %s", tc.name, got, tc.want)
+		}
+	}
+	if _, probs := parsePolicyFile("x.yaml", []byte("{\"policy\": \"x\",\n \"rules\": [],\n}")); len(probs) > 0 {
+		t.Errorf("the same flow mapping as YAML: %v", probs)
+	}
+	pf, probs := parsePolicyFile("named.json", []byte("{\"rules\": [{\"id\": \"a\", \"algorithm\": \"fixed_window\", \"limit\": 5, \"window\": \"1m\"}]}"))
+	if len(probs) > 0 || pf.Name != "named" {
+		t.Fatalf("a valid JSON file without a name: %v %q", probs, pf.Name)
+	}
+	_, probs = parsePolicyFile("bad.json", []byte("{\"policy\": \"x\",\n \"rules\": [{\"id\": \"a\", \"algorithm\": \"fixed_window\",\n \"limit\": -5, \"window\": \"1m\"}]}"))
+	if len(probs) != 1 || probs[0].Field != "rules[0].limit" || probs[0].Line != 3 {
+		t.Fatalf("a bad limit: %v", probs)
+	}
+}
