@@ -314,3 +314,37 @@ func TestSyntaxErrorsNameTheirLineAndColumn(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyRefusesAFileExportedFromAnOlderVersion: a file exported at v1 (its
+// "version" member) does not silently undo v2 and v3 on the server: apply shows
+// the diff, names both versions, writes nothing and exits 3, unless --force; a
+// file without a version, or at the server's version, applies as before.
+func TestApplyRefusesAFileExportedFromAnOlderVersion(t *testing.T) {
+	c := &ctl{t: t, server: startControlPlane(t)}
+	dir := t.TempDir()
+	f := writeFile(t, dir, "demo.yaml", demoV1)
+	c.must(0, "apply", "-f", f)
+	exported := c.must(0, "get", "demo", "-o", "yaml").stdout
+	if !strings.Contains(exported, "version: 1") {
+		t.Fatalf("the export carries no version:\n%s", exported)
+	}
+	writeFile(t, dir, "demo.yaml", strings.Replace(demoV1, "limit: 5", "limit: 6", 1))
+	c.must(0, "apply", "-f", f) // v2
+	writeFile(t, dir, "demo.yaml", strings.Replace(demoV1, "limit: 5", "limit: 7", 1))
+	c.must(0, "apply", "-f", f) // v3
+
+	old := writeFile(t, dir, "old.yaml", strings.Replace(exported, "limit: 3", "limit: 4", 1))
+	r := c.must(3, "apply", "-f", old)
+	mustContain(t, "stale apply", r.stdout, "limit: 7 → 5", "limit: 3 → 4")
+	mustContain(t, "stale apply", r.stderr, "v1", "v3", "--force")
+	if got := c.must(0, "get", "demo", "per-user", "-o", "json").stdout; !strings.Contains(got, `"limit": 7`) {
+		t.Fatalf("a stale file was written:\n%s", got)
+	}
+	r = c.must(0, "apply", "--force", "-f", old)
+	mustContain(t, "forced apply", r.stdout, "policy demo configured (v3 → v4)")
+
+	current := c.must(0, "get", "demo", "-o", "yaml").stdout
+	cur := writeFile(t, dir, "cur.yaml", strings.Replace(current, "limit: 4", "limit: 2", 1))
+	r = c.must(0, "apply", "-f", cur)
+	mustContain(t, "apply at the server's version", r.stdout, "(v4 → v5)")
+}

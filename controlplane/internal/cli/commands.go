@@ -123,7 +123,7 @@ file, 1 when anything differs (as kubectl diff does), so CI can gate on it.`,
 
 func applyCmd(g *globals, env *Env) *cobra.Command {
 	var files []string
-	var dryRun bool
+	var dryRun, force bool
 	cmd := &cobra.Command{
 		Use:   "apply -f FILE|DIR|-",
 		Short: "Make the server's policies what the files say, showing the diff first",
@@ -133,6 +133,10 @@ against the server is printed, then the policy is written with If-Match: the ETa
 the diff (If-None-Match: * for a new policy), so a change made by someone else in between
 is reported (exit 3) and not overwritten. An unchanged policy is not written.
 
+A file whose "version" (as "get" exports it) is older than the server's would undo the
+versions in between: apply then shows the diff, writes nothing and exits 3, unless --force.
+A file without "version" is applied whatever the server's.
+
 The policy name is the document's "policy" member, or else the file name without its
 extension. With --dry-run the server validates each changed policy without writing it.`,
 		Args: usageArgs(cobra.NoArgs),
@@ -141,8 +145,18 @@ extension. With --dry-run the server validates each changed policy without writi
 			if err != nil {
 				return err
 			}
+			var stale []string
 			for _, p := range plans {
 				p.diff.print(env.Stdout)
+				if server := tagVersion(p.etag); !p.diff.Empty() && p.pf.Version > 0 && p.pf.Version < server {
+					stale = append(stale, fmt.Sprintf("%s: policy %s was exported at v%d and the server is at v%d: applying it would undo v%d..v%d (the diff above)",
+						p.pf.File, p.pf.Name, p.pf.Version, server, p.pf.Version+1, server))
+				}
+			}
+			if len(stale) > 0 && !force {
+				return withCode(ExitServer, fmt.Errorf("%s\nnothing was written: get the policy again and redo the change, or apply with --force", strings.Join(stale, "\n")))
+			}
+			for _, p := range plans {
 				if p.diff.Empty() {
 					continue
 				}
@@ -181,6 +195,7 @@ extension. With --dry-run the server validates each changed policy without writi
 	}
 	cmd.Flags().StringArrayVarP(&files, "filename", "f", nil, "policy file, directory, or - for standard input (repeatable)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "validate on the server (PUT ?dry_run=true) without writing")
+	cmd.Flags().BoolVar(&force, "force", false, "apply files whose version is older than the server's")
 	return cmd
 }
 

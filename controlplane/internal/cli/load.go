@@ -26,6 +26,9 @@ type policyFile struct {
 	Name   string
 	Policy *rules.Policy
 	Doc    []byte
+	// Version is the file's "version" member: the server version it was exported
+	// at (sluicectl get), 0 when absent. It is not sent: the server numbers versions.
+	Version uint64
 }
 
 // Problem is one validation problem of a file: file, line (0 if unknown),
@@ -267,7 +270,7 @@ func validateDocument(file string, d *rules.Document, at func(rules.FieldError) 
 	if len(probs) > 0 {
 		return pf, probs
 	}
-	p.Version = 0
+	pf.Version, p.Version = p.Version, 0
 	pf.Name, pf.Policy, pf.Doc = p.Name, p, rules.EncodePolicy(p)
 	return pf, nil
 }
