@@ -3,6 +3,10 @@ GO        ?= go
 BUILD     := build
 WASM      := $(BUILD)/sluice.wasm
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
+# VERSION is the release every binary reports with --version and the images carry
+# as org.opencontainers.image.version.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION_LDFLAGS := -X github.com/sluice-proxy/sluice/internal/version.Version=$(VERSION)
 
 .PHONY: all help wasm build run test bench check lint clean
 
@@ -21,12 +25,12 @@ wasm:
 ## build: the filter and every binary.
 build: wasm
 	@echo "==> building $(BUILD)/sluice-controlplane"
-	$(GO) build -trimpath -o $(BUILD)/sluice-controlplane ./controlplane/cmd/sluice-controlplane
+	$(GO) build -trimpath -ldflags='$(VERSION_LDFLAGS)' -o $(BUILD)/sluice-controlplane ./controlplane/cmd/sluice-controlplane
 	@echo "==> building $(BUILD)/sluicectl"
-	$(GO) build -trimpath -o $(BUILD)/sluicectl ./controlplane/cmd/sluicectl
+	$(GO) build -trimpath -ldflags='$(VERSION_LDFLAGS)' -o $(BUILD)/sluicectl ./controlplane/cmd/sluicectl
 	@for cmd in sluice-devproxy sluice-echo sluice-run; do \
 		echo "==> building $(BUILD)/$$cmd"; \
-		$(GO) build -trimpath -o $(BUILD)/$$cmd ./testenv/cmd/$$cmd || exit 1; done
+		$(GO) build -trimpath -ldflags='$(VERSION_LDFLAGS)' -o $(BUILD)/$$cmd ./testenv/cmd/$$cmd || exit 1; done
 
 ## run: the whole stack on this machine with the demo policy, until Ctrl-C.
 ## Builds, then starts the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
@@ -77,7 +81,6 @@ lint:
 ## $(OCI)/sluice-controlplane (static control plane for $(IMAGE_PLATFORMS), non-root,
 ## no shell). Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the commit time).
 OCI             ?= $(BUILD)/oci
-VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 REVISION        ?= $(shell git rev-parse HEAD 2>/dev/null)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 IMAGE_SOURCE    ?= https://github.com/sluice-proxy/sluice
@@ -86,7 +89,7 @@ IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
 image: wasm
 	@bins=; for p in $(IMAGE_PLATFORMS); do os=$${p%%/*}; arch=$${p#*/}; out=$(BUILD)/$$os-$$arch/sluice-controlplane; \
 		echo "==> building $$out"; \
-		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags='-s -w' -o $$out ./controlplane/cmd/sluice-controlplane || exit 1; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags='-s -w $(VERSION_LDFLAGS)' -o $$out ./controlplane/cmd/sluice-controlplane || exit 1; \
 		bins=$$bins$${bins:+,}$$p=$$out; done; \
 	echo "==> writing $(OCI)/sluice-wasm and $(OCI)/sluice-controlplane"; \
 	$(GO) run ./internal/cmd/sluice-image build -out $(OCI) -wasm $(WASM) -controlplane $$bins \

@@ -37,6 +37,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/sluice-proxy/sluice/internal/version"
 )
 
 const (
@@ -94,10 +96,11 @@ type Meta struct {
 
 func (m Meta) labels(title string) map[string]string {
 	l := map[string]string{
-		labelTitle:   title,
-		labelSource:  m.Source,
-		labelVersion: m.Version,
-		labelCreated: m.Created.UTC().Format(time.RFC3339),
+		labelTitle:    title,
+		labelSource:   m.Source,
+		labelVersion:  m.Version,
+		labelCreated:  m.Created.UTC().Format(time.RFC3339),
+		labelLicenses: version.License,
 	}
 	if m.Revision != "" {
 		l[labelRevision] = m.Revision

@@ -276,6 +276,9 @@ func TestControlPlaneImageIsMinimalAndNonRoot(t *testing.T) {
 			t.Errorf("label %s missing: %v", k, cf.Config.Labels)
 		}
 	}
+	if cf.Config.Labels[labelLicenses] != "Apache-2.0" {
+		t.Errorf("label %s: %q, want Apache-2.0 (the LICENSE file)", labelLicenses, cf.Config.Labels[labelLicenses])
+	}
 	if cf.OS != "linux" || cf.Architecture != "amd64" {
 		t.Errorf("config platform %s/%s", cf.OS, cf.Architecture)
 	}

@@ -47,7 +47,7 @@ import (
 // SIGINT or SIGTERM, and returns the exit code (0 ok, 1 failure, 2 usage).
 func Main(args []string, getenv func(string) string, stderr io.Writer) int {
 	s, err := config.Parse(args, getenv, os.ReadFile, stderr)
-	if errors.Is(err, config.ErrHelp) {
+	if errors.Is(err, config.ErrHelp) || errors.Is(err, config.ErrVersion) {
 		return 0
 	}
 	if err != nil {

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sluice-proxy/sluice/internal/version"
 )
 
 // Exit codes of Main.
@@ -155,7 +157,9 @@ Exit codes: 0 ok; 1 diff found a difference or status found an Envoy not SYNCED;
 concurrently between read and write).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.String(),
 	}
+	root.SetVersionTemplate("sluicectl {{.Version}}\n")
 	server := env.Getenv("SLUICE_SERVER")
 	if server == "" {
 		server = DefaultServer

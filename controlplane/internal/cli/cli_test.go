@@ -348,3 +348,9 @@ func TestApplyRefusesAFileExportedFromAnOlderVersion(t *testing.T) {
 	r = c.must(0, "apply", "-f", cur)
 	mustContain(t, "apply at the server's version", r.stdout, "(v4 → v5)")
 }
+
+func TestVersionNamesTheRelease(t *testing.T) {
+	c := &ctl{t: t, server: "http://127.0.0.1:1"}
+	r := c.must(0, "--version")
+	mustContain(t, "sluicectl --version", r.stdout, "sluicectl ", "go1.")
+}

@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-proxy/sluice/internal/version"
 )
 
 // Settings is every setting of the control plane.
@@ -116,6 +118,10 @@ type Settings struct {
 // output given to Parse.
 var ErrHelp = flag.ErrHelp
 
+// ErrVersion is returned by Parse for --version; the version was written to the
+// output.
+var ErrVersion = errors.New("config: version printed")
+
 // Parse reads settings from args (without the program name), then from
 // getenv for every flag not given, then token files through readFile.
 // Usage and flag errors are written to out.
@@ -158,8 +164,13 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.DurationVar(&s.EnvoyExpireAfter, "envoy-expire-after", 10*time.Minute, "an Envoy not polling for longer is dropped from policy status")
 	fs.StringVar(&s.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&s.LogFormat, "log-format", "json", "log format: json or text")
+	showVersion := fs.Bool("version", false, "print the version and exit (no environment variable)")
 	if err := fs.Parse(args); err != nil {
 		return Settings{}, err
+	}
+	if *showVersion {
+		fmt.Fprintln(out, "sluice-controlplane", version.String())
+		return Settings{}, ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return Settings{}, fmt.Errorf("config: unexpected argument %q", fs.Arg(0))
@@ -168,7 +179,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+		if given[f.Name] || f.Name == "version" {
 			return
 		}
 		env := EnvName(f.Name)

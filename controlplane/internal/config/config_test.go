@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/internal/version"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -138,5 +140,23 @@ func TestParseErrors(t *testing.T) {
 func TestEnvName(t *testing.T) {
 	if got := EnvName("admin-token-file"); got != "SLUICE_ADMIN_TOKEN_FILE" {
 		t.Fatal(got)
+	}
+}
+
+// TestVersionPrintsTheReleaseAndStops: --version prints the binary's name and the
+// release set at link time, and no environment variable turns it on.
+func TestVersionPrintsTheReleaseAndStops(t *testing.T) {
+	old := version.Version
+	version.Version = "v9.8.7"
+	defer func() { version.Version = old }()
+	var out strings.Builder
+	_, err := Parse([]string{"--version"}, func(string) string { return "" }, nil, &out)
+	if !errors.Is(err, ErrVersion) || !strings.HasPrefix(out.String(), "sluice-controlplane v9.8.7 (") {
+		t.Fatalf("--version: %v, %q", err, out.String())
+	}
+	out.Reset()
+	env := map[string]string{"SLUICE_VERSION": "true"}
+	if _, err := Parse([]string{"--listen", "127.0.0.1:0"}, func(k string) string { return env[k] }, nil, &out); err != nil || out.Len() > 0 {
+		t.Fatalf("SLUICE_VERSION=true: %v, %q", err, out.String())
 	}
 }

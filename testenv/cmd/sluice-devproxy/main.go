@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-proxy/sluice/internal/version"
 	"github.com/sluice-proxy/sluice/testenv/devproxy"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
@@ -59,11 +60,16 @@ func run(args []string, stderr io.Writer) int {
 	quotaToken := fs.String("quota-token", os.Getenv("SLUICE_QUOTA_TOKEN"), "control-plane quota token put into the plugin configuration as control_plane.quota_token (default $SLUICE_QUOTA_TOKEN; empty keeps the file's)")
 	noFilter := fs.Bool("no-filter", false, "forward without the filter (a baseline for benchmarks)")
 	logLevel := fs.String("log-level", "info", "guest and proxy log level: debug, info, warn, error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stderr, "sluice-devproxy", version.String())
+		return 0
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
