@@ -19,6 +19,8 @@ help:
 ## wasm: the proxy-wasm filter, built with the standard Go toolchain as a WASI reactor.
 wasm:
 	@mkdir -p $(BUILD)
+	@echo "==> fetching Go modules (a fresh clone's first build downloads them, then compiles everything: a minute or two)"
+	@$(GO) mod download
 	@echo "==> building $(WASM)"
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./filter
 

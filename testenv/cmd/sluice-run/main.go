@@ -123,6 +123,12 @@ func run() int {
 		policy: env("POLICY", "examples/default-policy.json"), envoy: env("ENVOY_CONFIG", "envoy/envoy.yaml"),
 		workers: env("WORKERS", "2"), proxy2Port: env("PROXY2_PORT", "10001"), quota: os.Getenv("SLUICE_QUOTA_TOKEN"),
 	}
+	release, err := lockRunDir(s.runDir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sluice-run: %v\n", err)
+		return 1
+	}
+	defer release()
 	if err := s.loadTokens(); err != nil {
 		fmt.Fprintf(os.Stderr, "sluice-run: %v\n", err)
 		return 1
@@ -165,7 +171,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	} {
 		l, err := net.Listen("tcp", "127.0.0.1:"+p.port)
 		if err != nil {
-			return fmt.Errorf("port %s for the %s is taken (%v): choose another, e.g. `make run %s=%d`", p.port, p.name, err, p.variable, 18000+len(p.variable))
+			return fmt.Errorf("port %s for the %s is taken (%v): choose another, e.g. `make run %s=%d` (beside another make run: `make run RUN_DIR=build/run2 CP_PORT=18080 PROXY_PORT=18010 PROXY2_PORT=18011 UPSTREAM_PORT=18000`)", p.port, p.name, err, p.variable, 18000+len(p.variable))
 		}
 		l.Close()
 	}

@@ -56,3 +56,30 @@ func TestDecisionsCountsEachRule(t *testing.T) {
 		t.Fatalf("nothing new: %v", got)
 	}
 }
+
+// TestASecondRunIsRefusedItsRunDirectory: a run directory one make run holds is
+// refused to a second, which is told how to run beside it, and touches nothing
+// there; once the first ends, the directory is free again.
+func TestASecondRunIsRefusedItsRunDirectory(t *testing.T) {
+	dir := t.TempDir() + "/run"
+	release, err := lockRunDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := dir + "/controlplane.log"
+	if err := os.WriteFile(log, []byte("the first run's log\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockRunDir(dir); err == nil || !strings.Contains(err.Error(), "RUN_DIR="+dir+"2") || !strings.Contains(err.Error(), "pid ") {
+		t.Fatalf("a second lock of %s: %v", dir, err)
+	}
+	if b, _ := os.ReadFile(log); string(b) != "the first run's log\n" {
+		t.Fatalf("the first run's log became %q", b)
+	}
+	release()
+	again, err := lockRunDir(dir)
+	if err != nil {
+		t.Fatalf("after the first run ended: %v", err)
+	}
+	again()
+}
