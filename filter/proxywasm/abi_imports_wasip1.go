@@ -148,3 +148,17 @@ func proxySetEffectiveContext(contextID uint32) uint32
 //go:noescape
 //go:wasmimport env proxy_done
 func proxyDone() uint32
+
+// WASI preview 1 (module wasi_snapshot_preview1, witx
+// wasi_snapshot_preview1.witx): the VM's environment, which Envoy fills from
+// vm_config.environment_variables (host_env_keys, key_values). Each returns an
+// errno, 0 on success. The Go runtime imports them too, under the same
+// signatures.
+
+//go:noescape
+//go:wasmimport wasi_snapshot_preview1 environ_sizes_get
+func environSizesGet(returnCount, returnBufSize unsafe.Pointer) uint32
+
+//go:noescape
+//go:wasmimport wasi_snapshot_preview1 environ_get
+func environGet(environ, environBuf unsafe.Pointer) uint32

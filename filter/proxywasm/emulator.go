@@ -36,6 +36,9 @@ type EmulatorOptions struct {
 	// Log, if set, receives every proxy_log message; otherwise they are
 	// discarded.
 	Log func(level LogLevel, msg string)
+	// Env is the VM's environment (Envoy's vm_config.environment_variables),
+	// "NAME=value" entries in order, read by Getenv.
+	Env []string
 }
 
 // EmulatorDefaultTime is the emulator's clock when EmulatorOptions.StartTime
@@ -78,6 +81,7 @@ type Emulator struct {
 	level    LogLevel
 	logf     func(LogLevel, string)
 	tick     uint32
+	env      []string
 
 	calls [numHostcalls]uint64
 
@@ -385,6 +389,7 @@ func NewEmulator(vm types.VMContext, opts EmulatorOptions) (*Emulator, error) {
 		streams:  map[uint32]*emuStream{},
 		shared:   map[string]*emuShared{},
 		nextCas:  1,
+		env:      opts.Env,
 	}
 	if e.now == 0 {
 		e.now = EmulatorDefaultTime

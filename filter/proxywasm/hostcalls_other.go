@@ -198,3 +198,12 @@ func hostSetEffectiveContext(contextID uint32) status {
 	return host.setEffectiveContext(contextID)
 }
 func hostDone() status { return host.done() }
+
+// hostEnviron is the VM's environment: the emulator's (EmulatorOptions.Env), or
+// none without one.
+func hostEnviron() []string {
+	if e, ok := host.(*Emulator); ok {
+		return e.env
+	}
+	return nil
+}

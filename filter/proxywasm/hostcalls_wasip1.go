@@ -180,3 +180,27 @@ func hostSetEffectiveContext(contextID uint32) status {
 }
 
 func hostDone() status { return status(proxyDone()) }
+
+// hostEnviron is the VM's environment: WASI environ_sizes_get for the count and
+// the bytes of the NUL-terminated "NAME=value" strings, then environ_get, which
+// writes the strings into one buffer and a pointer to each into another.
+func hostEnviron() []string {
+	var count, size uint32
+	if environSizesGet(unsafe.Pointer(&count), unsafe.Pointer(&size)) != 0 || count == 0 || size == 0 {
+		return nil
+	}
+	ptrs := make([]uint32, count)
+	buf := make([]byte, size)
+	if environGet(unsafe.Pointer(&ptrs[0]), unsafe.Pointer(&buf[0])) != 0 {
+		return nil
+	}
+	out := make([]string, 0, count)
+	start := 0
+	for i, b := range buf {
+		if b == 0 {
+			out = append(out, string(buf[start:i]))
+			start = i + 1
+		}
+	}
+	return out
+}

@@ -9,9 +9,9 @@
 //	  "policy": { <a policy document, see package rules> },
 //	  "control_plane": {
 //	    "cluster": "control_plane", "authority": "cp.internal",
-//	    "policy": "default", "token": "<read token>",
+//	    "policy": "default", "token_env": "SLUICE_READ_TOKEN",
 //	    "wait": "30s", "timeout": "35s", "lease": "2s",
-//	    "quota_token": "<quota token>", "quota_timeout": "1s",
+//	    "quota_token_env": "SLUICE_QUOTA_TOKEN", "quota_timeout": "1s",
 //	    "quota_interval": "1s", "envoy": "ingress-0"
 //	  },
 //	  "tick": "100ms",
@@ -176,8 +176,16 @@ type ControlPlane struct {
 	// "default".
 	Policy string
 	// Token ["token"] is the read-only bearer token (at most MaxTokenBytes
-	// visible ASCII bytes). Default: none.
+	// visible ASCII bytes). Default: none. Written here it is readable by anyone
+	// who can read the plugin configuration (a WasmPlugin, an
+	// EnvoyExtensionPolicy): prefer TokenEnv.
 	Token string
+	// TokenEnv ["token_env"] names the VM environment variable holding the read
+	// token instead (ValidEnvName; Envoy's vm_config.environment_variables,
+	// which a Deployment fills from a Secret). The filter reads it when it is
+	// configured; a variable unset or empty then fails the configuration. Not
+	// with token. Default: none.
+	TokenEnv string
 	// Wait ["wait"] is the long-poll wait sent to the control plane, 1s..MaxWait.
 	// Default DefaultWait.
 	Wait time.Duration
@@ -190,8 +198,11 @@ type ControlPlane struct {
 	// QuotaToken ["quota_token"] is the bearer token of the control plane's quota
 	// service (POST /v1/quota; the control plane's --quota-token), at most
 	// MaxTokenBytes visible ASCII bytes. Default: none (the service answers 401, and
-	// fleet rules degrade as their on_quota_failure says).
+	// fleet rules degrade as their on_quota_failure says). Prefer QuotaTokenEnv.
 	QuotaToken string
+	// QuotaTokenEnv ["quota_token_env"] names the VM environment variable holding
+	// the quota token, as TokenEnv does the read token. Not with quota_token.
+	QuotaTokenEnv string
 	// QuotaTimeout ["quota_timeout"] is the proxy_http_call timeout of quota calls:
 	// the longest a request waits for quota before its rule degrades, 10ms..10s.
 	// Default DefaultQuotaTimeout.
@@ -503,6 +514,10 @@ func (p *parser) controlPlane(cp *ControlPlane) error {
 			cp.Policy = p.str()
 		case "token":
 			cp.Token = p.str()
+		case "token_env":
+			cp.TokenEnv = p.str()
+		case "quota_token_env":
+			cp.QuotaTokenEnv = p.str()
 		case "wait":
 			cp.Wait = dur(0)
 		case "timeout":
@@ -546,6 +561,15 @@ func (p *parser) validateControlPlane(cp *ControlPlane) {
 	}
 	if cp.Token != "" && !printable(cp.Token, MaxTokenBytes) {
 		p.fail(f+"token", "must be visible ASCII, at most "+strconv.Itoa(MaxTokenBytes)+" bytes")
+	}
+	for _, e := range []struct{ name, inline, field string }{{cp.TokenEnv, cp.Token, "token"}, {cp.QuotaTokenEnv, cp.QuotaToken, "quota_token"}} {
+		switch {
+		case e.name == "":
+		case !ValidEnvName(e.name):
+			p.fail(f+e.field+"_env", "must be an environment variable name: 1 to 128 bytes of [A-Za-z0-9_], not starting with a digit")
+		case e.inline != "":
+			p.fail(f+e.field+"_env", "set with "+e.field+": give the token inline or name its variable, not both")
+		}
 	}
 	switch {
 	case cp.Wait == 0:
@@ -627,3 +651,23 @@ func printable(s string, max int) bool {
 	}
 	return true
 }
+
+// ValidEnvName reports whether name can name a VM environment variable in
+// token_env and quota_token_env: 1 to 128 bytes of [A-Za-z0-9_], not starting
+// with a digit (the POSIX portable name, which Kubernetes and Envoy accept).
+func ValidEnvName(name string) bool {
+	if name == "" || len(name) > 128 || (name[0] >= '0' && name[0] <= '9') {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// Printable reports whether s is 1 to max visible ASCII bytes: what a token
+// (inline or read from the environment) must be.
+func Printable(s string, max int) bool { return printable(s, max) }

@@ -121,6 +121,9 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 		return types.OnPluginStartStatusFailed
 	}
 	cfg, err := config.Parse(raw)
+	if err == nil {
+		err = resolveTokens(&cfg.ControlPlane)
+	}
 	if err != nil {
 		proxywasm.LogError("sluice: invalid plugin configuration: " + err.Error())
 		return types.OnPluginStartStatusFailed
@@ -309,4 +312,37 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 	ps.match, ps.key = match, key.minus(match)
 	ps.allHeaders = len(ps.match.headerNames)+len(ps.key.headerNames) > allHeadersThreshold
 	return ps, nil
+}
+
+// resolveTokens reads the tokens the control_plane section names by environment
+// variable (token_env, quota_token_env) from the VM's environment, and warns of a
+// token written in the plugin configuration itself, where whoever can read the
+// configuration (a WasmPlugin, an EnvoyExtensionPolicy) reads the token.
+func resolveTokens(cp *config.ControlPlane) error {
+	if !cp.Enabled {
+		return nil
+	}
+	for _, t := range []struct {
+		env   string
+		token *string
+		field string
+	}{{cp.TokenEnv, &cp.Token, "token"}, {cp.QuotaTokenEnv, &cp.QuotaToken, "quota_token"}} {
+		if t.env == "" {
+			if *t.token != "" {
+				proxywasm.LogWarn("sluice: control_plane." + t.field + " is written in the plugin configuration, readable by anyone who can read it; " +
+					"name an environment variable with " + t.field + "_env instead (vm_config.environment_variables, filled from a Secret)")
+			}
+			continue
+		}
+		v, ok := proxywasm.Getenv(t.env)
+		if !ok || v == "" {
+			return errors.New("control_plane." + t.field + "_env: the VM's environment has no " + t.env +
+				" (set it in vm_config.environment_variables: host_env_keys from the proxy's environment, or key_values)")
+		}
+		if !config.Printable(v, config.MaxTokenBytes) {
+			return errors.New("control_plane." + t.field + "_env: " + t.env + " must hold 1 to " + strconv.Itoa(config.MaxTokenBytes) + " visible ASCII bytes")
+		}
+		*t.token = v
+	}
+	return nil
 }
