@@ -249,8 +249,10 @@ func decodeSpec(kind string, js []byte) (proto.Message, error) {
 // must succeed.
 func startFilter(t *testing.T, pluginConfig, vmConfig []byte) {
 	t.Helper()
+	// The proxy's environment, as a Deployment fills it from the tokens' Secret.
+	env := map[string]string{"SLUICE_READ_TOKEN": "read-token-from-a-secret", "SLUICE_QUOTA_TOKEN": "quota-token-from-a-secret"}
 	h, err := host.New(context.Background(), host.Config{Wasm: wasmBin, VMID: "sluice", PluginName: "sluice",
-		RootID: "sluice", PluginConfig: pluginConfig, VMConfig: vmConfig, Workers: 1,
+		RootID: "sluice", PluginConfig: pluginConfig, VMConfig: vmConfig, Workers: 1, Env: env,
 		Clusters: map[string]string{"control_plane": "127.0.0.1:1"}, LogLevel: host.LogWarn})
 	if err != nil {
 		var logs []string
@@ -521,10 +523,12 @@ func TestEnvoyMTLSBootstrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := pc["control_plane"].(map[string]any)
-	if _, ok := cp["quota_token"]; ok {
-		t.Error("envoy-mtls.yaml: the plugin configuration still carries a quota token")
+	for _, k := range []string{"quota_token", "quota_token_env"} {
+		if _, ok := cp[k]; ok {
+			t.Errorf("envoy-mtls.yaml: the plugin configuration still carries a quota token (%s)", k)
+		}
 	}
-	delete(ppc["control_plane"].(map[string]any), "quota_token")
+	delete(ppc["control_plane"].(map[string]any), "quota_token_env")
 	a, _ := json.Marshal(pc)
 	b, _ := json.Marshal(ppc)
 	if string(a) != string(b) || c.Filter.WasmFile != plain.Filter.WasmFile || c.Listen != plain.Listen {

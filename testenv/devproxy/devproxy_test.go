@@ -131,9 +131,9 @@ func TestParseEnvoyConfig(t *testing.T) {
 			t.Errorf("ignored list %q lacks %q", c.Ignored, want)
 		}
 	}
-	cfg, err := withToken(c.Filter.PluginConfig, "tok")
+	cfg, err := withMember(c.Filter.PluginConfig, "token", "tok")
 	if err != nil || !strings.Contains(string(cfg), `"token":"tok"`) {
-		t.Errorf("withToken: %s, %v", cfg, err)
+		t.Errorf("withMember: %s, %v", cfg, err)
 	}
 }
 
@@ -217,5 +217,40 @@ func TestPassThroughUpstreamErrors(t *testing.T) {
 				t.Errorf("log line %s", log.lines[0])
 			}
 		})
+	}
+}
+
+// TestTokensReachTheVMThroughItsEnvironment: envoy.yaml names the tokens'
+// variables (token_env, quota_token_env) and copies them from the proxy's
+// environment (host_env_keys), as Envoy does; a token given as an option goes
+// into that variable, never into the plugin configuration.
+func TestTokensReachTheVMThroughItsEnvironment(t *testing.T) {
+	c, err := LoadEnvoyConfig("../../envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := c.Filter
+	if strings.Join(f.HostEnvKeys, ",") != "SLUICE_READ_TOKEN,SLUICE_QUOTA_TOKEN" {
+		t.Fatalf("host_env_keys %q", f.HostEnvKeys)
+	}
+	if controlPlaneMember(f.PluginConfig, "token_env") != "SLUICE_READ_TOKEN" || controlPlaneMember(f.PluginConfig, "quota_token_env") != "SLUICE_QUOTA_TOKEN" ||
+		strings.Contains(string(f.PluginConfig), `"token"`) || strings.Contains(string(f.PluginConfig), `"quota_token"`) {
+		t.Fatalf("the plugin configuration carries a token or names no variable:\n%s", f.PluginConfig)
+	}
+	proc := map[string]string{"SLUICE_READ_TOKEN": "r", "HOME": "/root"}
+	env := vmEnv(f, func(k string) (string, bool) { v, ok := proc[k]; return v, ok })
+	if len(env) != 1 || env["SLUICE_READ_TOKEN"] != "r" {
+		t.Fatalf("the VM's environment %v: want only the host_env_keys set in the proxy's", env)
+	}
+	p, err := New(context.Background(), Options{Config: c, Wasm: filterWasm(t), ReadToken: "from-a-flag", QuotaToken: "q",
+		Getenv: func(string) (string, bool) { return "", false }, Clusters: map[string]string{"control_plane": "127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, l := range p.Host().Logs() {
+		if strings.Contains(l.Message, "written in the plugin configuration") {
+			t.Errorf("the filter warned of an inline token: %s", l.Message)
+		}
 	}
 }

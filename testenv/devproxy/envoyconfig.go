@@ -100,6 +100,9 @@ type WasmFilter struct {
 	VMConfig []byte
 	// Env is vm_config.environment_variables.key_values.
 	Env map[string]string
+	// HostEnvKeys is vm_config.environment_variables.host_env_keys: variables
+	// copied into the VM from the proxy's own environment, where set.
+	HostEnvKeys []string
 	// FailOpen is failure_policy FAIL_OPEN (or the deprecated fail_open):
 	// a failed VM is bypassed instead of answering 503.
 	FailOpen bool
@@ -355,9 +358,10 @@ func (c *EnvoyConfig) wasm(pc *wasmv3.PluginConfig) error {
 	//lint:ignore SA1019 Envoy still honours the deprecated fail_open when failure_policy is unset, so the dev proxy does too.
 	failOpen := pc.GetFailurePolicy() == wasmv3.FailurePolicy_FAIL_OPEN || pc.GetFailOpen()
 	f := &WasmFilter{Name: pc.GetName(), RootID: pc.GetRootId(), VMID: vm.GetVmId(),
-		WasmFile: vm.GetCode().GetLocal().GetFilename(),
-		Env:      vm.GetEnvironmentVariables().GetKeyValues(),
-		FailOpen: failOpen}
+		WasmFile:    vm.GetCode().GetLocal().GetFilename(),
+		Env:         vm.GetEnvironmentVariables().GetKeyValues(),
+		HostEnvKeys: vm.GetEnvironmentVariables().GetHostEnvKeys(),
+		FailOpen:    failOpen}
 	var err error
 	if f.PluginConfig, err = anyBytes(pc.GetConfiguration()); err != nil {
 		return fmt.Errorf("%w: %s configuration: %v", ErrEnvoyConfig, p, err)
@@ -366,13 +370,10 @@ func (c *EnvoyConfig) wasm(pc *wasmv3.PluginConfig) error {
 		return fmt.Errorf("%w: %s vm_config.configuration: %v", ErrEnvoyConfig, p, err)
 	}
 	c.Filter = f
-	c.Honoured = append(c.Honoured, fmt.Sprintf("http filter %s: name %q, root_id %q, vm_id %q, configuration (%d bytes), vm_config.configuration, environment_variables.key_values, code.local.filename %q, failure_policy (fail open: %t)",
+	c.Honoured = append(c.Honoured, fmt.Sprintf("http filter %s: name %q, root_id %q, vm_id %q, configuration (%d bytes), vm_config.configuration, environment_variables (host_env_keys, key_values), code.local.filename %q, failure_policy (fail open: %t)",
 		p, f.Name, f.RootID, f.VMID, len(f.PluginConfig), f.WasmFile, f.FailOpen))
 	ignoreRest(&c.Ignored, p+".", pc, "name", "root_id", "vm_config", "configuration", "failure_policy", "fail_open")
 	ignoreRest(&c.Ignored, p+".vm_config.", vm, "vm_id", "code", "configuration", "environment_variables")
-	if len(vm.GetEnvironmentVariables().GetHostEnvKeys()) > 0 {
-		c.Ignored = append(c.Ignored, p+".vm_config.environment_variables.host_env_keys")
-	}
 	return nil
 }
 

@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,15 +37,20 @@ type Options struct {
 	Upstream string
 	// Clusters override or add cluster addresses (name → "host:port").
 	Clusters map[string]string
-	// ReadToken, if not empty, replaces control_plane.token in the plugin
-	// configuration (the file carries a placeholder; Envoy would get the
-	// real token from a templating step).
+	// ReadToken, if not empty, is the control plane's read token: the VM's
+	// environment variable that control_plane.token_env names gets it, or,
+	// without token_env, it replaces control_plane.token in the plugin
+	// configuration (a file with an inline placeholder).
 	ReadToken string
+	// Getenv is the proxy's own environment, which the VM's
+	// vm_config.environment_variables.host_env_keys copy from, as Envoy copies
+	// them from its process; nil reads the process environment.
+	Getenv func(string) (string, bool)
 	// NodeID, if not empty, overrides the file's node.id (Envoy's
 	// --service-node): the filter's xds.node.id property.
 	NodeID string
-	// QuotaToken, if not empty, replaces control_plane.quota_token in the
-	// plugin configuration (the control plane's quota token).
+	// QuotaToken, if not empty, is the control plane's quota token, given as
+	// ReadToken is (control_plane.quota_token_env, else quota_token).
 	QuotaToken string
 	// AccessLog receives the JSON access-log lines; nil writes none.
 	AccessLog io.Writer
@@ -153,15 +160,17 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 	f := c.Filter
 	p.failOpen = f.FailOpen
 	cfg := f.PluginConfig
-	if o.ReadToken != "" {
-		var err error
-		if cfg, err = withToken(cfg, o.ReadToken); err != nil {
-			return nil, err
+	env := vmEnv(f, o.Getenv)
+	for _, t := range []struct{ member, value string }{{"token", o.ReadToken}, {"quota_token", o.QuotaToken}} {
+		if t.value == "" {
+			continue
 		}
-	}
-	if o.QuotaToken != "" {
+		if name := controlPlaneMember(cfg, t.member+"_env"); name != "" {
+			env[name] = t.value
+			continue
+		}
 		var err error
-		if cfg, err = withMember(cfg, "quota_token", o.QuotaToken); err != nil {
+		if cfg, err = withMember(cfg, t.member, t.value); err != nil {
 			return nil, err
 		}
 	}
@@ -171,7 +180,7 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 	}
 	h, err := host.New(ctx, host.Config{
 		Wasm: o.Wasm, VMID: f.VMID, PluginName: f.Name, RootID: f.RootID, NodeID: nodeID,
-		VMConfig: f.VMConfig, PluginConfig: cfg, Env: f.Env,
+		VMConfig: f.VMConfig, PluginConfig: cfg, Env: env,
 		Workers: o.Workers, Clock: host.SystemClock, Clusters: clusters, ClusterTLS: clusterTLS,
 		Logger: o.Logger, LogLevel: o.LogLevel,
 	})
@@ -182,8 +191,35 @@ func New(ctx context.Context, o Options) (*Proxy, error) {
 	return p, nil
 }
 
-// withToken sets control_plane.token in a JSON plugin configuration.
-func withToken(cfg []byte, token string) ([]byte, error) { return withMember(cfg, "token", token) }
+// vmEnv is the VM's environment as Envoy builds it from
+// vm_config.environment_variables: each host_env_keys variable set in the
+// proxy's environment, then key_values.
+func vmEnv(f *WasmFilter, getenv func(string) (string, bool)) map[string]string {
+	if getenv == nil {
+		getenv = os.LookupEnv
+	}
+	env := map[string]string{}
+	for _, k := range f.HostEnvKeys {
+		if v, ok := getenv(k); ok {
+			env[k] = v
+		}
+	}
+	maps.Copy(env, f.Env)
+	return env
+}
+
+// controlPlaneMember is control_plane.<name> of a JSON plugin configuration
+// when it is a string, else "".
+func controlPlaneMember(cfg []byte, name string) string {
+	var doc struct {
+		ControlPlane map[string]any `json:"control_plane"`
+	}
+	if json.Unmarshal(cfg, &doc) != nil {
+		return ""
+	}
+	v, _ := doc.ControlPlane[name].(string)
+	return v
+}
 
 // withMember sets control_plane.<name> in a JSON plugin configuration.
 func withMember(cfg []byte, name, token string) ([]byte, error) {
