@@ -152,6 +152,9 @@ func TestIstio(t *testing.T) {
 	}
 	kinds := map[string]int{}
 	for _, f := range files {
+		if f == "istio/tokens.yaml" || f == "istio/gateway-env.patch.yaml" {
+			continue // Kubernetes resources: TestIstioTokensComeFromASecret
+		}
 		doc, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

@@ -283,7 +283,13 @@ func TestEnvoyGateway(t *testing.T) {
 	var eep *egv1a1.EnvoyExtensionPolicy
 	var epp *egv1a1.EnvoyPatchPolicy
 	var ep *egv1a1.EnvoyProxy
+	var secret *corev1.Secret
 	for _, d := range documents(t, "gateway/sluice.yaml") {
+		if d.Kind == "Secret" {
+			secret = &corev1.Secret{}
+			decodeStrict(t, d.Name, d.Doc, secret)
+			continue
+		}
 		if d.APIVersion != "gateway.envoyproxy.io/v1alpha1" {
 			t.Fatalf("%s: apiVersion %s", d.Name, d.APIVersion)
 		}
@@ -301,8 +307,8 @@ func TestEnvoyGateway(t *testing.T) {
 			t.Fatalf("%s: unexpected kind", d.Name)
 		}
 	}
-	if eep == nil || epp == nil || ep == nil {
-		t.Fatal("want an EnvoyExtensionPolicy, an EnvoyPatchPolicy and an EnvoyProxy")
+	if eep == nil || epp == nil || ep == nil || secret == nil {
+		t.Fatal("want an EnvoyExtensionPolicy, an EnvoyPatchPolicy, an EnvoyProxy and a Secret")
 	}
 	if len(eep.Spec.Wasm) != 1 {
 		t.Fatalf("%d wasm extensions", len(eep.Spec.Wasm))
@@ -375,8 +381,28 @@ func TestEnvoyGateway(t *testing.T) {
 	}
 	var pcq map[string]map[string]any
 	_ = json.Unmarshal(w.Config.Raw, &pcq)
-	if _, ok := pcq["control_plane"]["quota_token"]; ok {
-		t.Error("plugin configuration: a quota token beside mTLS (the certificate identifies the proxy)")
+	for _, k := range []string{"quota_token", "quota_token_env"} {
+		if _, ok := pcq["control_plane"][k]; ok {
+			t.Errorf("plugin configuration: a quota token (%s) beside mTLS (the certificate identifies the proxy)", k)
+		}
+	}
+	// The read token: named, copied from the proxy's environment, which the
+	// EnvoyProxy fills from the Secret; never inline.
+	if _, ok := pcq["control_plane"]["token"]; ok {
+		t.Error("plugin configuration: the read token is inline")
+	}
+	name, _ := pcq["control_plane"]["token_env"].(string)
+	if w.Env == nil || !slices.Contains(w.Env.HostKeys, name) || name == "" {
+		t.Errorf("token_env %q, env %+v: want the variable copied from the host", name, w.Env)
+	}
+	fromSecret := false
+	for _, e := range ep.Spec.Provider.Kubernetes.EnvoyDeployment.Container.Env {
+		if ref := e.ValueFrom; e.Name == name && ref != nil && ref.SecretKeyRef != nil && ref.SecretKeyRef.Name == secret.Name && secret.StringData[ref.SecretKeyRef.Key] != "" {
+			fromSecret = true
+		}
+	}
+	if !fromSecret || secret.Namespace != ep.Namespace {
+		t.Errorf("the EnvoyProxy does not set %s from a key of the Secret %s in its namespace", name, secret.Name)
 	}
 	// Strictness: a misspelt field is refused.
 	bad := documents(t, "gateway/sluice.yaml")[0].Doc
@@ -502,5 +528,65 @@ func TestRedisStatefulSet(t *testing.T) {
 	}
 	if want := "redis://" + svc.Name + "." + svc.Namespace + ".svc.cluster.local:6379"; !strings.HasPrefix(url, want) {
 		t.Errorf("the control plane's redis-url %q is not this Redis (%s)", url, want)
+	}
+}
+
+// TestIstioTokensComeFromASecret: the WasmPlugin carries no token, only the names
+// of the variables (token_env, quota_token_env) it copies from the gateway's
+// environment (vmConfig.env, valueFrom HOST); the gateway patch sets exactly
+// those variables from keys of the Secret tokens.yaml defines, in the gateway's
+// namespace.
+func TestIstioTokensComeFromASecret(t *testing.T) {
+	wp := istioWasmPlugin(t)
+	b, _ := protojson.Marshal(wp.GetPluginConfig())
+	var pc struct {
+		ControlPlane map[string]any `json:"control_plane"`
+	}
+	if err := json.Unmarshal(b, &pc); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"token", "quota_token"} {
+		if _, ok := pc.ControlPlane[k]; ok {
+			t.Errorf("the WasmPlugin's plugin configuration carries %s inline", k)
+		}
+	}
+	wantVars := map[string]bool{}
+	for _, k := range []string{"token_env", "quota_token_env"} {
+		v, _ := pc.ControlPlane[k].(string)
+		if v == "" {
+			t.Fatalf("the WasmPlugin names no %s", k)
+		}
+		wantVars[v] = true
+	}
+	host := map[string]bool{}
+	for _, e := range wp.GetVmConfig().GetEnv() {
+		if e.GetValueFrom() == extv1alpha1.EnvValueSource_HOST {
+			host[e.GetName()] = true
+		}
+	}
+	var secret corev1.Secret
+	decodeStrict(t, "istio/tokens.yaml", documents(t, "istio/tokens.yaml")[0].Doc, &secret)
+	if secret.Kind != "Secret" || secret.Namespace != "istio-system" {
+		t.Fatalf("tokens.yaml: %s in %q, want a Secret in istio-system", secret.Kind, secret.Namespace)
+	}
+	var patch appsv1.Deployment
+	decodeStrict(t, "istio/gateway-env.patch.yaml", documents(t, "istio/gateway-env.patch.yaml")[0].Doc, &patch)
+	set := map[string]bool{}
+	for _, c := range patch.Spec.Template.Spec.Containers {
+		if c.Name != "istio-proxy" {
+			t.Errorf("the patch sets container %q, want istio-proxy", c.Name)
+		}
+		for _, e := range c.Env {
+			ref := e.ValueFrom.SecretKeyRef
+			if e.Value != "" || ref == nil || ref.Name != secret.Name || secret.StringData[ref.Key] == "" {
+				t.Errorf("the patch's %s is not a key of the Secret %s: %+v", e.Name, secret.Name, e)
+			}
+			set[e.Name] = true
+		}
+	}
+	for v := range wantVars {
+		if !host[v] || !set[v] {
+			t.Errorf("%s: copied from the gateway %t, set on it from the Secret %t; want both", v, host[v], set[v])
+		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -117,14 +118,18 @@ func push(stdout io.Writer, out, repo, version string) error {
 // placeholder is the digest the checked-in manifests carry in place of a real one.
 var placeholder = "@sha256:" + strings.Repeat("0", 64)
 
+// secretKind matches a YAML document that is a Kubernetes Secret.
+var secretKind = regexp.MustCompile(`(?m)^kind: Secret$`)
+
 // exampleRepo is the repository prefix of the checked-in manifests.
 const exampleRepo = "registry.example.com/sluice"
 
 // manifests writes the Kubernetes, Istio and Envoy Gateway manifests of src into
 // dest with the images pinned by the digests of the layouts in out, under repo, and
-// the plugin configurations' tokens from SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN
-// when set. It fails if a digest placeholder would remain; it warns of tokens left
-// to fill in.
+// the proxies' tokens from SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN, when set, into
+// the Secrets that hold them and nowhere else. It fails if a digest placeholder
+// would remain or a token placeholder sits outside a Secret; it warns of tokens
+// left to fill in.
 func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv func(string) string) error {
 	if repo == "" {
 		return errors.New("-repo: the registry repository the images are (or will be) pushed to, e.g. registry.example.com/sluice")
@@ -144,16 +149,35 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 		}
 		digests[name] = idx.Manifests[0].Digest
 	}
-	pairs := []string{
-		exampleRepo + "/" + ociimage.WasmName + placeholder, repo + "/" + ociimage.WasmName + "@" + digests[ociimage.WasmName],
-		exampleRepo + "/" + ociimage.ControlPlaneName + placeholder, repo + "/" + ociimage.ControlPlaneName + "@" + digests[ociimage.ControlPlaneName],
-	}
+	images := strings.NewReplacer(
+		exampleRepo+"/"+ociimage.WasmName+placeholder, repo+"/"+ociimage.WasmName+"@"+digests[ociimage.WasmName],
+		exampleRepo+"/"+ociimage.ControlPlaneName+placeholder, repo+"/"+ociimage.ControlPlaneName+"@"+digests[ociimage.ControlPlaneName],
+	)
+	var pairs []string
 	for _, t := range []struct{ env, placeholder string }{{"SLUICE_READ_TOKEN", "change-me-read-token"}, {"SLUICE_QUOTA_TOKEN", "change-me-quota-token"}} {
 		if v := getenv(t.env); v != "" {
 			pairs = append(pairs, t.placeholder, v)
 		}
 	}
-	fill := strings.NewReplacer(pairs...)
+	tokens := strings.NewReplacer(pairs...)
+	// fill pins the images, and puts the tokens into Secret documents only: a
+	// token in a WasmPlugin, an EnvoyExtensionPolicy or a ConfigMap is readable
+	// by whoever reads those.
+	fill := func(f, file string) (string, error) {
+		parts := strings.Split(images.Replace(file), "\n---\n")
+		for i, doc := range parts {
+			if secretKind.MatchString(doc) {
+				parts[i] = tokens.Replace(doc)
+				continue
+			}
+			for _, line := range strings.Split(doc, "\n") {
+				if t := strings.TrimSpace(line); !strings.HasPrefix(t, "#") && strings.Contains(t, "change-me-") {
+					return "", fmt.Errorf("%s: a token placeholder outside a Secret: %s", f, t)
+				}
+			}
+		}
+		return strings.Join(parts, "\n---\n"), nil
+	}
 	for _, sub := range []string{"kubernetes", "istio", "gateway"} {
 		files, err := filepath.Glob(filepath.Join(src, sub, "*.yaml"))
 		if err != nil {
@@ -167,7 +191,10 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 			if err != nil {
 				return err
 			}
-			doc := fill.Replace(string(b))
+			doc, err := fill(f, string(b))
+			if err != nil {
+				return err
+			}
 			// The comments' example commands may name the placeholder registry; a
 			// value may not.
 			for _, line := range strings.Split(doc, "\n") {
@@ -181,7 +208,7 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 			}
 			fmt.Fprintln(stdout, to)
 			if strings.Contains(doc, "change-me-") {
-				fmt.Fprintf(stderr, "sluice-image: %s still has change-me- tokens: set SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN (the values of the sluice-tokens Secret)\n", to)
+				fmt.Fprintf(stderr, "sluice-image: %s still has change-me- tokens in its Secret: set SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN to the read-token and quota-token of the control plane's Secret sluice-tokens\n", to)
 			}
 		}
 	}

@@ -90,20 +90,52 @@ func TestManifestsPinTheBuiltImages(t *testing.T) {
 	if err := manifests(&out, &errb, oci, "reg.test/team/", "../../../envoy", dest, func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
-	var all string
-	for _, f := range []string{"kubernetes/controlplane.yaml", "istio/wasmplugin.yaml", "gateway/sluice.yaml"} {
-		b, err := os.ReadFile(filepath.Join(dest, f))
+	var all, secrets string
+	files, _ := filepath.Glob(filepath.Join(dest, "*", "*.yaml"))
+	if len(files) < 6 {
+		t.Fatalf("wrote only %v", files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		all += string(b)
+		// No token value outside a Secret: not in a WasmPlugin, an
+		// EnvoyExtensionPolicy or a ConfigMap, where whoever reads those reads it.
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			if regexp.MustCompile(`(?m)^kind: Secret$`).MatchString(doc) {
+				secrets += doc
+				continue
+			}
+			for _, tok := range []string{"rt-123", "qt-456"} {
+				if strings.Contains(doc, tok) {
+					t.Errorf("%s: a token value outside a Secret:\n%s", f, doc)
+				}
+			}
+		}
 	}
-	for _, want := range []string{"reg.test/team/sluice-wasm@" + digests[0], "reg.test/team/sluice-controlplane@" + digests[1], "rt-123", "qt-456"} {
+	for _, want := range []string{"reg.test/team/sluice-wasm@" + digests[0], "reg.test/team/sluice-controlplane@" + digests[1]} {
 		if !strings.Contains(all, want) {
 			t.Errorf("the manifests lack %q", want)
 		}
 	}
+	for _, want := range []string{"read-token: rt-123", "quota-token: qt-456"} {
+		if !strings.Contains(secrets, want) {
+			t.Errorf("no Secret holds %q", want)
+		}
+	}
 	if strings.Contains(all, "@sha256:0000000000") || strings.Contains(all, "change-me-") || errb.Len() > 0 {
 		t.Errorf("a placeholder is left (stderr %q)", errb.String())
+	}
+
+	// Without the tokens in the environment the Secrets keep placeholders, and
+	// the command says so.
+	errb.Reset()
+	if err := manifests(&out, &errb, oci, "reg.test/team", "../../../envoy", t.TempDir(), func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errb.String(), "SLUICE_READ_TOKEN") {
+		t.Errorf("no warning of the placeholders left: %q", errb.String())
 	}
 }
