@@ -32,7 +32,7 @@ func TestTokensAreReadFromTheVMsEnvironment(t *testing.T) {
 	start := func(section string, env map[string]string) (*host.Host, error) {
 		h, err := host.New(context.Background(), host.Config{Wasm: bin, VMID: "sluice", PluginName: "sluice",
 			PluginConfig: []byte(`{"control_plane":{"cluster":"cp","policy":"p","wait":"1s","timeout":"2s"` + section + `}}`),
-			Workers: 1, Clock: host.SystemClock, Env: env, LogLevel: host.LogInfo,
+			Workers:      1, Clock: host.SystemClock, Env: env, LogLevel: host.LogInfo,
 			Clusters: map[string]string{"cp": strings.TrimPrefix(cp.URL, "http://")}})
 		if err == nil {
 			t.Cleanup(func() { h.Close() })
