@@ -500,8 +500,9 @@ func (s *syncLines) get() []string {
 
 // TestEnvoyMTLSBootstrap: envoy-mtls.yaml is envoy.yaml with the control_plane
 // cluster's TLS transport socket presenting the Envoy's certificate, verifying the
-// control plane's, and a plugin configuration without a quota token (the certificate
-// identifies the Envoy); the filter takes that configuration.
+// control plane's, and a plugin configuration without any token (the certificate
+// identifies the Envoy, for polls and quota calls); the filter takes that
+// configuration.
 func TestEnvoyMTLSBootstrap(t *testing.T) {
 	plain, err := devproxy.LoadEnvoyConfig("envoy.yaml")
 	if err != nil {
@@ -526,11 +527,12 @@ func TestEnvoyMTLSBootstrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := pc["control_plane"].(map[string]any)
-	for _, k := range []string{"quota_token", "quota_token_env"} {
+	for _, k := range []string{"token", "token_env", "quota_token", "quota_token_env"} {
 		if _, ok := cp[k]; ok {
-			t.Errorf("envoy-mtls.yaml: the plugin configuration still carries a quota token (%s)", k)
+			t.Errorf("envoy-mtls.yaml: the plugin configuration still carries a token (%s): the certificate names the Envoy", k)
 		}
 	}
+	delete(ppc["control_plane"].(map[string]any), "token_env")
 	delete(ppc["control_plane"].(map[string]any), "quota_token_env")
 	a, _ := json.Marshal(pc)
 	b, _ := json.Marshal(ppc)

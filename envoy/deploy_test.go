@@ -283,13 +283,7 @@ func TestEnvoyGateway(t *testing.T) {
 	var eep *egv1a1.EnvoyExtensionPolicy
 	var epp *egv1a1.EnvoyPatchPolicy
 	var ep *egv1a1.EnvoyProxy
-	var secret *corev1.Secret
 	for _, d := range documents(t, "gateway/sluice.yaml") {
-		if d.Kind == "Secret" {
-			secret = &corev1.Secret{}
-			decodeStrict(t, d.Name, d.Doc, secret)
-			continue
-		}
 		if d.APIVersion != "gateway.envoyproxy.io/v1alpha1" {
 			t.Fatalf("%s: apiVersion %s", d.Name, d.APIVersion)
 		}
@@ -307,8 +301,8 @@ func TestEnvoyGateway(t *testing.T) {
 			t.Fatalf("%s: unexpected kind", d.Name)
 		}
 	}
-	if eep == nil || epp == nil || ep == nil || secret == nil {
-		t.Fatal("want an EnvoyExtensionPolicy, an EnvoyPatchPolicy, an EnvoyProxy and a Secret")
+	if eep == nil || epp == nil || ep == nil {
+		t.Fatal("want an EnvoyExtensionPolicy, an EnvoyPatchPolicy and an EnvoyProxy")
 	}
 	if len(eep.Spec.Wasm) != 1 {
 		t.Fatalf("%d wasm extensions", len(eep.Spec.Wasm))
@@ -381,28 +375,12 @@ func TestEnvoyGateway(t *testing.T) {
 	}
 	var pcq map[string]map[string]any
 	_ = json.Unmarshal(w.Config.Raw, &pcq)
-	for _, k := range []string{"quota_token", "quota_token_env"} {
+	// The certificate names the proxy to the control plane for its polls and its
+	// quota calls (--client-ca-file): no token of any kind, inline or named.
+	for _, k := range []string{"token", "token_env", "quota_token", "quota_token_env"} {
 		if _, ok := pcq["control_plane"][k]; ok {
-			t.Errorf("plugin configuration: a quota token (%s) beside mTLS (the certificate identifies the proxy)", k)
+			t.Errorf("plugin configuration: %s beside mTLS (the certificate identifies the proxy)", k)
 		}
-	}
-	// The read token: named, copied from the proxy's environment, which the
-	// EnvoyProxy fills from the Secret; never inline.
-	if _, ok := pcq["control_plane"]["token"]; ok {
-		t.Error("plugin configuration: the read token is inline")
-	}
-	name, _ := pcq["control_plane"]["token_env"].(string)
-	if w.Env == nil || !slices.Contains(w.Env.HostKeys, name) || name == "" {
-		t.Errorf("token_env %q, env %+v: want the variable copied from the host", name, w.Env)
-	}
-	fromSecret := false
-	for _, e := range ep.Spec.Provider.Kubernetes.EnvoyDeployment.Container.Env {
-		if ref := e.ValueFrom; e.Name == name && ref != nil && ref.SecretKeyRef != nil && ref.SecretKeyRef.Name == secret.Name && secret.StringData[ref.SecretKeyRef.Key] != "" {
-			fromSecret = true
-		}
-	}
-	if !fromSecret || secret.Namespace != ep.Namespace {
-		t.Errorf("the EnvoyProxy does not set %s from a key of the Secret %s in its namespace", name, secret.Name)
 	}
 	// Strictness: a misspelt field is refused.
 	bad := documents(t, "gateway/sluice.yaml")[0].Doc

@@ -93,10 +93,15 @@ func startFleetStackWith(t *testing.T, mtls bool) *fleetStack {
 				t.Fatal(err)
 			}
 		}
+		proxyEnv := append(tokens, "SLUICE_ENV=e2e")
+		if mtls {
+			// No token at all: the certificate names the proxy for its polls too.
+			proxyEnv = []string{"SLUICE_ENV=e2e", "SLUICE_READ_TOKEN=", "SLUICE_QUOTA_TOKEN="}
+		}
 		dp := startProc(t, "dev proxy "+strconv.Itoa(i), filepath.Join(binDir, "sluice-devproxy"), []string{
 			"--config", config, "--wasm", filepath.Join(binDir, "sluice.wasm"), "--listen", addr,
 			"--upstream", up, "--cluster", "control_plane=" + s.cpAddrs[i%2], "--access-log", filepath.Join(t.TempDir(), "access.log"),
-			"--workers", strconv.Itoa(workers), "--log-level", "warn"}, append(tokens, "SLUICE_ENV=e2e"))
+			"--workers", strconv.Itoa(workers), "--log-level", "warn"}, proxyEnv)
 		proctest.AwaitListening(t, addr, listenTimeout, dp)
 		s.proxies = append(s.proxies, addr)
 	}

@@ -68,6 +68,12 @@ type Options struct {
 	// AdminToken and ReadToken are the bearer tokens; both empty disables
 	// authentication.
 	AdminToken, ReadToken string
+	// ReadIdentity, if set, lets a request that sends no Authorization header
+	// read (what the read token allows) when it returns true: the control plane
+	// can tell who the caller is without a token (a verified client certificate,
+	// a trusted sidecar's x-forwarded-client-cert; quota.RequestIdentity). Writes
+	// always need the admin token.
+	ReadIdentity func(r *http.Request) (identity string, ok bool)
 	// MaxBodyBytes bounds request bodies (413 beyond); 0 means 1 MiB + 64 KiB.
 	MaxBodyBytes int64
 	// MaxWait bounds ?wait= of long polls; 0 means 60 seconds.
@@ -225,6 +231,11 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) 
 	}
 	if !s.authOn {
 		return roleOpen, true
+	}
+	if need == read && s.o.ReadIdentity != nil && r.Header.Get("Authorization") == "" {
+		if _, ok := s.o.ReadIdentity(r); ok {
+			return roleRead, true
+		}
 	}
 	token, ok := httpjson.BearerToken(w, r)
 	if !ok {

@@ -117,8 +117,12 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	defer func() { stopSnap(); <-snapDone }()
 
 	reg := prometheus.NewRegistry()
+	var readIdentity func(*http.Request) (string, bool)
+	if mode := identityMode(s); mode != quota.IdentityBody {
+		readIdentity = func(r *http.Request) (string, bool) { return quota.RequestIdentity(mode, r) }
+	}
 	srv := api.New(api.Options{
-		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken,
+		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken, ReadIdentity: readIdentity,
 		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
 		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
 		Envoys: registry.New(registry.Options{ExpireAfter: s.EnvoyExpireAfter}), StaleAfter: s.EnvoyStaleAfter,
@@ -250,15 +254,8 @@ func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Regist
 	} else {
 		b = quota.NewMemory()
 	}
-	mode := quota.IdentityBody
-	switch {
-	case s.ClientCAFile != "":
-		mode = quota.IdentityCertificate
-	case s.TrustXFCC:
-		mode = quota.IdentityXFCC
-	}
 	return quota.New(quota.Options{
-		Backend: b, Policies: snap, Token: s.QuotaToken, Identity: mode, MaxEntriesPerIdentity: s.QuotaMaxEntriesPerIdentity,
+		Backend: b, Policies: snap, Token: s.QuotaToken, Identity: identityMode(s), MaxEntriesPerIdentity: s.QuotaMaxEntriesPerIdentity,
 		Open:     s.QuotaToken == "" && s.AdminToken == "" && s.ReadToken == "",
 		Registry: reg, Logger: log,
 	}), close, nil
@@ -300,4 +297,17 @@ func bootstrap(ctx context.Context, srv *api.Server, doc []byte, every time.Dura
 		case <-time.After(every):
 		}
 	}
+}
+
+// identityMode is how the control plane knows who a proxy is: by its verified
+// client certificate (--client-ca-file), by its sidecar's x-forwarded-client-cert
+// (--trust-xfcc), or not at all (the quota calls' envoy field).
+func identityMode(s config.Settings) quota.IdentityMode {
+	switch {
+	case s.ClientCAFile != "":
+		return quota.IdentityCertificate
+	case s.TrustXFCC:
+		return quota.IdentityXFCC
+	}
+	return quota.IdentityBody
 }

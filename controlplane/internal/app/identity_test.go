@@ -389,3 +389,50 @@ func metricValue(t *testing.T, exposition []byte, name string) int64 {
 	t.Fatalf("no series %s", name)
 	return 0
 }
+
+// TestAProxyTheControlPlaneCanNameReadsWithoutAToken: where the control plane
+// verifies who a proxy is (its client certificate under --client-ca-file, its
+// sidecar's x-forwarded-client-cert under --trust-xfcc), a poll without a read
+// token is served, so a mesh needs no token in any proxy; a caller it cannot
+// name is 401, and a write still needs the admin token.
+func TestAProxyTheControlPlaneCanNameReadsWithoutAToken(t *testing.T) {
+	status := func(c *http.Client, method, url string, hdr ...string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(tightFW))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	p := startTLSPlane(t, tightFW)
+	if got := status(p.envoy(t, idA), "GET", p.url+"/v1/policies/p"); got != 200 {
+		t.Errorf("a proxy with a verified certificate, no token: GET → %d, want 200", got)
+	}
+	if got := status(p.client(t, nil), "GET", p.url+"/v1/policies/p"); got != 401 {
+		t.Errorf("no certificate, no token: GET → %d, want 401", got)
+	}
+	if got := status(p.envoy(t, idA), "PUT", p.url+"/v1/policies/p"); got != 401 {
+		t.Errorf("a verified certificate without the admin token: PUT → %d, want 401", got)
+	}
+
+	url, c := xfccPlane(t)
+	xfcc := `By=spiffe://cluster.local/ns/sluice/sa/cp;Hash=ab;URI=` + idA
+	if got := status(c, "GET", url+"/v1/policies/p", "X-Forwarded-Client-Cert", xfcc); got != 200 {
+		t.Errorf("behind the sidecar, no token: GET → %d, want 200", got)
+	}
+	if got := status(c, "GET", url+"/v1/policies/p", "X-Forwarded-Client-Cert", `URI=`+idA+`;X="`); got != 401 {
+		t.Errorf("a malformed x-forwarded-client-cert: GET → %d, want 401", got)
+	}
+	if got := status(c, "GET", url+"/v1/policies/p"); got != 401 {
+		t.Errorf("no header, no token: GET → %d, want 401", got)
+	}
+	if got := status(c, "PUT", url+"/v1/policies/p", "X-Forwarded-Client-Cert", xfcc); got != 401 {
+		t.Errorf("behind the sidecar without the admin token: PUT → %d, want 401", got)
+	}
+}

@@ -147,7 +147,8 @@ func rlqsExchange(t *testing.T, addr, token string) {
 	}
 	_ = st.Send(r)
 	resp, err := st.Recv()
-	if err != nil || len(resp.BucketAction) != 2 {
+	// An abandon for "nope"; for "fw" a grant: a DENY_ALL then its token bucket.
+	if err != nil || len(resp.BucketAction) != 3 {
 		t.Fatalf("RLQS exchange: %v %v", resp, err)
 	}
 }

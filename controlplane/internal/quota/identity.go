@@ -58,6 +58,26 @@ func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner string
 	return Owner(id), 0, true
 }
 
+// RequestIdentity returns the identity a request proves under mode, as quota
+// calls are identified (a verified client certificate's URI or DNS SAN; the last
+// element of a trusted sidecar's x-forwarded-client-cert), and whether it has one.
+// IdentityBody proves none. The REST API's reads use it to accept a proxy without
+// a read token where the control plane can tell who it is.
+func RequestIdentity(mode IdentityMode, r *http.Request) (string, bool) {
+	switch mode {
+	case IdentityCertificate:
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+			return "", false
+		}
+		id := CertificateIdentity(r.TLS.VerifiedChains[0][0])
+		return id, id != ""
+	case IdentityXFCC:
+		id, err := XFCCIdentity(r.Header.Values("X-Forwarded-Client-Cert"))
+		return id, err == nil
+	}
+	return "", false
+}
+
 // Owner returns the ledger prefix of an identity: 16 base64url characters (96 bits)
 // of its SHA-256, then "/". A ledger entry's name is the owner then the request's
 // "envoy" field, so an identity reaches only entries of its own, and the stored
