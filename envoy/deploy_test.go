@@ -21,6 +21,7 @@ import (
 	extv1alpha1 "istio.io/api/extensions/v1alpha1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
@@ -110,10 +111,14 @@ func TestKubernetesControlPlane(t *testing.T) {
 	var dep *appsv1.Deployment
 	var svc *corev1.Service
 	var pdb *policyv1.PodDisruptionBudget
+	var np *networkingv1.NetworkPolicy
 	cms := map[string]*corev1.ConfigMap{}
 	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
 		var out any
 		switch d.APIVersion + " " + d.Kind {
+		case "networking.k8s.io/v1 NetworkPolicy":
+			np = &networkingv1.NetworkPolicy{}
+			out = np
 		case "apps/v1 Deployment":
 			dep = &appsv1.Deployment{}
 			out = dep
@@ -134,8 +139,18 @@ func TestKubernetesControlPlane(t *testing.T) {
 		decodeStrict(t, d.Name, d.Doc, out)
 	}
 	cm, boot := cms["sluice-controlplane"], cms["sluice-bootstrap-policy"]
-	if dep == nil || svc == nil || pdb == nil || cm == nil || boot == nil {
-		t.Fatalf("want a Deployment, Service, PodDisruptionBudget and the ConfigMaps sluice-controlplane and sluice-bootstrap-policy")
+	if dep == nil || svc == nil || pdb == nil || np == nil || cm == nil || boot == nil {
+		t.Fatalf("want a Deployment, Service, PodDisruptionBudget, NetworkPolicy and the ConfigMaps sluice-controlplane and sluice-bootstrap-policy")
+	}
+	// Only the proxies' namespaces and labelled clients reach the control plane.
+	if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != dep.Spec.Template.Labels["app.kubernetes.io/name"] ||
+		len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].From) == 0 {
+		t.Errorf("control plane NetworkPolicy %+v: want one ingress rule selecting the control plane's pods", np.Spec)
+	}
+	for _, peer := range np.Spec.Ingress[0].From {
+		if peer.IPBlock != nil || peer.NamespaceSelector == nil || (len(peer.NamespaceSelector.MatchExpressions) == 0 && peer.PodSelector == nil) {
+			t.Errorf("control plane NetworkPolicy: a peer open to any pod: %+v", peer)
+		}
 	}
 	checkBootstrapPolicy(t, dep, boot)
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
@@ -215,9 +230,8 @@ func TestKubernetesControlPlane(t *testing.T) {
 		}
 		secret = e.ValueFrom.SecretKeyRef.Name
 	}
-	if r := env["SLUICE_REDIS_URL"].ValueFrom; r == nil || r.ConfigMapKeyRef == nil || r.ConfigMapKeyRef.Name != cm.Name ||
-		!strings.HasPrefix(cm.Data[r.ConfigMapKeyRef.Key], "redis://") {
-		t.Errorf("SLUICE_REDIS_URL: want it from the ConfigMap %s (%v)", cm.Name, cm.Data)
+	if r := env["SLUICE_REDIS_URL"].ValueFrom; r == nil || r.SecretKeyRef == nil || r.SecretKeyRef.Name != "sluice-redis" {
+		t.Errorf("SLUICE_REDIS_URL: want it from the Secret sluice-redis (it carries the password): %+v", r)
 	}
 	if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[0].Port != ociimage.Port || svc.Spec.Ports[1].Name != "grpc" ||
 		env["SLUICE_GRPC_LISTEN"].Value != "0.0.0.0:"+strconv.Itoa(int(svc.Spec.Ports[1].Port)) {
@@ -470,11 +484,16 @@ func checkBootstrapPolicy(t *testing.T, dep *appsv1.Deployment, boot *corev1.Con
 	}
 }
 
-// TestRedisStatefulSet: the Redis the control plane's ConfigMap points at decodes
-// strictly, keeps an append-only file on a volume, and is the Service the URL names.
+// TestRedisStatefulSet: the Redis decodes strictly and is run as an SRE would:
+// pinned by digest, a password from the Secret whose url key the control plane
+// reads, maxmemory below the container's limit with noeviction, the append-only
+// file (everysec) on a volume, a disruption budget, and a NetworkPolicy letting
+// only the control plane's pods in.
 func TestRedisStatefulSet(t *testing.T) {
 	var svc *corev1.Service
 	var sts *appsv1.StatefulSet
+	var pdb *policyv1.PodDisruptionBudget
+	var np *networkingv1.NetworkPolicy
 	for _, d := range documents(t, "kubernetes/redis.yaml") {
 		switch d.Kind {
 		case "Service":
@@ -483,29 +502,76 @@ func TestRedisStatefulSet(t *testing.T) {
 		case "StatefulSet":
 			sts = &appsv1.StatefulSet{}
 			decodeStrict(t, d.Name, d.Doc, sts)
+		case "PodDisruptionBudget":
+			pdb = &policyv1.PodDisruptionBudget{}
+			decodeStrict(t, d.Name, d.Doc, pdb)
+		case "NetworkPolicy":
+			np = &networkingv1.NetworkPolicy{}
+			decodeStrict(t, d.Name, d.Doc, np)
 		default:
 			t.Fatalf("%s: unexpected kind %s", d.Name, d.Kind)
 		}
 	}
-	if svc == nil || sts == nil {
-		t.Fatal("want a Service and a StatefulSet")
+	if svc == nil || sts == nil || pdb == nil || np == nil {
+		t.Fatal("want a Service, a StatefulSet, a PodDisruptionBudget and a NetworkPolicy")
 	}
-	args := strings.Join(sts.Spec.Template.Spec.Containers[0].Args, " ")
-	if !strings.Contains(args, "--appendonly yes") || !strings.Contains(args, "--appendfsync everysec") || len(sts.Spec.VolumeClaimTemplates) != 1 {
-		t.Errorf("redis: args %q, %d volume claims; want the append-only file on a volume", args, len(sts.Spec.VolumeClaimTemplates))
+	c := sts.Spec.Template.Spec.Containers[0]
+	if !digestRef.MatchString(c.Image) {
+		t.Errorf("redis image %q is not pinned by digest", c.Image)
 	}
-	var url string
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"--requirepass $(REDIS_PASSWORD)", "--maxmemory-policy noeviction", "--appendonly yes", "--appendfsync everysec"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("redis args %q lack %q", args, want)
+		}
+	}
+	if len(sts.Spec.VolumeClaimTemplates) != 1 {
+		t.Errorf("%d volume claims; want the append-only file on a volume", len(sts.Spec.VolumeClaimTemplates))
+	}
+	var maxmemory int64
+	for i, a := range c.Args {
+		if a == "--maxmemory" && i+1 < len(c.Args) {
+			n, err := strconv.ParseInt(strings.TrimSuffix(c.Args[i+1], "mb"), 10, 64)
+			if err != nil {
+				t.Fatalf("--maxmemory %q", c.Args[i+1])
+			}
+			maxmemory = n << 20
+		}
+	}
+	if limit := c.Resources.Limits.Memory().Value(); maxmemory == 0 || maxmemory > limit*8/10 {
+		t.Errorf("maxmemory %d bytes, container limit %d: want a cap below the limit, with room for the AOF rewrite", maxmemory, limit)
+	}
+	var secret string
+	for _, e := range c.Env {
+		if e.Name == "REDIS_PASSWORD" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			secret = e.ValueFrom.SecretKeyRef.Name
+		}
+	}
+	var cpURL *corev1.EnvVarSource
 	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
-		if d.Kind == "ConfigMap" {
-			cm := &corev1.ConfigMap{}
-			decodeStrict(t, d.Name, d.Doc, cm)
-			if u, ok := cm.Data["redis-url"]; ok {
-				url = u
+		if d.Kind == "Deployment" {
+			dep := &appsv1.Deployment{}
+			decodeStrict(t, d.Name, d.Doc, dep)
+			for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
+				if e.Name == "SLUICE_REDIS_URL" {
+					cpURL = e.ValueFrom
+				}
 			}
 		}
 	}
-	if want := "redis://" + svc.Name + "." + svc.Namespace + ".svc.cluster.local:6379"; !strings.HasPrefix(url, want) {
-		t.Errorf("the control plane's redis-url %q is not this Redis (%s)", url, want)
+	if secret == "" || cpURL == nil || cpURL.SecretKeyRef == nil || cpURL.SecretKeyRef.Name != secret {
+		t.Errorf("the password (Secret %q) and the control plane's redis URL (%+v) are not one Secret", secret, cpURL)
+	}
+	// The documented Secret's URL names this Service.
+	if b, _ := os.ReadFile("kubernetes/redis.yaml"); !strings.Contains(string(b), "redis://:$REDIS_PASSWORD@"+svc.Name+"."+svc.Namespace+".svc.cluster.local:6379") {
+		t.Error("redis.yaml does not say how to make the Secret's url for this Service")
+	}
+	if pdb.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "redis" {
+		t.Errorf("PodDisruptionBudget selects %v", pdb.Spec.Selector)
+	}
+	if len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].From) != 1 || np.Spec.Ingress[0].From[0].NamespaceSelector != nil ||
+		np.Spec.Ingress[0].From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "sluice-controlplane" {
+		t.Errorf("redis NetworkPolicy %+v: want only the control plane's pods of its namespace", np.Spec.Ingress)
 	}
 }
 
