@@ -36,15 +36,19 @@ build: wasm
 
 ## run: the whole stack on this machine with the demo policy, until Ctrl-C.
 ## Builds, then starts the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
-## ($(UPSTREAM_PORT)) and two dev proxies ($(PROXY_PORT), $(PROXY2_PORT)); Ctrl-C stops all.
+## ($(UPSTREAM_PORT)) and two dev proxies ($(PROXY_PORT), $(PROXY2_PORT); Envoy's admin endpoints,
+## /stats/prometheus among them, on $(ADMIN_PORT) and $(ADMIN2_PORT)); Ctrl-C stops all.
 ## Redis instead of the embedded store: make run REDIS_URL=redis://127.0.0.1:6379
 CP_PORT       ?= 8080
 PROXY_PORT    ?= 10000
 PROXY2_PORT   ?= 10001
 UPSTREAM_PORT ?= 8000
+ADMIN_PORT    ?= 9901
+ADMIN2_PORT   ?= 9902
 RUN_DIR       ?= $(BUILD)/run
 run: build
 	@CP_PORT=$(CP_PORT) PROXY_PORT=$(PROXY_PORT) PROXY2_PORT=$(PROXY2_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) RUN_DIR=$(RUN_DIR) REDIS_URL=$(REDIS_URL) \
+		ADMIN_PORT=$(ADMIN_PORT) ADMIN2_PORT=$(ADMIN2_PORT) \
 		BIN_DIR=$(BUILD) $(BUILD)/sluice-run
 
 ## test: build what the tests need, then run every test (race detector on native code).

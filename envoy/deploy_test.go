@@ -634,3 +634,71 @@ func TestIstioTokensComeFromASecret(t *testing.T) {
 		}
 	}
 }
+
+// TestPrometheusScrapesWhatTheDashboardReads: the Prometheus Operator resources
+// decode strictly (the fields they use, as monitoring.coreos.com/v1 spells them)
+// and point at the endpoints the metrics are served on: the control plane's
+// Service port and /metrics, the Istio gateway's and Envoy Gateway's Envoy
+// /stats/prometheus; the control plane's pods carry the scrape annotations on the
+// same port and path.
+func TestPrometheusScrapesWhatTheDashboardReads(t *testing.T) {
+	type endpoint struct {
+		Port     string `json:"port"`
+		Path     string `json:"path"`
+		Interval string `json:"interval"`
+	}
+	type monitor struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		} `json:"metadata"`
+		Spec struct {
+			Selector struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"selector"`
+			Endpoints           []endpoint `json:"endpoints"`
+			PodMetricsEndpoints []endpoint `json:"podMetricsEndpoints"`
+		} `json:"spec"`
+	}
+	got := map[string]monitor{}
+	for _, d := range documents(t, "monitoring/prometheus-operator.yaml") {
+		var m monitor
+		decodeStrict(t, d.Name, d.Doc, &m)
+		if m.APIVersion != "monitoring.coreos.com/v1" {
+			t.Errorf("%s: apiVersion %s", d.Name, m.APIVersion)
+		}
+		got[m.Kind+" "+m.Metadata.Name] = m
+	}
+	var dep *appsv1.Deployment
+	var svc *corev1.Service
+	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
+		switch d.Kind {
+		case "Deployment":
+			dep = &appsv1.Deployment{}
+			decodeStrict(t, d.Name, d.Doc, dep)
+		case "Service":
+			svc = &corev1.Service{}
+			decodeStrict(t, d.Name, d.Doc, svc)
+		}
+	}
+	sm := got["ServiceMonitor sluice-controlplane"]
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name || sm.Spec.Endpoints[0].Path != "/metrics" ||
+		sm.Metadata.Namespace != svc.Namespace || sm.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != svc.Labels["app.kubernetes.io/name"] {
+		t.Errorf("ServiceMonitor %+v: want the control plane Service's %s port, /metrics", sm, svc.Spec.Ports[0].Name)
+	}
+	a := dep.Spec.Template.Annotations
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/path"] != "/metrics" || a["prometheus.io/port"] != strconv.Itoa(int(svc.Spec.Ports[0].TargetPort.IntVal)) && a["prometheus.io/port"] != strconv.Itoa(ociimage.Port) {
+		t.Errorf("control plane pod annotations %v: want scrape on its HTTP port, /metrics", a)
+	}
+	for _, name := range []string{"PodMonitor sluice-istio-gateway", "PodMonitor sluice-envoy-gateway"} {
+		pm, ok := got[name]
+		if !ok || len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Path != "/stats/prometheus" || len(pm.Spec.Selector.MatchLabels) == 0 {
+			t.Errorf("%s: %+v, want Envoy's /stats/prometheus of selected pods", name, pm)
+		}
+	}
+	if wp := istioWasmPlugin(t); got["PodMonitor sluice-istio-gateway"].Spec.Selector.MatchLabels["istio"] != wp.GetSelector().GetMatchLabels()["istio"] {
+		t.Error("the Istio PodMonitor selects other pods than the WasmPlugin")
+	}
+}

@@ -23,7 +23,13 @@
 //     a Grafana dashboard and Prometheus alert rules for the filter's and the
 //     control plane's metrics (monitoring_test.go checks every filter metric
 //     they name against what the real filter defines; the control plane's
-//     tests check theirs against its /metrics).
+//     tests check theirs against its /metrics; testenv/e2e checks every series
+//     is served after a demo); monitoring/prometheus-operator.yaml scrapes
+//     them (a ServiceMonitor and PodMonitors), and package
+//     envoy/monitoring reads their PromQL for those tests;
+//   - kubernetes/redis.yaml: a Redis as an SRE would run it, and the
+//     NetworkPolicies; istio/tokens.yaml and istio/gateway-env.patch.yaml:
+//     the proxies' tokens from a Secret.
 //
 // config_test.go parses every file with Envoy's and Istio's own API
 // definitions (go-control-plane and istio.io/api generated types, unknown

@@ -12,60 +12,29 @@ import (
 	"testing"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/sluice-proxy/sluice/envoy/monitoring"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
 // monitoringExprs returns every PromQL expression of the Grafana dashboard and
-// the Prometheus rules.
+// the Prometheus rules, checking that each rule has a severity and a summary.
 func monitoringExprs(t *testing.T) []string {
 	t.Helper()
-	var exprs []string
-	b, err := os.ReadFile("monitoring/grafana-dashboard.json")
+	dash, err := os.ReadFile("monitoring/grafana-dashboard.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dash struct {
-		Panels []struct {
-			Title   string
-			Targets []struct{ Expr string }
-		}
-	}
-	if err := json.Unmarshal(b, &dash); err != nil {
-		t.Fatalf("grafana-dashboard.json: %v", err)
-	}
-	for _, p := range dash.Panels {
-		for _, tg := range p.Targets {
-			exprs = append(exprs, tg.Expr)
-		}
-	}
-	b, err = os.ReadFile("monitoring/prometheus-rules.yaml")
+	rules, err := os.ReadFile("monitoring/prometheus-rules.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rules struct {
-		Groups []struct {
-			Name  string
-			Rules []struct {
-				Alert, Expr, For string
-				Labels           map[string]string
-				Annotations      map[string]string
-			}
-		}
+	exprs, alerts, err := monitoring.Expressions(dash, rules)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := yaml.UnmarshalStrict(b, &rules); err != nil {
-		t.Fatalf("prometheus-rules.yaml: %v", err)
-	}
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			if r.Alert == "" || r.Expr == "" {
-				t.Fatalf("prometheus-rules.yaml: a rule without alert or expr: %+v", r)
-			}
-			if r.Labels["severity"] == "" || r.Annotations["summary"] == "" {
-				t.Errorf("prometheus-rules.yaml: %s needs a severity label and a summary", r.Alert)
-			}
-			exprs = append(exprs, r.Expr)
+	for _, r := range alerts {
+		if r.Labels["severity"] == "" || r.Annotations["summary"] == "" {
+			t.Errorf("prometheus-rules.yaml: %s needs a severity label and a summary", r.Alert)
 		}
 	}
 	if len(exprs) < 10 {
@@ -74,9 +43,11 @@ func monitoringExprs(t *testing.T) []string {
 	return exprs
 }
 
-// filterMetricRef matches the filter's metrics in PromQL: Envoy's Prometheus name
-// envoy_[wasmcustom_]sluice_<rest>, <rest> possibly a regular expression.
-var filterMetricRef = regexp.MustCompile(`envoy_\(wasmcustom_\)\?sluice_([a-z0-9_.+()]+)`)
+// filterMetricRef matches the filter's metrics in PromQL: the name Envoy's
+// /stats/prometheus gives them, sluice_<rest> (no envoy_ prefix for a custom
+// stat), with envoy_ or envoy_wasmcustom_ optional; <rest> possibly a regular
+// expression.
+var filterMetricRef = regexp.MustCompile(`\(\?:envoy_\(\?:wasmcustom_\)\?\)\?sluice_([a-z0-9_.+()]+)`)
 
 // TestMonitoringUsesTheFiltersMetrics: every filter metric the dashboard and the
 // alert rules name is one the real filter defines, under Envoy's Prometheus name
@@ -129,8 +100,15 @@ func TestMonitoringUsesTheFiltersMetrics(t *testing.T) {
 			t.Logf("the filter defines %v", defined)
 		}
 	}()
+	refs := 0
+	defer func() {
+		if refs < 10 {
+			t.Errorf("only %d filter metrics named in the monitoring files: is filterMetricRef out of date?", refs)
+		}
+	}()
 	for _, e := range monitoringExprs(t) {
 		for _, m := range filterMetricRef.FindAllStringSubmatch(e, -1) {
+			refs++
 			re := regexp.MustCompile("^sluice_" + m[1] + "$")
 			found := false
 			for _, d := range defined {

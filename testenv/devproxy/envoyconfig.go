@@ -81,6 +81,10 @@ type EnvoyConfig struct {
 	// x-forwarded-for (see trustedClient).
 	XffNumTrustedHops uint32
 	SkipXffAppend     bool
+	// Admin is admin.address's socket address, host:port ("" without an admin
+	// block): where Envoy serves its admin interface, and the dev proxy
+	// AdminHandler's endpoints.
+	Admin string
 	// Honoured and Ignored list, as field paths, what of the file the dev
 	// proxy applies and what it leaves out.
 	Honoured, Ignored []string
@@ -205,7 +209,12 @@ func ParseEnvoyConfig(doc []byte) (*EnvoyConfig, error) {
 	}
 	c := &EnvoyConfig{Clusters: map[string]string{}, ClusterTLS: map[string]*UpstreamTLS{}, GenerateRequestID: true}
 	sr := b.GetStaticResources()
-	ignoreRest(&c.Ignored, "", b, "static_resources", "node")
+	ignoreRest(&c.Ignored, "", b, "static_resources", "node", "admin")
+	if sa := b.GetAdmin().GetAddress().GetSocketAddress(); sa != nil {
+		c.Admin = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+		c.Honoured = append(c.Honoured, "admin.address "+c.Admin+" (/ready, /stats, /stats/prometheus)")
+		ignoreRest(&c.Ignored, "admin.", b.GetAdmin(), "address")
+	}
 	c.NodeID = b.GetNode().GetId()
 	if c.NodeID != "" {
 		c.Honoured = append(c.Honoured, "node.id "+strconv.Quote(c.NodeID)+" (property xds.node.id)")

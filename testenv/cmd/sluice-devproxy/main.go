@@ -60,6 +60,7 @@ func run(args []string, stderr io.Writer) int {
 	quotaToken := fs.String("quota-token", os.Getenv("SLUICE_QUOTA_TOKEN"), "control-plane quota token: the VM variable control_plane.quota_token_env names, else control_plane.quota_token (default $SLUICE_QUOTA_TOKEN; empty keeps what the file and host_env_keys give)")
 	noFilter := fs.Bool("no-filter", false, "forward without the filter (a baseline for benchmarks)")
 	logLevel := fs.String("log-level", "info", "guest and proxy log level: debug, info, warn, error")
+	admin := fs.String("admin", "", "admin address host:port serving /ready, /stats and /stats/prometheus (default: the file's admin.address; off: none)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -145,6 +146,22 @@ func run(args []string, stderr io.Writer) int {
 	go func() { errc <- srv.Serve(ln) }()
 	fmt.Fprintf(stderr, "sluice-devproxy: listening on http://%s, upstream %s, %d workers, access log %s\n",
 		ln.Addr(), p.Upstream(), *workers, orNone(logPath))
+	adminAddr := cfg.Admin
+	if *admin != "" {
+		adminAddr = *admin
+	}
+	if adminAddr != "" && adminAddr != "off" {
+		// Envoy refuses to start when its admin port is taken; the dev proxy goes on
+		// without it (several dev proxies often share one file), and says so.
+		if al, err := net.Listen("tcp", adminAddr); err != nil {
+			fmt.Fprintf(stderr, "sluice-devproxy: admin interface not served: %v (set --admin to another address)\n", err)
+		} else {
+			asrv := &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+			go func() { _ = asrv.Serve(al) }()
+			defer asrv.Close()
+			fmt.Fprintf(stderr, "sluice-devproxy: admin on http://%s (/ready, /stats, /stats/prometheus)\n", al.Addr())
+		}
+	}
 	select {
 	case err := <-errc:
 		return fail(err)

@@ -10,6 +10,7 @@
 //	CP_PORT        control plane port (8080)
 //	PROXY_PORT     dev proxy port (10000)
 //	PROXY2_PORT    second dev proxy port (10001), on the same control plane: fleet rules hold across both
+//	ADMIN_PORT, ADMIN2_PORT  the dev proxies' admin ports (9901, 9902): /ready, /stats, /stats/prometheus
 //	UPSTREAM_PORT  demo upstream port (8000)
 //	REDIS_URL      use Redis (redis://host:port); empty: the embedded store in RUN_DIR/data
 //	SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens; when empty, those of RUN_DIR/tokens
@@ -55,6 +56,7 @@ func env(name, def string) string {
 type settings struct {
 	cpPort, proxyPort, upPort     string
 	proxy2Port, quota             string
+	adminPort, admin2Port         string
 	redisURL, admin, read         string
 	binDir, runDir, policy, envoy string
 	workers                       string
@@ -122,6 +124,7 @@ func run() int {
 		binDir: env("BIN_DIR", "build"), runDir: env("RUN_DIR", "build/run"),
 		policy: env("POLICY", "examples/default-policy.json"), envoy: env("ENVOY_CONFIG", "envoy/envoy.yaml"),
 		workers: env("WORKERS", "2"), proxy2Port: env("PROXY2_PORT", "10001"), quota: os.Getenv("SLUICE_QUOTA_TOKEN"),
+		adminPort: env("ADMIN_PORT", "9901"), admin2Port: env("ADMIN2_PORT", "9902"),
 	}
 	release, err := lockRunDir(s.runDir)
 	if err != nil {
@@ -167,7 +170,8 @@ func token() string {
 func start(ctx context.Context, s settings, sup *supervisor) error {
 	for _, p := range []struct{ name, port, variable string }{
 		{"control plane", s.cpPort, "CP_PORT"}, {"dev proxy", s.proxyPort, "PROXY_PORT"}, {"demo upstream", s.upPort, "UPSTREAM_PORT"},
-		{"second dev proxy", s.proxy2Port, "PROXY2_PORT"},
+		{"second dev proxy", s.proxy2Port, "PROXY2_PORT"}, {"dev proxy's admin", s.adminPort, "ADMIN_PORT"},
+		{"second dev proxy's admin", s.admin2Port, "ADMIN2_PORT"},
 	} {
 		l, err := net.Listen("tcp", "127.0.0.1:"+p.port)
 		if err != nil {
@@ -219,7 +223,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	step("starting the dev proxy on http://%s (%s, %s workers)", proxy, s.envoy, s.workers)
 	if err := sup.start(s, "devproxy", filepath.Join(s.binDir, "sluice-devproxy"), []string{
 		"--config", s.envoy, "--wasm", filepath.Join(s.binDir, "sluice.wasm"), "--listen", proxy, "--upstream", up,
-		"--cluster", "control_plane=" + cp, "--access-log", accessLog, "--workers", s.workers,
+		"--cluster", "control_plane=" + cp, "--access-log", accessLog, "--workers", s.workers, "--admin", "127.0.0.1:" + s.adminPort,
 	}, append(tokens, "SLUICE_ENV=dev")); err != nil {
 		return err
 	}
@@ -228,7 +232,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	step("starting a second dev proxy on http://%s (same control plane: fleet rules hold across both)", proxy2)
 	if err := sup.start(s, "devproxy2", filepath.Join(s.binDir, "sluice-devproxy"), []string{
 		"--config", s.envoy, "--wasm", filepath.Join(s.binDir, "sluice.wasm"), "--listen", proxy2, "--upstream", up,
-		"--cluster", "control_plane=" + cp, "--access-log", accessLog2, "--workers", s.workers,
+		"--cluster", "control_plane=" + cp, "--access-log", accessLog2, "--workers", s.workers, "--admin", "127.0.0.1:" + s.admin2Port,
 		"--service-node", "sluice-dev-2", // another Envoy: its own node id, as two Envoys of a fleet have
 	}, append(tokens, "SLUICE_ENV=dev")); err != nil {
 		return err
@@ -400,7 +404,9 @@ func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	fmt.Fprintf(&b, "  control plane  http://%s  (%s)\n", cp, store)
 	fmt.Fprintf(&b, "  demo upstream  http://%s  (echoes the request as JSON; ?delay=<ms>)\n", up)
 	fmt.Fprintf(&b, "  access logs    %s (dev proxy), %s (dev proxy 2)\n", accessLog, filepath.Join(s.runDir, "access2.log"))
-	fmt.Fprintf(&b, "  process logs   %s/{controlplane,devproxy,devproxy2,upstream}.log\n\n", s.runDir)
+	fmt.Fprintf(&b, "  process logs   %s/{controlplane,devproxy,devproxy2,upstream}.log\n", s.runDir)
+	fmt.Fprintf(&b, "  metrics        http://%s/metrics (control plane), http://127.0.0.1:%s/stats/prometheus and :%s (dev proxies' admin,\n", cp, s.adminPort, s.admin2Port)
+	fmt.Fprintf(&b, "                 as Envoy's; what envoy/monitoring's dashboard and alerts read)\n\n")
 	switch s.tokens {
 	case tokensGenerated:
 		fmt.Fprintf(&b, "Tokens (generated, kept in %s for the next runs). In another terminal:\n", s.tokenFile)
