@@ -16,8 +16,9 @@ import (
 // filter reads its tokens from the VM's environment (Envoy's
 // vm_config.environment_variables, here the host's Env, served through WASI
 // environ_get) and sends them as it would inline ones; an inline token still
-// works but is warned about; a named variable that is not set fails the
-// configuration, naming it.
+// works but is warned about; a named variable that is not set is warned about
+// and the calls go without a token; one holding no valid token fails the
+// configuration.
 func TestTokensAreReadFromTheVMsEnvironment(t *testing.T) {
 	bin := buildWasmTB(t)
 	auth := make(chan string, 1024)
@@ -83,8 +84,24 @@ func TestTokensAreReadFromTheVMsEnvironment(t *testing.T) {
 		t.Error("an inline token was not warned about")
 	}
 
-	_, err = start(`,"token_env":"SLUICE_READ_TOKEN"`, map[string]string{"OTHER": "x"})
+	// An unset variable is warned about and the calls go without a token (a
+	// refused configuration would make Envoy reject the whole listener).
+	h, err = start(`,"token_env":"SLUICE_READ_TOKEN"`, map[string]string{"OTHER": "x"})
+	if err != nil {
+		t.Fatalf("an unset token variable: %v", err)
+	}
+	polled("")
+	unset := false
+	for _, l := range h.Logs() {
+		unset = unset || strings.Contains(l.Message, "control_plane.token_env: the VM's environment has no SLUICE_READ_TOKEN")
+	}
+	if !unset {
+		t.Error("an unset token variable was not warned about")
+	}
+
+	// A variable holding what cannot be a token fails the configuration.
+	_, err = start(`,"token_env":"SLUICE_READ_TOKEN"`, map[string]string{"SLUICE_READ_TOKEN": "two words"})
 	if !errors.Is(err, host.ErrConfigureFailed) {
-		t.Fatalf("an unset token variable: %v, want the configuration refused", err)
+		t.Fatalf("a token with a space: %v, want the configuration refused", err)
 	}
 }

@@ -122,7 +122,10 @@ func TestParseEnvoyConfig(t *testing.T) {
 	if c.NodeID != "sluice-dev" {
 		t.Errorf("node id %q, want the file's node.id sluice-dev", c.NodeID)
 	}
-	for _, want := range []string{"admin", "envoy.filters.http.wasm.vm_config.runtime"} {
+	if c.Admin != "127.0.0.1:9901" {
+		t.Errorf("admin address %q, want the file's 127.0.0.1:9901", c.Admin)
+	}
+	for _, want := range []string{"envoy.filters.http.wasm.vm_config.runtime"} {
 		found := false
 		for _, ig := range c.Ignored {
 			found = found || ig == want

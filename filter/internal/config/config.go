@@ -183,8 +183,9 @@ type ControlPlane struct {
 	// TokenEnv ["token_env"] names the VM environment variable holding the read
 	// token instead (ValidEnvName; Envoy's vm_config.environment_variables,
 	// which a Deployment fills from a Secret). The filter reads it when it is
-	// configured; a variable unset or empty then fails the configuration. Not
-	// with token. Default: none.
+	// configured: unset or empty, it warns and calls without a token; holding
+	// anything but 1..MaxTokenBytes visible ASCII bytes, it fails the
+	// configuration. Not with token. Default: none.
 	TokenEnv string
 	// Wait ["wait"] is the long-poll wait sent to the control plane, 1s..MaxWait.
 	// Default DefaultWait.

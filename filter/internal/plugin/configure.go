@@ -315,9 +315,11 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 }
 
 // resolveTokens reads the tokens the control_plane section names by environment
-// variable (token_env, quota_token_env) from the VM's environment, and warns of a
-// token written in the plugin configuration itself, where whoever can read the
-// configuration (a WasmPlugin, an EnvoyExtensionPolicy) reads the token.
+// variable (token_env, quota_token_env) from the VM's environment, warning of one
+// that is unset (the calls then carry no token) and failing on one that is not a
+// valid token; and it warns of a token written in the plugin configuration itself,
+// where whoever can read the configuration (a WasmPlugin, an
+// EnvoyExtensionPolicy) reads the token.
 func resolveTokens(cp *config.ControlPlane) error {
 	if !cp.Enabled {
 		return nil
@@ -336,8 +338,13 @@ func resolveTokens(cp *config.ControlPlane) error {
 		}
 		v, ok := proxywasm.Getenv(t.env)
 		if !ok || v == "" {
-			return errors.New("control_plane." + t.field + "_env: the VM's environment has no " + t.env +
-				" (set it in vm_config.environment_variables: host_env_keys from the proxy's environment, or key_values)")
+			// Not a configuration error: refusing it would make Envoy reject the
+			// whole listener. The calls go without the token; a control plane that
+			// needs one answers 401, and the filter degrades as its fail_mode and
+			// the rules' on_quota_failure say.
+			proxywasm.LogWarn("sluice: control_plane." + t.field + "_env: the VM's environment has no " + t.env +
+				" (set it in vm_config.environment_variables: host_env_keys from the proxy's environment, or key_values); calls go without it")
+			continue
 		}
 		if !config.Printable(v, config.MaxTokenBytes) {
 			return errors.New("control_plane." + t.field + "_env: " + t.env + " must hold 1 to " + strconv.Itoa(config.MaxTokenBytes) + " visible ASCII bytes")
