@@ -230,6 +230,9 @@ func TestKubernetesControlPlane(t *testing.T) {
 		}
 		secret = e.ValueFrom.SecretKeyRef.Name
 	}
+	if env["SLUICE_REQUIRE_IDENTITY"].Value != "true" {
+		t.Error("SLUICE_REQUIRE_IDENTITY is not \"true\": the manifest could start the control plane token-only")
+	}
 	if r := env["SLUICE_REDIS_URL"].ValueFrom; r == nil || r.SecretKeyRef == nil || r.SecretKeyRef.Name != "sluice-redis" {
 		t.Errorf("SLUICE_REDIS_URL: want it from the Secret sluice-redis (it carries the password): %+v", r)
 	}

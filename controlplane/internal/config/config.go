@@ -81,6 +81,11 @@ type Settings struct {
 	// sidecar that terminates mTLS in front of the control plane
 	// (quota.IdentityXFCC). Safe only when that sidecar is the sole way in.
 	TrustXFCC bool
+	// RequireIdentity refuses to start unless Envoys are identified by a
+	// certificate (ClientCAFile) or a trusted sidecar (TrustXFCC): never by the
+	// quota calls' envoy field alone, where any holder of the quota token can act
+	// for any Envoy (token-only mode). The shipped Kubernetes manifests set it.
+	RequireIdentity bool
 	// QuotaMaxEntriesPerIdentity bounds the ledger entries of one identity per
 	// counter key (default 256; quota.Options.MaxEntriesPerIdentity).
 	QuotaMaxEntriesPerIdentity int
@@ -151,6 +156,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.TLSCertFile, "tls-cert-file", "", "serve HTTPS with this PEM certificate chain (re-read when it changes); needs --tls-key-file")
 	fs.StringVar(&s.TLSKeyFile, "tls-key-file", "", "the PEM private key of --tls-cert-file")
 	fs.StringVar(&s.ClientCAFile, "client-ca-file", "", "PEM CA certificates verifying Envoys' client certificates: POST /v1/quota then requires one (instead of --quota-token) and identifies the Envoy by its URI SAN (SPIFFE ID), else its first DNS SAN; needs --tls-cert-file")
+	fs.BoolVar(&s.RequireIdentity, "require-identity", false, "refuse to start unless Envoys are identified by a client certificate (--client-ca-file) or a mesh sidecar (--trust-xfcc): never token-only")
 	fs.BoolVar(&s.TrustXFCC, "trust-xfcc", false, "identify Envoys by the x-forwarded-client-cert header of a mesh sidecar terminating mTLS (its URI=, else DNS=); ONLY safe when that sidecar is the sole way to this port")
 	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 256, "most ledger entries (Envoy ids) one certificate identity holds per counter key, about 100 bytes each in the key's stored value; a further id takes the place of its least recent one without a live lease, or is answered retry (1-2048)")
 	fs.StringVar(&s.BootstrapPolicy, "bootstrap-policy", "", "policy file (YAML or JSON) created at start if the store never held a policy of its name; never overwrites or re-creates a deleted one")
@@ -268,6 +274,9 @@ func (s Settings) Check() error {
 		return errors.New("config: --client-ca-file needs --tls-cert-file and --tls-key-file (client certificates are only seen over TLS)")
 	case s.ClientCAFile != "" && s.TrustXFCC:
 		return errors.New("config: --client-ca-file and --trust-xfcc both name where Envoy identities come from; use one")
+	case s.RequireIdentity && s.ClientCAFile == "" && !s.TrustXFCC:
+		return errors.New("config: --require-identity: no way to know which Envoy calls (token-only: any holder of the quota token could act for any Envoy); " +
+			"serve mTLS with --client-ca-file (envoy/kubernetes/controlplane-mtls.yaml), or, behind a mesh sidecar that is the only way in, set --trust-xfcc (Istio: trust-xfcc \"true\" in the ConfigMap)")
 	case s.RLQSMaxBuckets < 1 || s.RLQSMaxBucketsPerIdentity < 1:
 		return fmt.Errorf("config: --rlqs-max-buckets %d and --rlqs-max-buckets-per-identity %d: want ≥ 1", s.RLQSMaxBuckets, s.RLQSMaxBucketsPerIdentity)
 	case s.QuotaMaxEntriesPerIdentity < 1 || s.QuotaMaxEntriesPerIdentity > 2048:

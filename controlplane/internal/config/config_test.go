@@ -160,3 +160,21 @@ func TestVersionPrintsTheReleaseAndStops(t *testing.T) {
 		t.Fatalf("SLUICE_VERSION=true: %v, %q", err, out.String())
 	}
 }
+
+// TestRequireIdentityRefusesTokenOnlyMode: with --require-identity the control
+// plane starts only where it can tell Envoys apart (a client CA or a trusted
+// sidecar), and the refusal names both ways.
+func TestRequireIdentityRefusesTokenOnlyMode(t *testing.T) {
+	env := func(string) string { return "" }
+	files := func(name string) ([]byte, error) { return []byte("x"), nil }
+	_, err := Parse([]string{"--listen", "0.0.0.0:8080", "--admin-token", "a", "--quota-token", "q", "--require-identity"}, env, files, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--client-ca-file") || !strings.Contains(err.Error(), "--trust-xfcc") {
+		t.Fatalf("token-only with --require-identity: %v", err)
+	}
+	if _, err := Parse([]string{"--listen", "0.0.0.0:8080", "--admin-token", "a", "--quota-token", "q", "--require-identity", "--trust-xfcc"}, env, files, io.Discard); err != nil {
+		t.Fatalf("--trust-xfcc satisfies it: %v", err)
+	}
+	if _, err := Parse([]string{"--listen", "0.0.0.0:8080", "--admin-token", "a", "--quota-token", "q"}, env, files, io.Discard); err != nil {
+		t.Fatalf("without the flag token-only still starts (with its warning): %v", err)
+	}
+}
