@@ -551,15 +551,10 @@ func TestRedisStatefulSet(t *testing.T) {
 		}
 	}
 	var cpURL *corev1.EnvVarSource
-	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
-		if d.Kind == "Deployment" {
-			dep := &appsv1.Deployment{}
-			decodeStrict(t, d.Name, d.Doc, dep)
-			for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
-				if e.Name == "SLUICE_REDIS_URL" {
-					cpURL = e.ValueFrom
-				}
-			}
+	dep, _ := controlPlaneDeploymentAndService(t)
+	for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "SLUICE_REDIS_URL" {
+			cpURL = e.ValueFrom
 		}
 	}
 	if secret == "" || cpURL == nil || cpURL.SecretKeyRef == nil || cpURL.SecretKeyRef.Name != secret {
@@ -674,6 +669,31 @@ func TestPrometheusScrapesWhatTheDashboardReads(t *testing.T) {
 		}
 		got[m.Kind+" "+m.Metadata.Name] = m
 	}
+	dep, svc := controlPlaneDeploymentAndService(t)
+	sm := got["ServiceMonitor sluice-controlplane"]
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name || sm.Spec.Endpoints[0].Path != "/metrics" ||
+		sm.Metadata.Namespace != svc.Namespace || sm.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != svc.Labels["app.kubernetes.io/name"] {
+		t.Errorf("ServiceMonitor %+v: want the control plane Service's %s port, /metrics", sm, svc.Spec.Ports[0].Name)
+	}
+	a := dep.Spec.Template.Annotations
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/path"] != "/metrics" || a["prometheus.io/port"] != strconv.Itoa(ociimage.Port) {
+		t.Errorf("control plane pod annotations %v: want scrape on its HTTP port, /metrics", a)
+	}
+	for _, name := range []string{"PodMonitor sluice-istio-gateway", "PodMonitor sluice-envoy-gateway"} {
+		pm, ok := got[name]
+		if !ok || len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Path != "/stats/prometheus" || len(pm.Spec.Selector.MatchLabels) == 0 {
+			t.Errorf("%s: %+v, want Envoy's /stats/prometheus of selected pods", name, pm)
+		}
+	}
+	if wp := istioWasmPlugin(t); got["PodMonitor sluice-istio-gateway"].Spec.Selector.MatchLabels["istio"] != wp.GetSelector().GetMatchLabels()["istio"] {
+		t.Error("the Istio PodMonitor selects other pods than the WasmPlugin")
+	}
+}
+
+// controlPlaneDeploymentAndService decodes, strictly, the Deployment and the
+// Service of kubernetes/controlplane.yaml.
+func controlPlaneDeploymentAndService(t *testing.T) (*appsv1.Deployment, *corev1.Service) {
+	t.Helper()
 	var dep *appsv1.Deployment
 	var svc *corev1.Service
 	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
@@ -686,22 +706,8 @@ func TestPrometheusScrapesWhatTheDashboardReads(t *testing.T) {
 			decodeStrict(t, d.Name, d.Doc, svc)
 		}
 	}
-	sm := got["ServiceMonitor sluice-controlplane"]
-	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name || sm.Spec.Endpoints[0].Path != "/metrics" ||
-		sm.Metadata.Namespace != svc.Namespace || sm.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != svc.Labels["app.kubernetes.io/name"] {
-		t.Errorf("ServiceMonitor %+v: want the control plane Service's %s port, /metrics", sm, svc.Spec.Ports[0].Name)
+	if dep == nil || svc == nil {
+		t.Fatal("kubernetes/controlplane.yaml: want a Deployment and a Service")
 	}
-	a := dep.Spec.Template.Annotations
-	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/path"] != "/metrics" || a["prometheus.io/port"] != strconv.Itoa(int(svc.Spec.Ports[0].TargetPort.IntVal)) && a["prometheus.io/port"] != strconv.Itoa(ociimage.Port) {
-		t.Errorf("control plane pod annotations %v: want scrape on its HTTP port, /metrics", a)
-	}
-	for _, name := range []string{"PodMonitor sluice-istio-gateway", "PodMonitor sluice-envoy-gateway"} {
-		pm, ok := got[name]
-		if !ok || len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Path != "/stats/prometheus" || len(pm.Spec.Selector.MatchLabels) == 0 {
-			t.Errorf("%s: %+v, want Envoy's /stats/prometheus of selected pods", name, pm)
-		}
-	}
-	if wp := istioWasmPlugin(t); got["PodMonitor sluice-istio-gateway"].Spec.Selector.MatchLabels["istio"] != wp.GetSelector().GetMatchLabels()["istio"] {
-		t.Error("the Istio PodMonitor selects other pods than the WasmPlugin")
-	}
+	return dep, svc
 }
