@@ -1,10 +1,13 @@
 package proctest
 
 import (
+	"bytes"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -73,6 +76,33 @@ func (p *Proc) Kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	_ = p.cmd.Wait()
 	p.cmd = nil
+}
+
+// CPUTime returns the user and system CPU time the running process has used,
+// read from /proc/PID/stat (Linux; clock ticks of 10 ms, as proc(5) gives
+// them with USER_HZ 100). It fails the test if the process is not running or
+// the file cannot be read.
+func (p *Proc) CPUTime() time.Duration {
+	p.t.Helper()
+	if p.cmd == nil {
+		p.t.Fatalf("proctest: CPU time of %s: not running", p.spec.Name)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/stat")
+	if err != nil {
+		p.t.Fatalf("proctest: CPU time of %s: %v", p.spec.Name, err)
+	}
+	// Fields after the command name (which may hold spaces) in parentheses:
+	// state is field 3, utime 14 and stime 15.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		p.t.Fatalf("proctest: CPU time of %s: short stat %q", p.spec.Name, b)
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		p.t.Fatalf("proctest: CPU time of %s: stat %q", p.spec.Name, b)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 // Output returns what the process has written to stdout and stderr so
