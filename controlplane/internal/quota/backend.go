@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,23 +13,65 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Backend stores the quota values (limiter state and lease ledger) of counter keys.
-// Every change is a compare-and-swap of one key's whole value, so any number of
-// control-plane replicas may share one backend.
+// Backend stores the quota state of counter keys: per key a hash of fields (see
+// ledger.go), whose "h" field (the header) every write compares and swaps. Any
+// number of control-plane replicas may share one backend.
 type Backend interface {
-	// Load returns the current value of each key, nil for a key that has none. An
-	// error means the backend could not answer; nothing may be granted then.
-	Load(ctx context.Context, keys []string) ([][]byte, error)
-	// Swap applies each op iff the key's value is still op.Old (nil: no value), and
-	// reports per op whether it was applied. An error means the backend could not
-	// answer for the batch: some ops may have been applied (each atomically).
+	// Load returns, for each read, the key's header and the fields named (nil
+	// for one the key has not), and, when the read asks for a scan, about
+	// Scan.Count more fields from Scan.Cursor on and the cursor to continue from.
+	// An error means the backend could not answer; nothing may be granted then.
+	Load(ctx context.Context, reads []Read) ([]Snapshot, error)
+	// Swap applies each op iff the key's header is still op.Old (nil: no key),
+	// and reports per op whether it was applied. An error means the backend
+	// could not answer for the batch: some ops may have been applied (each
+	// atomically).
 	Swap(ctx context.Context, ops []Op) ([]bool, error)
 }
 
-// Op is one compare-and-swap: set Key to New with expiry TTL if its value is Old.
+// Read is what Load reads of one key.
+type Read struct {
+	Key    string
+	Fields []string
+	// Scan, when Count > 0, also returns fields from Cursor on (HSCAN).
+	Scan Scan
+}
+
+// Scan is the position and size of a scan of a key's fields: Cursor "" starts
+// one; a Snapshot.Cursor of "" means the scan came round.
+type Scan struct {
+	Cursor string
+	Count  int
+}
+
+// Snapshot is what Load read of one key.
+type Snapshot struct {
+	Header  []byte   // nil: the key has no value
+	Fields  [][]byte // per Read.Fields, nil for an absent field
+	Scanned []Field
+	Cursor  string
+}
+
+// Field is a named field of a key.
+type Field struct {
+	Name  string
+	Value []byte
+}
+
+// Delta adds By to the integer field Name (HINCRBY), removing it at zero or below.
+type Delta struct {
+	Name string
+	By   int64
+}
+
+// Op is one compare-and-swap: if Key's header is Old, set it to New with the
+// fields Set, delete the fields Del, apply Add, and expire the key after TTL.
 type Op struct {
 	Key      string
 	Old, New []byte
+	Set      []Field
+	Del      []string
+	Add      []Delta
 	TTL      time.Duration
 }
 
@@ -50,8 +93,8 @@ type Memory struct {
 }
 
 type memEntry struct {
-	val []byte
-	exp time.Time
+	fields map[string][]byte
+	exp    time.Time
 }
 
 // DefaultMemoryMaxKeys is Memory.MaxKeys' default: a million counter keys.
@@ -70,15 +113,39 @@ func (m *Memory) now() time.Time {
 	return time.Now()
 }
 
-// Load implements Backend.
-func (m *Memory) Load(ctx context.Context, keys []string) ([][]byte, error) {
+// Load implements Backend. A scan returns fields in name order after Cursor
+// (the last name it returned).
+func (m *Memory) Load(ctx context.Context, reads []Read) ([]Snapshot, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	out := make([][]byte, len(keys))
-	for i, k := range keys {
-		if e, ok := m.m[k]; ok && now.Before(e.exp) {
-			out[i] = e.val
+	out := make([]Snapshot, len(reads))
+	for i, r := range reads {
+		e, ok := m.m[r.Key]
+		if !ok || !now.Before(e.exp) {
+			out[i].Fields = make([][]byte, len(r.Fields))
+			continue
+		}
+		out[i].Header = e.fields[headerField]
+		out[i].Fields = make([][]byte, len(r.Fields))
+		for j, f := range r.Fields {
+			out[i].Fields[j] = e.fields[f]
+		}
+		if r.Scan.Count > 0 {
+			names := make([]string, 0, len(e.fields))
+			for f := range e.fields {
+				if f > r.Scan.Cursor {
+					names = append(names, f)
+				}
+			}
+			slices.Sort(names)
+			if len(names) > r.Scan.Count {
+				names = names[:r.Scan.Count]
+				out[i].Cursor = names[len(names)-1]
+			}
+			for _, f := range names {
+				out[i].Scanned = append(out[i].Scanned, Field{Name: f, Value: e.fields[f]})
+			}
 		}
 	}
 	return out, nil
@@ -91,24 +158,41 @@ func (m *Memory) Swap(ctx context.Context, ops []Op) ([]bool, error) {
 	now := m.now()
 	out := make([]bool, len(ops))
 	for i, op := range ops {
+		e, ok := m.m[op.Key]
+		if ok && !now.Before(e.exp) {
+			ok = false
+		}
 		var cur []byte
-		if e, ok := m.m[op.Key]; ok && now.Before(e.exp) {
-			cur = e.val
+		if ok {
+			cur = e.fields[headerField]
 		}
 		if !bytes.Equal(cur, op.Old) {
 			continue
 		}
-		if op.New != nil && cur == nil {
+		if !ok {
 			if err := m.room(now); err != nil {
 				return nil, err
 			}
+			e = memEntry{fields: map[string][]byte{}}
 		}
 		out[i] = true
-		if op.New == nil {
-			delete(m.m, op.Key)
-		} else {
-			m.m[op.Key] = memEntry{val: op.New, exp: now.Add(op.TTL)}
+		e.fields[headerField] = op.New
+		for _, f := range op.Set {
+			e.fields[f.Name] = f.Value
 		}
+		for _, f := range op.Del {
+			delete(e.fields, f)
+		}
+		for _, d := range op.Add {
+			n, _ := strconv.ParseInt(string(e.fields[d.Name]), 10, 64)
+			if n += d.By; n > 0 {
+				e.fields[d.Name] = strconv.AppendInt(nil, n, 10)
+			} else {
+				delete(e.fields, d.Name)
+			}
+		}
+		e.exp = now.Add(op.TTL)
+		m.m[op.Key] = e
 	}
 	// Sweep expired entries now and then so the map does not grow without bound.
 	if m.swaps++; m.swaps%1024 == 0 {
@@ -157,18 +241,31 @@ func (m *Memory) Len() int {
 	return n
 }
 
-// casScript sets KEYS[1] to ARGV[2] with PX ARGV[3] (or deletes it when ARGV[2] is
-// empty) iff its value is ARGV[1] ("" meaning absent). It touches one key, so it runs
-// on the Cluster node owning that key's slot.
-var casScript = redis.NewScript(`local cur = redis.call('GET', KEYS[1])
+// casScript applies one Op to the hash KEYS[1] iff its "h" field is ARGV[1] (""
+// meaning absent): ARGV[2] is the new header, ARGV[3] the expiry in ms, then a
+// count and that many name/value pairs to set, a count and names to delete, a
+// count and name/increment pairs to add (a field at zero or below is deleted).
+// It touches one key, so it runs on the Cluster node owning that key's slot.
+var casScript = redis.NewScript(`local cur = redis.call('HGET', KEYS[1], 'h')
 if cur == false then cur = '' end
 if cur ~= ARGV[1] then return 0 end
-if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+local i = 4
+local n = tonumber(ARGV[i]); i = i + 1
+redis.call('HSET', KEYS[1], 'h', ARGV[2])
+for _ = 1, n do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('HDEL', KEYS[1], ARGV[i]); i = i + 1 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  if redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
+  i = i + 2
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1`)
 
 // Redis is the Backend over a go-redis UniversalClient (single server, Sentinel or
-// Cluster). A batch is two pipelines, GET then EVALSHA of the CAS script, which a
-// ClusterClient splits per node.
+// Cluster). A batch is two pipelines, HMGET (and HSCAN) then EVALSHA of the CAS
+// script, which a ClusterClient splits per node.
 type Redis struct {
 	c redis.UniversalClient
 }
@@ -177,29 +274,55 @@ type Redis struct {
 func NewRedis(c redis.UniversalClient) *Redis { return &Redis{c: c} }
 
 // Load implements Backend.
-func (r *Redis) Load(ctx context.Context, keys []string) ([][]byte, error) {
-	cmds := make([]*redis.StringCmd, len(keys))
+func (r *Redis) Load(ctx context.Context, reads []Read) ([]Snapshot, error) {
+	gets := make([]*redis.SliceCmd, len(reads))
+	scans := make([]*redis.ScanCmd, len(reads))
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			cmds[i] = p.Get(ctx, k)
+		for i, rd := range reads {
+			gets[i] = p.HMGet(ctx, rd.Key, append([]string{headerField}, rd.Fields...)...)
+			if rd.Scan.Count > 0 {
+				cur, _ := strconv.ParseUint(rd.Scan.Cursor, 10, 64)
+				scans[i] = p.HScan(ctx, rd.Key, cur, "", int64(rd.Scan.Count))
+			}
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	out := make([][]byte, len(keys))
-	for i, c := range cmds {
-		b, err := c.Bytes()
-		switch {
-		case errors.Is(err, redis.Nil):
-		case err != nil:
+	out := make([]Snapshot, len(reads))
+	for i, g := range gets {
+		vals, err := g.Result()
+		if err != nil {
 			return nil, err
-		default:
-			out[i] = b
+		}
+		out[i].Header = bytesOf(vals[0])
+		out[i].Fields = make([][]byte, len(vals)-1)
+		for j, v := range vals[1:] {
+			out[i].Fields[j] = bytesOf(v)
+		}
+		if sc := scans[i]; sc != nil {
+			kv, cur, err := sc.Result()
+			if err != nil {
+				return nil, err
+			}
+			for j := 0; j+1 < len(kv); j += 2 {
+				out[i].Scanned = append(out[i].Scanned, Field{Name: kv[j], Value: []byte(kv[j+1])})
+			}
+			if cur != 0 {
+				out[i].Cursor = strconv.FormatUint(cur, 10)
+			}
 		}
 	}
 	return out, nil
+}
+
+// bytesOf is an HMGET value: nil for an absent field.
+func bytesOf(v any) []byte {
+	if s, ok := v.(string); ok {
+		return []byte(s)
+	}
+	return nil
 }
 
 // Swap implements Backend. It runs the CAS script by EVALSHA and, for the ops a node
@@ -217,6 +340,24 @@ func (r *Redis) Swap(ctx context.Context, ops []Op) ([]bool, error) {
 	return out, nil
 }
 
+// swapArgs is the CAS script's ARGV for op.
+func swapArgs(op *Op) []any {
+	args := make([]any, 0, 6+2*len(op.Set)+len(op.Del)+2*len(op.Add))
+	args = append(args, op.Old, op.New, strconv.FormatInt(max(1, op.TTL.Milliseconds()), 10), len(op.Set))
+	for _, f := range op.Set {
+		args = append(args, f.Name, f.Value)
+	}
+	args = append(args, len(op.Del))
+	for _, f := range op.Del {
+		args = append(args, f)
+	}
+	args = append(args, len(op.Add))
+	for _, d := range op.Add {
+		args = append(args, d.Name, d.By)
+	}
+	return args
+}
+
 // swap runs the ops listed in only (all when nil) and records their results in out;
 // it returns the ops answered NOSCRIPT.
 func (r *Redis) swap(ctx context.Context, ops []Op, out []bool, only []int, sha bool) ([]int, error) {
@@ -229,12 +370,11 @@ func (r *Redis) swap(ctx context.Context, ops []Op, out []bool, only []int, sha 
 	cmds := make([]*redis.Cmd, len(only))
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range only {
-			op := ops[i]
-			args := []any{op.Old, op.New, strconv.FormatInt(max(1, op.TTL.Milliseconds()), 10)}
+			args := swapArgs(&ops[i])
 			if sha {
-				cmds[j] = casScript.EvalSha(ctx, p, []string{op.Key}, args...)
+				cmds[j] = casScript.EvalSha(ctx, p, []string{ops[i].Key}, args...)
 			} else {
-				cmds[j] = casScript.Eval(ctx, p, []string{op.Key}, args...)
+				cmds[j] = casScript.Eval(ctx, p, []string{ops[i].Key}, args...)
 			}
 		}
 		return nil

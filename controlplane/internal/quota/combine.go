@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"hash/maphash"
+	"strconv"
 	"sync"
 	"time"
 
@@ -293,16 +294,29 @@ func (s *Service) round(gs []group) {
 }
 
 // attempt loads, decides and swaps the pending groups once; it leaves in pending the
-// groups whose swap conflicted.
+// groups whose swap conflicted. A group reads the key's header, its askers'
+// entries and their identities' entry counts, and now and then a part of the
+// key's other entries to forget those of Envoys that stopped reporting (sweeps).
 func (s *Service) attempt(pending *[]group) error {
 	gs := *pending
 	ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 	defer cancel()
-	keys := make([]string, len(gs))
+	reads := make([]Read, len(gs))
 	for j, g := range gs {
-		keys[j] = g.key
+		fields := make([]string, 0, len(g.asks)+1)
+		seen := map[string]bool{}
+		for _, a := range g.asks {
+			fields = append(fields, entryPrefix+a.envoy)
+		}
+		for _, a := range g.asks {
+			if a.owner != "" && !seen[a.owner] {
+				seen[a.owner] = true
+				fields = append(fields, ownerPrefix+a.owner)
+			}
+		}
+		reads[j] = Read{Key: g.key, Fields: fields, Scan: s.sweeps.due(g.key)}
 	}
-	vals, err := s.o.Backend.Load(ctx, keys)
+	snaps, err := s.o.Backend.Load(ctx, reads)
 	if err != nil {
 		return err
 	}
@@ -311,38 +325,70 @@ func (s *Service) attempt(pending *[]group) error {
 	ops := make([]Op, 0, len(gs))
 	opOf := make([]int, len(gs)) // index in ops, -1 for an unchanged key
 	for j, g := range gs {
-		// Decoded once, decided ask after ask, encoded once.
-		v := g.f.load(vals[j])
+		l := newLedger(g.f.load(snaps[j].Header))
+		l.maxEntries = uint32(min(s.o.MaxEntriesPerKey, 1<<31))
+		for i, f := range reads[j].Fields {
+			v := snaps[j].Fields[i]
+			if name, ok := cutPrefix(f, entryPrefix); ok {
+				if e, ok := decodeEntry(v); ok {
+					l.entries[name], l.stored[name] = &e, true
+				}
+			} else if o, ok := cutPrefix(f, ownerPrefix); ok {
+				n, _ := strconv.ParseInt(string(v), 10, 64)
+				l.owners[o] = n
+			}
+		}
 		changed := false
-		var interval time.Duration
+		if reads[j].Scan.Count > 0 {
+			// Under pressure (the key, or an asker's identity, at its most entries)
+			// every entry that can give way goes, not only the long gone.
+			pressure := l.count >= l.maxEntries
+			for _, a := range g.asks {
+				pressure = pressure || a.owner != "" && l.owners[a.owner] >= int64(s.o.MaxEntriesPerIdentity)
+			}
+			if n := l.sweep(snaps[j].Scanned, keyNow(&l.header, now), pressure); n > 0 {
+				s.m.evictions.Add(float64(n))
+			}
+			changed = len(l.dirty) > 0 || len(l.removed) > 0
+		}
 		for _, a := range g.asks {
 			var ch bool
-			evicted, full := makeRoom(&v, a.envoy, a.owner, s.o.MaxEntriesPerIdentity, now, retainFor(a.interval))
-			if evicted {
-				s.m.evictions.Inc()
-			}
-			if full {
-				// Every entry of the identity holds a live lease of an Envoy that
-				// reports: the newcomer waits for one to end, no lease in use is cut.
+			if a.owner != "" && l.entries[a.envoy] == nil && l.owners[a.owner] >= int64(s.o.MaxEntriesPerIdentity) {
+				// The identity holds its most entries on the key: the newcomer waits
+				// for the sweep to forget one whose Envoy stopped reporting; no lease
+				// in use is cut.
 				a.res = quota.KeyResult{Key: a.k.Key, Status: quota.StatusRetry, RetryAfter: max(a.interval, time.Second)}
-				a.at, a.tag = now, g.f.tag(v.state)
+				a.at, a.tag = now, g.f.tag(l.state)
+				l.sweepSoon = true
 				s.m.identityFull.Inc()
 				continue
 			}
-			a.res, ch = g.f.decide(&v, now, a.envoy, a.k, a.interval, a.ao)
+			a.res, ch = g.f.decide(l, now, a.envoy, a.k, a.interval, a.ao)
 			if a.res.Status == quota.StatusRetry {
-				s.m.keyFull.Inc() // decide answers retry only for a ledger full of live leases
+				s.m.keyFull.Inc() // decide answers retry only for a ledger full of entries
 			}
-			a.at, a.tag = now, g.f.tag(v.state)
+			a.at, a.tag = now, g.f.tag(l.state)
 			changed = changed || ch
-			interval = max(interval, a.interval)
 		}
+		s.sweeps.after(g.key, l.count, l.sweepSoon, snaps[j].Cursor, reads[j].Scan.Count > 0)
 		opOf[j] = -1
 		if changed {
 			// An unchanged key is not written: its value keeps its own expiry.
-			next, ttl := g.f.store(&v, now, interval)
+			next, ttl := g.f.store(&l.header, now)
+			op := Op{Key: g.key, Old: snaps[j].Header, New: next, TTL: ttl, Del: make([]string, 0, len(l.removed))}
+			for name := range l.dirty {
+				op.Set = append(op.Set, Field{Name: entryPrefix + name, Value: l.entries[name].encode()})
+			}
+			for _, name := range l.removed {
+				op.Del = append(op.Del, entryPrefix+name)
+			}
+			for o, by := range l.adds {
+				if by != 0 {
+					op.Add = append(op.Add, Delta{Name: ownerPrefix + o, By: by})
+				}
+			}
 			opOf[j] = len(ops)
-			ops = append(ops, Op{Key: g.key, Old: vals[j], New: next, TTL: ttl})
+			ops = append(ops, op)
 		}
 	}
 	var applied []bool
@@ -359,4 +405,66 @@ func (s *Service) attempt(pending *[]group) error {
 	}
 	*pending = next
 	return nil
+}
+
+// sweeper schedules the sweeps of this replica: a key holding more than
+// sweepFrom entries is swept about once a second, a part of about a sixteenth of
+// its entries each time, so that every entry is looked at within half a minute
+// or so (two replicas sweep independently); a key a newcomer found full at its
+// next round. Keys are remembered up to maxSwept; past that the map starts over.
+type sweeper struct {
+	mu   sync.Mutex
+	keys map[string]*sweepState
+	now  func() int64 // the service clock, Unix ns
+}
+
+type sweepState struct {
+	next   int64
+	cursor string
+	count  uint32
+}
+
+const (
+	sweepFrom  = 16
+	sweepEvery = time.Second
+	maxSwept   = 1 << 14
+	// sweepMost bounds one sweep's fields (HSCAN's COUNT is a hint).
+	sweepMost = 1024
+)
+
+// due returns the scan a round of key should make: none (Count 0) unless one is due.
+func (w *sweeper) due(key string) Scan {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.keys[key]
+	if st == nil || w.now() < st.next {
+		return Scan{}
+	}
+	return Scan{Cursor: st.cursor, Count: int(min(max(64, st.count/16), sweepMost))}
+}
+
+// after records a round of key: its entry count, whether a newcomer found it
+// full (soon), and, if it scanned, the cursor to go on from.
+func (w *sweeper) after(key string, count uint32, soon bool, cursor string, scanned bool) {
+	if count <= sweepFrom && !soon {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := w.keys[key]
+	if st == nil {
+		if w.keys == nil || len(w.keys) >= maxSwept {
+			w.keys = map[string]*sweepState{}
+		}
+		st = &sweepState{next: w.now() + int64(sweepEvery)}
+		w.keys[key] = st
+	}
+	st.count = count
+	if scanned {
+		st.cursor = cursor
+		st.next = w.now() + int64(sweepEvery)
+	}
+	if soon {
+		st.next = 0
+	}
 }

@@ -33,12 +33,12 @@ func consumed(t *testing.T, s *Service, b Backend, p *policies, clk *clock) uint
 	}
 	ri := c.byID["hot"]
 	skey := c.pfx[ri] + hotKey
-	vals, err := b.Load(context.Background(), []string{skey})
+	snaps, err := b.Load(context.Background(), []Read{{Key: skey}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := c.fleet[ri]
-	v, err := decodeValue(vals[0], f.lim.StateSize())
+	v, err := decodeHeader(snaps[0].Header, f.lim.StateSize())
 	if err != nil || v.state == nil {
 		t.Fatalf("stored value of %s: %v", skey, err)
 	}
@@ -164,7 +164,7 @@ type failing struct{}
 
 var errDown = errors.New("connection refused")
 
-func (failing) Load(context.Context, []string) ([][]byte, error) { return nil, errDown }
+func (failing) Load(context.Context, []Read) ([]Snapshot, error) { return nil, errDown }
 func (failing) Swap(context.Context, []Op) ([]bool, error)       { return nil, errDown }
 
 // TestBackendErrorIsAnOutage: an error of the backend itself still fails the whole
@@ -229,7 +229,7 @@ type gated struct {
 	release chan struct{}
 }
 
-func (g *gated) Load(ctx context.Context, keys []string) ([][]byte, error) {
+func (g *gated) Load(ctx context.Context, keys []Read) ([]Snapshot, error) {
 	if g.first.CompareAndSwap(false, true) {
 		g.entered <- struct{}{}
 		<-g.release

@@ -20,10 +20,11 @@ const (
 	// Headroom is the sizing factor: a grant covers the Envoy's recent rate for
 	// Headroom × its report interval (5/4: a little more than one report period).
 	headroomNum, headroomDen = 5, 4
-	// MaxEnvoysPerKey bounds a key's ledger: a further Envoy takes the place of
-	// the least recent entry without a live lease, or is answered retry while
-	// every entry holds one.
-	MaxEnvoysPerKey = 2048
+	// MaxEnvoysPerKey is the default bound of a key's ledger
+	// (Options.MaxEntriesPerKey; about 100 bytes of Redis memory an entry): a
+	// further Envoy is answered retry until the sweep has forgotten entries whose
+	// Envoys stopped reporting (forgetAfter).
+	MaxEnvoysPerKey = 1 << 18
 	// retainReports is how many report intervals an Envoy counts as active for a key
 	// after its last report (it shares the remainder while active).
 	retainReports = 3
@@ -139,45 +140,36 @@ func (f *fleetLimiter) leaseEnd(tag uint64, now, start int64) int64 {
 	return now + int64(f.validity)
 }
 
-// load decodes a key's stored value; an absent or undecodable one is a fresh
+// load decodes a key's stored header; an absent or undecodable one is a fresh
 // key with no leases.
-func (f *fleetLimiter) load(old []byte) value {
+func (f *fleetLimiter) load(old []byte) header {
 	size := f.lim.StateSize()
-	v, err := decodeValue(old, size)
-	if err != nil || v.state == nil {
-		v.state = make([]byte, size)
-		v.entries = v.entries[:0]
+	h, err := decodeHeader(old, size)
+	if err != nil || h.state == nil {
+		h = header{state: make([]byte, size)}
 	}
-	return v
+	return h
 }
 
 // keyNow is the time a key is decided at by a replica whose clock says now.
 //
 // The key's clock never goes back: a replica whose clock is behind the one that
-// last wrote the key decides at that replica's time (the latest report in the
-// ledger), at most maxSkew ahead of its own. Deciding at a time earlier than the
+// last wrote the key decides at that replica's time (the latest decision on the
+// key), at most maxSkew ahead of its own. Deciding at a time earlier than the
 // state's would let one replica read the other's buckets as refilled (or as
 // implausible, hence fresh) and grant again, every time. The cap is relative to
 // this replica's own clock, whatever the order of the reports.
-func keyNow(v *value, now int64) int64 {
-	latest := now
-	for _, e := range v.entries {
-		latest = max(latest, e.last)
-	}
-	return min(latest, now+int64(maxSkew))
+func keyNow(h *header, now int64) int64 {
+	return min(max(h.latest, now), now+int64(maxSkew))
 }
 
-// store encodes v for the backend, with its expiry: until the state is idle,
-// every lease has ended and every Envoy is forgotten (an Envoy counts as active
-// for retainReports of the longest report interval seen), plus ttlSlack.
-func (f *fleetLimiter) store(v *value, now int64, interval time.Duration) ([]byte, time.Duration) {
-	now = keyNow(v, now)
-	retain := int64(retainReports) * int64(interval)
-	until := f.lim.IdleAt(v.state, now)
-	for _, e := range v.entries {
-		until = max(until, e.exp, e.last+retain)
-	}
-	next := v.encode(make([]byte, 0, 3+len(v.state)+10+len(v.entries)*64))
+// store encodes h for the backend, with the key's expiry: until the state is
+// idle, every lease has ended and every entry would be forgotten, plus ttlSlack.
+func (f *fleetLimiter) store(h *header, now int64) ([]byte, time.Duration) {
+	now = keyNow(h, now)
+	until := max(f.lim.IdleAt(h.state, now), h.maxExp, h.latest+int64(forgetAfter))
+	h.writes++
+	next := h.encode(make([]byte, 0, 96+len(h.state)+ringSlots*9))
 	return next, time.Duration(max(until-now, 0)) + ttlSlack
 }
 
@@ -225,8 +217,9 @@ func retainFor(interval time.Duration) int64 {
 // Envoy reports at least once while its share is kept.
 const reserveBefore = 5 * time.Second
 
-// share is the most one ask of me may be granted, with others other active
-// entries (a live lease or a recent report) in v and remaining units left at now.
+// share is the most one ask of me (whose stored value was old) may be granted,
+// with others other active entries (a report within retain) in l, assignment
+// clients (RLQS streams) among them, and remaining units left at now.
 //
 // Fixed windows are shared per window: each of the n active Envoys has a fair
 // share of the window's limit, ⌈L/n⌉, and may take what is left of its own
@@ -238,14 +231,16 @@ const reserveBefore = 5 * time.Second
 // finds its share kept, however often the others ask; after that, what is left
 // goes to whoever asks. The Wasm filter's leases keep nothing for each other:
 // they ask often enough to take their turn, and an Envoy holding its lease
-// without asking must not keep budget from those that do.
+// without asking must not keep budget from those that do. What the assignment
+// clients have claimed is the header's sum of their grants in the window
+// (firstA), so a share above ⌈L/n⌉ counts against the others' reserve.
 //
 // Alone on the key an Envoy may take half the remainder (so that a newcomer still
 // finds some). Other algorithms with others: half the remainder split among them
 // and a newcomer, or the Envoy's equal share of the budget in play (what remains
-// and what the active Envoys hold) less what it holds (nothing for an assignment,
-// which replaces it), whichever is more.
-func (f *fleetLimiter) share(v *value, me *entry, others int, retain int64, remaining uint64, lim uint64, tag uint64, now int64, assignment bool) uint64 {
+// and what the entries hold, the header's heldSum) less what it holds (nothing
+// for an assignment, which replaces it), whichever is more.
+func (f *fleetLimiter) share(l *ledger, name string, me, old *entry, others, assignments uint64, remaining, lim, tag uint64, now int64, assignment bool) uint64 {
 	held := me.held
 	if assignment {
 		held = 0
@@ -254,87 +249,76 @@ func (f *fleetLimiter) share(v *value, me *entry, others int, retain int64, rema
 		return max(1, remaining/2)
 	}
 	if f.alg == limit.FixedWindow {
-		n := uint64(others + 1)
+		n := others + 1
 		fairW := (lim + n - 1) / n
-		got := func(e *entry) uint64 {
-			if e.tag != tag {
-				return 0
-			}
-			return min(e.first, fairW)
+		got := min(me.first, fairW)
+		if me.tag != tag {
+			got = 0
 		}
 		var reserved uint64
-		if int64(tag)-now > int64(reserveBefore) {
-			for i := range v.entries {
-				if e := &v.entries[i]; e != me && (e.held > 0 || e.last+retain > now) && assignmentEntry(e.envoy) {
-					reserved += fairW - got(e)
-				}
+		if int64(tag)-now > int64(reserveBefore) && assignments > 0 {
+			claimed := l.firstA
+			if l.winTag != tag {
+				claimed = 0
+			} else if assignmentEntry(name) && old.tag == tag {
+				claimed -= min(claimed, old.first)
 			}
+			reserved = assignments*fairW - min(claimed, assignments*fairW)
 		}
-		mine := fairW - got(me)
+		mine := fairW - got
 		free := remaining - min(remaining, reserved)
-		return max(1, min(mine, remaining), free/uint64(others+2))
+		return max(1, min(mine, remaining), free/(others+2))
 	}
-	inPlay := remaining + held
-	for i := range v.entries {
-		if e := &v.entries[i]; e != me && (e.held > 0 || e.last+retain > now) {
-			inPlay += e.held
-		}
-	}
-	fair := inPlay / uint64(others+1)
-	return max(1, remaining/uint64(others+2), fair-min(fair, held))
+	inPlay := remaining + held + (l.heldSum - min(l.heldSum, old.held))
+	fair := inPlay / (others + 1)
+	return max(1, remaining/(others+2), fair-min(fair, held))
 }
 
-// decide applies one Envoy's report and ask for one key to the decoded value v at
-// now (service clock, Unix ns), sizing the grant for a report interval of
-// interval, and reports whether v changed. Several asks decided one after another
-// on one v are what a round records with one write. ao is nil for the filter's
-// leases.
-func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyRequest, interval time.Duration, ao *assignOpts) (quota.KeyResult, bool) {
+// decide applies one Envoy's report and ask for one key to the ledger l at now
+// (service clock, Unix ns), sizing the grant for a report interval of interval,
+// and reports whether l changed. Several asks decided one after another on one l
+// are what a round records with one write; the asker's entry is in l.entries
+// when it is stored. ao is nil for the filter's leases.
+func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRequest, interval time.Duration, ao *assignOpts) (quota.KeyResult, bool) {
 	size := f.lim.StateSize()
-	now = keyNow(v, now)
+	now = keyNow(&l.header, now)
 	cur := make([]byte, size)
 	tmp := make([]byte, size)
 	// Normalise the state at now (a probe decides nothing).
-	probe := f.lim.Decide(v.state, cur, now, 0)
+	probe := f.lim.Decide(l.state, cur, now, 0)
 	tag := f.tag(cur)
+	l.ring.advance(slotOf(now))
 
-	// The ledger: leases that ended or belong to another window/slot are over; their
-	// units are never credited back (they were counted where they were granted).
 	retain := retainFor(interval)
-	var me *entry
-	others := 0
-	kept := v.entries[:0]
-	for _, e := range v.entries {
-		if e.held > 0 && (e.exp <= now || e.tag != tag) {
-			e.held, e.exp = 0, 0
-		}
-		if e.held == 0 && e.last+retain <= now && e.envoy != envoy {
-			continue // idle: forget it
-		}
-		kept = append(kept, e)
-	}
-	v.entries = kept
-	for i := range v.entries {
-		if v.entries[i].envoy == envoy {
-			me = &v.entries[i]
-		} else if v.entries[i].held > 0 || v.entries[i].last+retain > now {
-			others++
-		}
-	}
 	var res quota.KeyResult
 	res.Key = k.Key
+	me, fresh := l.entries[envoy], false
 	if me == nil {
-		if len(v.entries) >= MaxEnvoysPerKey && !dropIdle(v, now, retain) {
-			// Every entry holds a live lease of an Envoy that reports: the newcomer
-			// is answered retry (the key's budget may well remain), and comes in
-			// when a lease ends.
+		if l.count >= l.maxEntries {
+			// Every slot is taken: the newcomer is answered retry (the key's budget
+			// may well remain), and comes in when the sweep has forgotten an Envoy
+			// that stopped reporting.
+			l.sweepSoon = true
 			res.Status = quota.StatusRetry
 			res.RetryAfter = max(interval, time.Second)
 			return res, false
 		}
-		v.entries = append(v.entries, entry{envoy: envoy})
-		me = &v.entries[len(v.entries)-1]
+		me, fresh = l.create(envoy), true
 	}
+	old := *me
+	// A lease that ended or belongs to another window/slot is over; its units are
+	// never credited back (they were counted where they were granted).
+	if me.held > 0 && (me.exp <= now || me.tag != tag) {
+		me.held, me.exp = 0, 0
+	}
+	all, assignments := l.ring.active(now, retain)
+	if !fresh && l.ring.counts(old.last, now, retain) {
+		all--
+		if assignmentEntry(envoy) {
+			assignments--
+		}
+	}
+	others := all
 
 	// Units the Envoy reports used were spent: they are no longer held, neither for
 	// sizing (a steadily used key would otherwise be sized down to single units once
@@ -356,7 +340,7 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 			// never takes the debt below what the grants made after that one
 			// (total-seq units) can account for: then the bucket is never emptier
 			// than if the first grant had been smaller by the credit.
-			since := v.total - me.seq
+			since := l.total - me.seq
 			debt := f.debtUnits(cur, now)
 			if debt > since {
 				returned = min(returned, debt-since, me.first)
@@ -413,7 +397,7 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 				want = 1
 			}
 		}
-		want = min(want, f.share(v, me, others, retain, probe.Remaining, probe.Limit, tag, now, ao != nil))
+		want = min(want, f.share(l, envoy, me, &old, others, assignments, probe.Remaining, probe.Limit, tag, now, ao != nil))
 		if ao != nil && ao.fit != nil {
 			if fit := ao.fit(want, time.Duration(life)); fit > 0 {
 				want = fit
@@ -450,7 +434,7 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 		res.Status = quota.StatusGranted
 	}
 	if granted > 0 {
-		v.total += granted
+		l.total += granted
 		switch {
 		case f.validity == 0:
 			// Fixed window, time wheel: first counts what the Envoy was granted
@@ -460,7 +444,7 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 			}
 			me.first += granted
 		case me.held == 0:
-			me.seq, me.first = v.total, granted
+			me.seq, me.first = l.total, granted
 		}
 		start := me.exp
 		if ao != nil {
@@ -471,12 +455,13 @@ func (f *fleetLimiter) decide(v *value, now int64, envoy string, k *quota.KeyReq
 		me.held += granted
 	}
 	me.last = now
+	l.update(envoy, old, fresh, me, tag)
 	res.Granted, res.Held = granted, me.held
-	res.Envoys = uint32(others + 1)
+	res.Envoys = uint32(min(others+1, 1<<32-1))
 	if me.held > 0 {
 		res.ExpiresIn = time.Duration(me.exp - now)
 	}
-	v.state = cur
+	l.state = cur
 	return res, true
 }
 

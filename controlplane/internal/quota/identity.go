@@ -29,7 +29,7 @@ const (
 )
 
 // DefaultMaxEntriesPerIdentity is Options.MaxEntriesPerIdentity's default.
-const DefaultMaxEntriesPerIdentity = 256
+const DefaultMaxEntriesPerIdentity = 16384
 
 // identify returns the ledger owner of a request: "" under IdentityBody, else the
 // prefix naming its identity (Owner). It answers 401 (or 403 for a certificate

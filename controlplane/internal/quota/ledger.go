@@ -3,39 +3,72 @@ package quota
 import (
 	"encoding/binary"
 	"errors"
+	"time"
 )
 
-// value is what the backend stores under one counter key: the global limiter state
-// and the ledger of leases, one entry per Envoy that asked recently.
+// A counter key's quota state is split so that a round reads and writes what its
+// askers touch, never the whole fleet (docs/RATIONALE.md, "One key, thousands of
+// Envoys"). The backend stores it as a hash of fields under the key:
 //
-// Encoding (little-endian), format 1:
+//	"h"            the header: the limiter state and the ledger's aggregates
+//	"e:" + name    one ledger entry per Envoy (or RLQS stream) that asked recently
+//	"o:" + owner   how many entries an identity holds on the key
 //
-//	[0]        1 (format)
+// Every write of a round is one compare-and-swap on the header that sets the
+// changed entries and owner counts with it, so a header that did not change
+// means no entry changed either.
+const (
+	headerField = "h"
+	entryPrefix = "e:"
+	ownerPrefix = "o:"
+)
+
+// header is the "h" field of a key.
+//
+// Encoding (little-endian), format 2:
+//
+//	[0]        2 (format)
 //	[1:3]      n, uint16: state length
 //	[3:3+n]    limiter state (limit.Limiter bytes)
-//	u64        total: units ever granted under this value (wrapping counter)
-//	u16        m: ledger entries, then m times:
-//	  u8 len, id bytes   Envoy id
-//	  u64 held           units granted and not returned
-//	  i64 exp            Unix ns the lease ends (service clock); 0 = none
-//	  u64 tag            window end (fixed_window) or slot (time_wheel) of the lease
-//	  i64 last           Unix ns of the Envoy's last report for this key
-//	  u64 seq            total just after the lease's first grant (token_bucket, gcra)
-//	  u64 first          token_bucket, gcra: units of that first grant not yet
-//	                     credited back; fixed_window, time_wheel: units granted
-//	                     under tag (fleetLimiter.share)
+//	u64 total    units ever granted under this key (wrapping counter)
+//	i64 latest   Unix ns of the latest decision (keyNow)
+//	i64 maxExp   Unix ns of the latest lease end granted
+//	u64 writes   rounds written (every write changes the header)
+//	u32 count    ledger entries stored
+//	u64 heldSum  Σ held over the stored entries
+//	u64 winTag   the window or slot firstA counts in
+//	u64 firstA   Σ first of the assignment entries (RLQS streams) of winTag
+//	i64 ringAt   the ring's newest slot (Unix ns / ringSlot)
+//	u8 k, then k times: u8 age (ringAt − slot), u32 all, u32 assignment
+//	             entries whose last report fell in that slot (non-zero slots only)
 //
 // Only this code writes these values, under a key that names the rule's
-// fingerprint (so the state size always matches); a value that does not decode
-// anyway reads as a fresh key with no leases.
-type value struct {
+// fingerprint (so the state size always matches); a header that does not
+// decode reads as a fresh key.
+type header struct {
 	state   []byte
 	total   uint64
-	entries []entry
+	latest  int64
+	maxExp  int64
+	writes  uint64
+	count   uint32
+	heldSum uint64
+	winTag  uint64
+	firstA  uint64
+	ring    activity
 }
 
+// entry is one Envoy's lease on a key ("e:" + its name). Encoding: six
+// little-endian 64-bit fields, 48 bytes.
+//
+//	held   units granted and not returned
+//	exp    Unix ns the lease ends (service clock); 0 = none
+//	tag    window end (fixed_window) or slot (time_wheel) of the lease
+//	last   Unix ns of the Envoy's last report for this key
+//	seq    total just after the lease's first grant (token_bucket, gcra)
+//	first  token_bucket, gcra: units of that first grant not yet credited
+//	       back; fixed_window, time_wheel: units granted under tag (share)
 type entry struct {
-	envoy string
 	held  uint64
 	exp   int64
 	tag   uint64
@@ -44,72 +77,186 @@ type entry struct {
 	first uint64
 }
 
-const formatV1 = 1
+const (
+	formatV2  = 2
+	entrySize = 48
+)
 
 var errFormat = errors.New("quota: stored value does not decode")
 
-func decodeValue(b []byte, stateSize int) (value, error) {
-	var v value
-	if len(b) == 0 {
-		return v, nil
-	}
-	if len(b) < 5 || b[0] != formatV1 {
-		return value{}, errFormat
-	}
-	n := int(binary.LittleEndian.Uint16(b[1:3]))
-	if len(b) < 3+n+10 || n != stateSize {
-		return value{}, errFormat
-	}
-	v.state = b[3 : 3+n]
-	p := 3 + n
-	v.total = binary.LittleEndian.Uint64(b[p:])
-	p += 8
-	m := int(binary.LittleEndian.Uint16(b[p:]))
-	p += 2
-	v.entries = make([]entry, 0, m+1)
-	for i := 0; i < m; i++ {
-		if p >= len(b) {
-			return value{}, errFormat
-		}
-		l := int(b[p])
-		p++
-		if p+l+48 > len(b) {
-			return value{}, errFormat
-		}
-		e := entry{envoy: string(b[p : p+l])}
-		p += l
-		e.held = binary.LittleEndian.Uint64(b[p:])
-		e.exp = int64(binary.LittleEndian.Uint64(b[p+8:]))
-		e.tag = binary.LittleEndian.Uint64(b[p+16:])
-		e.last = int64(binary.LittleEndian.Uint64(b[p+24:]))
-		e.seq = binary.LittleEndian.Uint64(b[p+32:])
-		e.first = binary.LittleEndian.Uint64(b[p+40:])
-		p += 48
-		v.entries = append(v.entries, e)
-	}
-	if p != len(b) {
-		return value{}, errFormat
-	}
-	return v, nil
+// activity counts a key's entries by when their Envoy last reported, in
+// ringSlots slots of ringSlot: how many Envoys are active (reported within a
+// retention) is a sum over the newest slots, without reading any entry.
+type activity struct {
+	at       int64 // newest slot
+	all, asg [ringSlots]uint32
 }
 
-func (v *value) encode(dst []byte) []byte {
-	dst = append(dst, formatV1)
-	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(v.state)))
-	dst = append(dst, v.state...)
-	dst = binary.LittleEndian.AppendUint64(dst, v.total)
-	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(v.entries)))
-	for _, e := range v.entries {
-		dst = append(dst, byte(len(e.envoy)))
-		dst = append(dst, e.envoy...)
-		dst = binary.LittleEndian.AppendUint64(dst, e.held)
-		dst = binary.LittleEndian.AppendUint64(dst, uint64(e.exp))
-		dst = binary.LittleEndian.AppendUint64(dst, e.tag)
-		dst = binary.LittleEndian.AppendUint64(dst, uint64(e.last))
-		dst = binary.LittleEndian.AppendUint64(dst, e.seq)
-		dst = binary.LittleEndian.AppendUint64(dst, e.first)
+const (
+	ringSlot  = 2 * time.Second
+	ringSlots = 64
+	// maxRetain is the longest an Envoy counts as active after its last report,
+	// whatever its report interval: what the ring covers, less a slot.
+	maxRetain = (ringSlots - 1) * ringSlot
+	// forgetAfter is how long after an Envoy's last report its entry is removed
+	// by the sweep (units it still holds stay counted: they were taken from the
+	// budget when granted, and only a report can show them unspent).
+	forgetAfter = 2 * time.Minute
+)
+
+func slotOf(t int64) int64 { return t / int64(ringSlot) }
+
+// advance moves the newest slot to s, clearing the slots it passes.
+func (r *activity) advance(s int64) {
+	if s <= r.at {
+		return
 	}
+	if s-r.at >= ringSlots {
+		r.all, r.asg = [ringSlots]uint32{}, [ringSlots]uint32{}
+	} else {
+		for i := r.at + 1; i <= s; i++ {
+			r.all[i%ringSlots], r.asg[i%ringSlots] = 0, 0
+		}
+	}
+	r.at = s
+}
+
+func (r *activity) holds(s int64) bool { return s <= r.at && s > r.at-ringSlots }
+
+// remove takes out an entry whose last report was at last (0: never counted).
+func (r *activity) remove(last int64, asg bool) {
+	if s := slotOf(last); last > 0 && r.holds(s) {
+		i := s % ringSlots
+		r.all[i] -= min(r.all[i], 1)
+		if asg {
+			r.asg[i] -= min(r.asg[i], 1)
+		}
+	}
+}
+
+// add counts an entry reporting at now (the ring advanced to it).
+func (r *activity) add(now int64, asg bool) {
+	r.advance(slotOf(now))
+	i := slotOf(now) % ringSlots
+	r.all[i]++
+	if asg {
+		r.asg[i]++
+	}
+}
+
+// active returns how many entries reported within retain of now (to the slot:
+// up to ringSlot more), all and assignment entries.
+func (r *activity) active(now, retain int64) (all, asg uint64) {
+	from := slotOf(now - min(retain, int64(maxRetain)))
+	for s := max(from, r.at-ringSlots+1); s <= r.at; s++ {
+		all += uint64(r.all[s%ringSlots])
+		asg += uint64(r.asg[s%ringSlots])
+	}
+	return all, asg
+}
+
+// counts reports whether an entry whose last report was at last is among those
+// active counts within retain of now.
+func (r *activity) counts(last, now, retain int64) bool {
+	s := slotOf(last)
+	return last > 0 && r.holds(s) && s >= slotOf(now-min(retain, int64(maxRetain)))
+}
+
+func decodeHeader(b []byte, stateSize int) (header, error) {
+	var h header
+	if len(b) == 0 {
+		return h, nil
+	}
+	if len(b) < 3 || b[0] != formatV2 {
+		return header{}, errFormat
+	}
+	n := int(binary.LittleEndian.Uint16(b[1:3]))
+	if n != stateSize || len(b) < 3+n+77 {
+		return header{}, errFormat
+	}
+	h.state = b[3 : 3+n]
+	p := b[3+n:]
+	u64 := func() uint64 { v := binary.LittleEndian.Uint64(p); p = p[8:]; return v }
+	h.total = u64()
+	h.latest = int64(u64())
+	h.maxExp = int64(u64())
+	h.writes = u64()
+	h.count = binary.LittleEndian.Uint32(p)
+	p = p[4:]
+	h.heldSum = u64()
+	h.winTag = u64()
+	h.firstA = u64()
+	h.ring.at = int64(u64())
+	k := int(p[0])
+	p = p[1:]
+	if len(p) != k*9 {
+		return header{}, errFormat
+	}
+	for range k {
+		age := int64(p[0])
+		if age >= ringSlots {
+			return header{}, errFormat
+		}
+		i := (h.ring.at - age) % ringSlots
+		h.ring.all[i] = binary.LittleEndian.Uint32(p[1:])
+		h.ring.asg[i] = binary.LittleEndian.Uint32(p[5:])
+		p = p[9:]
+	}
+	return h, nil
+}
+
+func (h *header) encode(dst []byte) []byte {
+	dst = append(dst, formatV2)
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(h.state)))
+	dst = append(dst, h.state...)
+	dst = binary.LittleEndian.AppendUint64(dst, h.total)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.latest))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.maxExp))
+	dst = binary.LittleEndian.AppendUint64(dst, h.writes)
+	dst = binary.LittleEndian.AppendUint32(dst, h.count)
+	dst = binary.LittleEndian.AppendUint64(dst, h.heldSum)
+	dst = binary.LittleEndian.AppendUint64(dst, h.winTag)
+	dst = binary.LittleEndian.AppendUint64(dst, h.firstA)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.ring.at))
+	kAt := len(dst)
+	dst = append(dst, 0)
+	k := 0
+	for age := int64(0); age < ringSlots && age <= h.ring.at; age++ {
+		i := (h.ring.at - age) % ringSlots
+		if h.ring.all[i] == 0 && h.ring.asg[i] == 0 {
+			continue
+		}
+		dst = append(dst, byte(age))
+		dst = binary.LittleEndian.AppendUint32(dst, h.ring.all[i])
+		dst = binary.LittleEndian.AppendUint32(dst, h.ring.asg[i])
+		k++
+	}
+	dst[kAt] = byte(k)
 	return dst
+}
+
+func decodeEntry(b []byte) (entry, bool) {
+	if len(b) != entrySize {
+		return entry{}, false
+	}
+	return entry{
+		held:  binary.LittleEndian.Uint64(b),
+		exp:   int64(binary.LittleEndian.Uint64(b[8:])),
+		tag:   binary.LittleEndian.Uint64(b[16:]),
+		last:  int64(binary.LittleEndian.Uint64(b[24:])),
+		seq:   binary.LittleEndian.Uint64(b[32:]),
+		first: binary.LittleEndian.Uint64(b[40:]),
+	}, true
+}
+
+func (e *entry) encode() []byte {
+	b := make([]byte, 0, entrySize)
+	b = binary.LittleEndian.AppendUint64(b, e.held)
+	b = binary.LittleEndian.AppendUint64(b, uint64(e.exp))
+	b = binary.LittleEndian.AppendUint64(b, e.tag)
+	b = binary.LittleEndian.AppendUint64(b, uint64(e.last))
+	b = binary.LittleEndian.AppendUint64(b, e.seq)
+	return binary.LittleEndian.AppendUint64(b, e.first)
 }
 
 // TokenOwner is the ledger prefix of every caller the quota token alone
@@ -128,36 +275,130 @@ func EntryName(owner, id string) string {
 	return owner + id
 }
 
-// makeRoom keeps one identity from filling a key's ledger. When the entry name
-// (owner then the Envoy's id) is not in v and owner already has maxN entries, it
-// removes the owner's entry that can best give way (giveWay) and reports evicted;
-// when none can, it removes nothing and reports full: the newcomer is answered
-// retry, and no lease in use is touched. owner "" (no identity) is never limited.
-func makeRoom(v *value, name, owner string, maxN int, now, retain int64) (evicted, full bool) {
-	if owner == "" || maxN <= 0 {
-		return false, false
+// ownerOf returns the identity prefix (Owner) an entry name begins with, "" for
+// a token caller's entry.
+func ownerOf(name string) string {
+	if len(name) > ownerLen && name[ownerLen-1] == '/' && name[:len(TokenOwner)] != TokenOwner {
+		return name[:ownerLen]
 	}
-	n, best := 0, -1
-	for i := range v.entries {
-		e := &v.entries[i]
-		if e.envoy == name {
-			return false, false
+	return ""
+}
+
+// ownerLen is the length of Owner's prefixes.
+const ownerLen = 17
+
+// ledger is one key as a round sees it: the header, the entries of its askers
+// and of the sweep, and what the round changed.
+type ledger struct {
+	header
+	entries map[string]*entry // loaded or created this round, by name
+	stored  map[string]bool   // names stored before this round
+	owners  map[string]int64  // entries per owner: loaded, plus this round's changes
+	dirty   map[string]bool   // entries to write
+	removed []string          // entries to delete
+	adds    map[string]int64  // owner count changes
+	// maxEntries bounds count (Options.MaxEntriesPerKey).
+	maxEntries uint32
+	// sweepSoon asks for a sweep of the key at its next round: a newcomer found
+	// it or its identity full.
+	sweepSoon bool
+}
+
+func newLedger(h header) *ledger {
+	return &ledger{header: h, entries: map[string]*entry{}, stored: map[string]bool{}, owners: map[string]int64{},
+		dirty: map[string]bool{}, adds: map[string]int64{}}
+}
+
+// create adds an entry for name, counting it for its owner.
+func (l *ledger) create(name string) *entry {
+	e := &entry{}
+	l.entries[name] = e
+	l.count++
+	if o := ownerOf(name); o != "" {
+		l.owners[o]++
+		l.adds[o]++
+	}
+	return e
+}
+
+// update records that the entry name changed from old (zero and fresh for a new
+// one) to e: the aggregates follow, and the entry is written.
+func (l *ledger) update(name string, old entry, fresh bool, e *entry, tag uint64) {
+	asg := assignmentEntry(name)
+	l.heldSum += e.held - old.held
+	if l.winTag != tag {
+		l.winTag, l.firstA = tag, 0
+	}
+	if asg {
+		if !fresh && old.tag == l.winTag {
+			l.firstA -= min(l.firstA, old.first)
 		}
-		if len(e.envoy) >= len(owner) && e.envoy[:len(owner)] == owner {
-			n++
-			if giveWay(e, now, retain) > 0 && (best < 0 || better(e, &v.entries[best], now, retain)) {
-				best = i
-			}
+		if e.tag == l.winTag {
+			l.firstA += e.first
 		}
 	}
-	switch {
-	case n < maxN:
-		return false, false
-	case best < 0:
-		return false, true
+	if !fresh {
+		l.ring.remove(old.last, asg)
 	}
-	v.entries = append(v.entries[:best], v.entries[best+1:]...)
-	return true, false
+	l.ring.add(e.last, asg)
+	l.maxExp = max(l.maxExp, e.exp)
+	l.latest = max(l.latest, e.last)
+	l.dirty[name] = true
+}
+
+// forget removes the stored entry name (e) from the ledger.
+func (l *ledger) forget(name string, e *entry) {
+	l.heldSum -= min(l.heldSum, e.held)
+	asg := assignmentEntry(name)
+	if asg && e.tag == l.winTag {
+		l.firstA -= min(l.firstA, e.first)
+	}
+	l.ring.remove(e.last, asg)
+	l.count -= min(l.count, 1)
+	if o := ownerOf(name); o != "" {
+		l.owners[o]--
+		l.adds[o]--
+	}
+	delete(l.entries, name)
+	delete(l.dirty, name)
+	l.removed = append(l.removed, name)
+}
+
+// sweep removes, of the entries a scan returned, those whose Envoy has not
+// reported for forgetAfter (a pod gone in a rollout: its units stay counted),
+// and clears the units of ended leases from the others, so that heldSum stays
+// what the live leases hold. Under pressure (a newcomer found the key or its
+// identity full) it also removes every entry that can give way (giveWay).
+// Entries this round already holds are skipped.
+func (l *ledger) sweep(scanned []Field, now int64, pressure bool) (forgotten int) {
+	for _, f := range scanned {
+		name, ok := cutPrefix(f.Name, entryPrefix)
+		if !ok || l.entries[name] != nil {
+			continue
+		}
+		e, ok := decodeEntry(f.Value)
+		if !ok {
+			continue
+		}
+		switch {
+		case e.last+int64(forgetAfter) <= now, pressure && giveWay(&e, now, retainFor(0)) > 0:
+			l.forget(name, &e)
+			forgotten++
+		case e.held > 0 && e.exp <= now:
+			l.heldSum -= min(l.heldSum, e.held)
+			e.held, e.exp = 0, 0
+			l.entries[name] = &e
+			l.dirty[name] = true
+		}
+	}
+	return forgotten
+}
+
+func cutPrefix(s, p string) (string, bool) {
+	if len(s) < len(p) || s[:len(p)] != p {
+		return s, false
+	}
+	return s[len(p):], true
 }
 
 // giveWay ranks how readily an entry gives its place to a newcomer at now, with
@@ -178,26 +419,4 @@ func giveWay(e *entry, now, retain int64) int {
 		return 1
 	}
 	return 0
-}
-
-// better reports whether a gives way before b: higher rank, then less recent.
-func better(a, b *entry, now, retain int64) bool {
-	ra, rb := giveWay(a, now, retain), giveWay(b, now, retain)
-	return ra > rb || ra == rb && a.last < b.last
-}
-
-// dropIdle removes the entry of v that best gives way (giveWay) and reports
-// whether there was one.
-func dropIdle(v *value, now, retain int64) bool {
-	best := -1
-	for i := range v.entries {
-		if e := &v.entries[i]; giveWay(e, now, retain) > 0 && (best < 0 || better(e, &v.entries[best], now, retain)) {
-			best = i
-		}
-	}
-	if best < 0 {
-		return false
-	}
-	v.entries = append(v.entries[:best], v.entries[best+1:]...)
-	return true
 }

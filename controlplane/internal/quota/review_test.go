@@ -32,7 +32,8 @@ func storageKey(t testing.TB, s *Service, p *policies, rule, key string) string 
 
 // TestFullLedgerOfEmptyEntriesGivesWay: a ledger full of entries that hold no units
 // (made-up ids that asked once and gave their unit back) never keeps a newcomer out
-// of a key whose budget remains: the least recent empty entry gives way.
+// of a key whose budget remains: it is answered retry, never refused, and the sweep
+// that its retry starts removes the empty entries before its next ask.
 func TestFullLedgerOfEmptyEntriesGivesWay(t *testing.T) {
 	clk := &clock{}
 	clk.set(base() + int64(time.Second))
@@ -40,9 +41,11 @@ func TestFullLedgerOfEmptyEntriesGivesWay(t *testing.T) {
 	p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
 		`"id":"fw","algorithm":"fixed_window","limit":100000000`, 1))
 	s := newService(t, NewMemory(), p, clk)
+	const maxEntries = 64
+	s.o.MaxEntriesPerKey = maxEntries
 	key := globalKey("fw")
-	es := newEnvoys(MaxEnvoysPerKey + 1)
-	for _, e := range es[:MaxEnvoysPerKey] {
+	es := newEnvoys(maxEntries + 1)
+	for _, e := range es[:maxEntries] {
 		if r := ask(t, s, e, "fw", key, 0, 0, 1); r.Granted != 1 {
 			t.Fatalf("%+v", r)
 		}
@@ -50,8 +53,11 @@ func TestFullLedgerOfEmptyEntriesGivesWay(t *testing.T) {
 			t.Fatalf("after the return: %+v", r)
 		}
 	}
-	if r := ask(t, s, es[MaxEnvoysPerKey], "fw", key, 0, 0, 5); r.Status != quota.StatusGranted || r.Granted != 5 {
-		t.Fatalf("a newcomer on a ledger full of empty entries: %+v", r)
+	if r := ask(t, s, es[maxEntries], "fw", key, 0, 0, 5); r.Status != quota.StatusRetry {
+		t.Fatalf("a newcomer on a ledger full of empty entries: %+v, want retry", r)
+	}
+	if r := ask(t, s, es[maxEntries], "fw", key, 0, 0, 5); r.Status != quota.StatusGranted || r.Granted != 5 {
+		t.Fatalf("the newcomer asking again: %+v", r)
 	}
 }
 
@@ -69,13 +75,15 @@ func TestFullLedgerOfQuietLeasesGivesWay(t *testing.T) {
 	p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
 		`"id":"fw","algorithm":"fixed_window","limit":`+strconv.Itoa(lim), 1))
 	s := newService(t, NewMemory(), p, clk)
+	const maxEntries = 64
+	s.o.MaxEntriesPerKey = maxEntries
 	key := globalKey("fw")
-	es := newEnvoys(MaxEnvoysPerKey + 1)
+	es := newEnvoys(maxEntries + 1)
 	var total uint64
-	for _, e := range es[:MaxEnvoysPerKey] {
+	for _, e := range es[:maxEntries] {
 		total += ask(t, s, e, "fw", key, 0, 0, 1).Granted
 	}
-	newcomer := es[MaxEnvoysPerKey]
+	newcomer := es[maxEntries]
 	if r := ask(t, s, newcomer, "fw", key, 0, 0, 5); r.Status != quota.StatusRetry {
 		t.Fatalf("a newcomer while every lease is active: %+v, want retry", r)
 	}
@@ -104,21 +112,23 @@ func TestFullLedgerKeepsTheKeysState(t *testing.T) {
 			clk.set(base() + int64(time.Second))
 			p := newPolicies(t)
 			// A limit above the ledger's size: every Envoy of a full ledger holds a unit.
-			const lim = 2 * MaxEnvoysPerKey
+			const maxEntries = 256
+			const lim = 2 * maxEntries
 			p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
 				`"id":"fw","algorithm":"fixed_window","limit":`+strconv.Itoa(lim), 1))
 			s := newService(t, b, p, clk)
+			s.o.MaxEntriesPerKey = maxEntries
 			key := globalKey("fw")
-			es := newEnvoys(MaxEnvoysPerKey + 1)
+			es := newEnvoys(maxEntries + 1)
 			var total uint64
-			for _, e := range es[:MaxEnvoysPerKey] {
+			for _, e := range es[:maxEntries] {
 				total += ask(t, s, e, "fw", key, 0, 0, 1).Granted
 			}
-			if total != MaxEnvoysPerKey {
-				t.Fatalf("%d Envoys asking 1 unit each got %d", MaxEnvoysPerKey, total)
+			if total != maxEntries {
+				t.Fatalf("%d Envoys asking 1 unit each got %d", maxEntries, total)
 			}
-			if r := ask(t, s, es[MaxEnvoysPerKey], "fw", key, 0, 0, 1); r.Status != quota.StatusRetry || r.Granted != 0 {
-				t.Fatalf("Envoy %d on a full ledger: %+v", MaxEnvoysPerKey+1, r)
+			if r := ask(t, s, es[maxEntries], "fw", key, 0, 0, 1); r.Status != quota.StatusRetry || r.Granted != 0 {
+				t.Fatalf("Envoy %d on a full ledger: %+v", maxEntries+1, r)
 			}
 			skey := storageKey(t, s, p, "fw", key)
 			if client != nil {
@@ -128,9 +138,9 @@ func TestFullLedgerKeepsTheKeysState(t *testing.T) {
 			} else {
 				m := b.(*Memory)
 				m.Now = func() time.Time { return time.Now().Add(time.Second) }
-				vals, _ := m.Load(context.Background(), []string{skey})
+				snaps, _ := m.Load(context.Background(), []Read{{Key: skey}})
 				m.Now = nil
-				if vals[0] == nil {
+				if snaps[0].Header == nil {
 					t.Fatal("after the retry the key's value is gone")
 				}
 			}

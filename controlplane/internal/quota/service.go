@@ -70,10 +70,12 @@ type Options struct {
 	Identity IdentityMode
 	// MaxEntriesPerIdentity bounds the ledger entries one identity holds per key
 	// (default DefaultMaxEntriesPerIdentity): a further Envoy id of that identity
-	// takes the place of its least recently reporting entry without a live lease,
-	// or is answered retry while every one holds one (makeRoom); no live lease is
-	// ever cut short.
+	// is answered retry until the sweep has forgotten one of its entries whose
+	// Envoy stopped reporting (forgetAfter); no live lease is ever cut short.
 	MaxEntriesPerIdentity int
+	// MaxEntriesPerKey bounds a key's ledger entries (default MaxEnvoysPerKey): a
+	// further Envoy is answered retry until the sweep has forgotten one.
+	MaxEntriesPerKey int
 	// Limits bound a request (defaults shared/quota's).
 	Limits quota.Limits
 	// Validity is the longest lease of a token_bucket or gcra key (default
@@ -96,6 +98,7 @@ type Service struct {
 	m        *metrics
 
 	comb     *combiner
+	sweeps   sweeper
 	mu       sync.Mutex
 	cache    map[cacheKey]*compiled
 	lastWarn atomic.Int64
@@ -126,6 +129,9 @@ func New(o Options) *Service {
 	if o.Validity <= 0 {
 		o.Validity = DefaultValidity
 	}
+	if o.MaxEntriesPerKey <= 0 {
+		o.MaxEntriesPerKey = MaxEnvoysPerKey
+	}
 	if o.MaxEntriesPerIdentity <= 0 {
 		o.MaxEntriesPerIdentity = DefaultMaxEntriesPerIdentity
 	}
@@ -144,16 +150,18 @@ func New(o Options) *Service {
 	s := &Service{o: o, log: o.Logger, cache: make(map[cacheKey]*compiled), tokenSum: sha256.Sum256([]byte(o.Token))}
 	s.m = newMetrics(o.Registry)
 	s.comb = newCombiner()
+	s.sweeps.now = o.Now
 	return s
 }
 
 // StorageKey returns the backend key of counter key under a rule of fingerprint fp:
-// "{}sq:<fp hex>:<counter key>". The leading "{}" is an empty hash tag, so Redis
+// "{}sq2:<fp hex>:<counter key>" (2: the split layout of ledger.go; a key of the
+// earlier layout, one string value, is never read). The leading "{}" is an empty hash tag, so Redis
 // Cluster hashes the whole key (https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags)
 // whatever braces a key value holds; the fingerprint makes a changed rule start
 // afresh.
 func StorageKey(fp uint64, key string) string {
-	return "{}sq:" + strconv.FormatUint(fp, 16) + ":" + key
+	return "{}sq2:" + strconv.FormatUint(fp, 16) + ":" + key
 }
 
 func (s *Service) compile(rec store.Record, env string) (*compiled, error) {

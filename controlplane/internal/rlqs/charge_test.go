@@ -20,7 +20,7 @@ type downable struct {
 
 var errStoreDown = errors.New("store down")
 
-func (d *downable) Load(ctx context.Context, keys []string) ([][]byte, error) {
+func (d *downable) Load(ctx context.Context, keys []quota.Read) ([]quota.Snapshot, error) {
 	if d.down.Load() {
 		return nil, errStoreDown
 	}
