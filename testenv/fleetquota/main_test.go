@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(floorListenEnv); addr != "" {
+		serveFloor(addr) // this process is a child of BenchmarkQuotaThousandsOfEnvoys
+		return
+	}
 	proctest.MainWithFilterAndControlPlane(m, func(wasm []byte, cp string) { wasmBin, cpBin = wasm, cp })
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // BenchmarkQuotaThousandsOfEnvoys: n simulated Envoys share one counter key of a
@@ -27,11 +29,72 @@ import (
 //
 // It reports per call: refused, retry and 5xx answers, p50 and p99 latency, Redis
 // bytes (received and sent by the redis-server, from INFO stats) and the two
-// replicas' CPU time (from /proc).
+// replicas' CPU time (from /proc). The http-floor cases send the same calls to two
+// processes that answer each with a fixed body (serveFloor): what one HTTP call
+// per Envoy and second costs this machine with nothing decided and no Redis.
 func BenchmarkQuotaThousandsOfEnvoys(b *testing.B) {
 	for _, n := range []int{1000, 5000, 10000} {
 		b.Run(strconv.Itoa(n), func(b *testing.B) { benchEnvoysOnOneKey(b, n) })
 	}
+	for _, n := range []int{5000, 10000} {
+		b.Run("http-floor-"+strconv.Itoa(n), func(b *testing.B) { benchHTTPFloor(b, n) })
+	}
+}
+
+// floorListenEnv, when set, makes the test binary an HTTP floor server on that
+// address (serveFloor) instead of running tests.
+const floorListenEnv = "SLUICE_BENCH_FLOOR_LISTEN"
+
+// floorAnswer is what the floor server answers every call: a quota answer of the
+// size the control plane sends.
+var floorAnswer = []byte(`{"policy":"default","version":1,"now":1,"keys":[{"key":"rl:dev:default/search:*:3600s","status":"granted","granted":5,"held":5,"expires_in_ms":1000,"envoys":2}]}`)
+
+// serveFloor serves floorAnswer to every request on addr: net/http with nothing
+// decided, the least a replica answering one HTTP call can cost.
+func serveFloor(addr string) {
+	_ = http.ListenAndServe(addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(floorAnswer)
+	}))
+}
+
+// benchHTTPFloor runs the fleet's calls against two floor servers (this test
+// binary run as serveFloor).
+func benchHTTPFloor(b *testing.B, n int) {
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var procs []*proctest.Proc
+	var addrs []string
+	for range 2 {
+		addr := proctest.FreeAddr(b)
+		p := proctest.Start(b, proctest.Spec{Name: "floor", Bin: self, Env: []string{floorListenEnv + "=" + addr}})
+		proctest.AwaitListening(b, addr, 15*time.Second, p)
+		procs, addrs = append(procs, p), append(addrs, addr)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 8192}}
+	body := quota.AppendRequest(nil, &quota.Request{Envoy: "envoy-0", Policy: policyName, Version: 1, Env: "dev", Interval: time.Second,
+		Keys: []quota.KeyRequest{{Rule: "search", Key: "rl:dev:default/search:*:3600s", Want: 5}}})
+	ask := func(i int, _ uint64) (quota.KeyResult, string, time.Duration) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addrs[i%2]+"/v1/quota", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		t0 := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			return quota.KeyResult{}, "error", time.Since(t0)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		d := time.Since(t0)
+		if resp.StatusCode != http.StatusOK {
+			return quota.KeyResult{}, strconv.Itoa(resp.StatusCode/100) + "xx", d
+		}
+		return quota.KeyResult{}, quota.StatusGranted, d
+	}
+	cpu := func() time.Duration { return procs[0].CPUTime() + procs[1].CPUTime() }
+	runFleet(b, n, ask, cpu, nil)
 }
 
 const scalePolicy = `{"policy":"` + policyName + `","identity":{"user_header":"x-user"},"rules":[` +
@@ -87,8 +150,19 @@ func benchEnvoysOnOneKey(b *testing.B, n int) {
 		joinFailed++
 	}
 	b.Logf("%d Envoys joined the key, %d of them not granted at once", n, joinFailed)
-	netBefore := redisNetBytes(b, rs.Addr())
-	cpuBefore := cps[0].p.CPUTime() + cps[1].p.CPUTime()
+	cpu := func() time.Duration { return cps[0].p.CPUTime() + cps[1].p.CPUTime() }
+	runFleet(b, n, ask, cpu, func() int64 { return redisNetBytes(b, rs.Addr()) })
+}
+
+// runFleet runs n Envoys calling ask once a second each, at their own offsets in
+// the second, for b.N seconds, and reports the answers, latency, CPU time of the
+// replicas (cpu) and, when redisBytes is set, Redis traffic per call.
+func runFleet(b *testing.B, n int, ask func(i int, used uint64) (quota.KeyResult, string, time.Duration), cpu func() time.Duration, redisBytes func() int64) {
+	var netBefore int64
+	if redisBytes != nil {
+		netBefore = redisBytes()
+	}
+	cpuBefore := cpu()
 	var mu sync.Mutex
 	statuses := map[string]int{}
 	lat := make([]time.Duration, 0, n*b.N)
@@ -115,8 +189,10 @@ func benchEnvoysOnOneKey(b *testing.B, n int) {
 	wg.Wait()
 	b.StopTimer()
 	calls := float64(len(lat))
-	b.ReportMetric(float64(redisNetBytes(b, rs.Addr())-netBefore)/calls, "redis-B/call")
-	b.ReportMetric(float64((cps[0].p.CPUTime()+cps[1].p.CPUTime()-cpuBefore).Microseconds())/calls, "replica-cpu-µs/call")
+	if redisBytes != nil {
+		b.ReportMetric(float64(redisBytes()-netBefore)/calls, "redis-B/call")
+	}
+	b.ReportMetric(float64((cpu()-cpuBefore).Microseconds())/calls, "replica-cpu-µs/call")
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")

@@ -1,0 +1,140 @@
+package quota
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/quota"
+)
+
+// keyLedger reads the header of counter key under rule of the test policy and
+// the number of entry fields the backend holds for it.
+func keyLedger(t *testing.T, s *Service, b Backend, p *policies, rule, key string) (header, int) {
+	t.Helper()
+	rec, _ := p.Get("p")
+	c, err := s.compile(rec, testEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri := c.byID[rule]
+	snaps, err := b.Load(context.Background(), []Read{{Key: c.pfx[ri] + key, Scan: Scan{Count: 1 << 20}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := decodeHeader(snaps[0].Header, c.fleet[ri].lim.StateSize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := 0
+	for cur := snaps[0]; ; {
+		for _, f := range cur.Scanned {
+			if strings.HasPrefix(f.Name, entryPrefix) {
+				fields++
+			}
+		}
+		if cur.Cursor == "" {
+			break
+		}
+		next, err := b.Load(context.Background(), []Read{{Key: c.pfx[ri] + key, Scan: Scan{Cursor: cur.Cursor, Count: 1 << 20}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur = next[0]
+	}
+	return h, fields
+}
+
+// TestGoneEnvoysGiveTheirSlotsBack: a rollout replaces every Envoy of a key; the
+// old ones stop reporting. Their entries are forgotten by the sweep within a few
+// minutes, the ledger holds about the new fleet again, and a key whose ledger is
+// bounded never keeps the new fleet out for long: every new Envoy is granted.
+func TestGoneEnvoysGiveTheirSlotsBack(t *testing.T) {
+	for _, bk := range singleBackends {
+		t.Run(bk.name, func(t *testing.T) {
+			b, _, _, _ := bk.open(t)
+			clk := &clock{}
+			clk.set(base() + int64(time.Second))
+			p := newPolicies(t)
+			p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
+				`"id":"fw","algorithm":"fixed_window","limit":100000000`, 1))
+			s := newService(t, b, p, clk)
+			const fleet = 200
+			s.o.MaxEntriesPerKey = fleet + fleet/2 // room for half a rollout at once
+			key := globalKey("fw")
+			old, next := make([]*envoy, fleet), make([]*envoy, fleet)
+			for i := range old {
+				old[i] = &envoy{id: i, name: "old-" + strconv.Itoa(i)}
+				next[i] = &envoy{id: i, name: "new-" + strconv.Itoa(i)}
+			}
+			for sec := 0; sec < 10; sec++ {
+				for _, e := range old {
+					if r := ask(t, s, e, "fw", key, 0, 0, 5); r.Granted == 0 {
+						t.Fatalf("old Envoy %s at %d s: %+v", e.name, sec, r)
+					}
+				}
+				clk.add(time.Second)
+			}
+			if h, n := keyLedger(t, s, b, p, "fw", key); h.count != fleet || n != fleet {
+				t.Fatalf("before the rollout: header counts %d entries, %d stored; want %d", h.count, n, fleet)
+			}
+			// The rollout: the old Envoys are gone, the new ones report every second.
+			granted := map[string]bool{}
+			retries := 0
+			for sec := 0; sec < 180; sec++ {
+				for _, e := range next {
+					r := ask(t, s, e, "fw", key, 0, 0, 5)
+					switch r.Status {
+					case quota.StatusRetry:
+						retries++
+					case quota.StatusGranted, quota.StatusPartial:
+						granted[e.name] = true
+					default:
+						t.Fatalf("new Envoy %s at %d s: %+v", e.name, sec, r)
+					}
+				}
+				clk.add(time.Second)
+			}
+			if len(granted) != fleet {
+				t.Fatalf("%d of %d new Envoys were ever granted", len(granted), fleet)
+			}
+			h, n := keyLedger(t, s, b, p, "fw", key)
+			if h.count != fleet || n != fleet {
+				t.Fatalf("3 minutes after the rollout: header counts %d entries, %d stored; want %d (the old ones forgotten)", h.count, n, fleet)
+			}
+			if all, _ := h.ring.active(h.latest, retainFor(time.Second)); all != fleet {
+				t.Fatalf("%d Envoys active, want %d", all, fleet)
+			}
+			t.Logf("%d new Envoys all granted; %d asks answered retry while the ledger was full; ledger back to %d entries", fleet, retries, n)
+		})
+	}
+}
+
+// TestHeaderRoundTrips: the header, activity ring included, decodes to what was
+// encoded; a header of another state size or a stray byte does not decode.
+func TestHeaderRoundTrips(t *testing.T) {
+	h := header{state: []byte{1, 2, 3, 4, 5, 6, 7, 8}, total: 7, latest: 9e18, maxExp: 5, writes: 3, count: 4, heldSum: 11, winTag: 12, firstA: 13}
+	h.ring.add(int64(100*ringSlot), false)
+	h.ring.add(int64(130*ringSlot), true)
+	h.ring.add(int64(164*ringSlot), false)
+	enc := h.encode(nil)
+	got, err := decodeHeader(enc, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got.state) != string(h.state) || got.total != 7 || got.latest != 9e18 || got.count != 4 || got.heldSum != 11 || got.firstA != 13 || got.ring != h.ring {
+		t.Fatalf("decoded %+v, want %+v", got, h)
+	}
+	// Slot 100 fell out of the ring when it advanced to 164.
+	if all, asg := got.ring.active(int64(164*ringSlot), int64(time.Hour)); all != 2 || asg != 1 {
+		t.Fatalf("active %d (assignments %d), want 2 (1)", all, asg)
+	}
+	if _, err := decodeHeader(enc, 9); err == nil {
+		t.Fatal("a header of another state size decoded")
+	}
+	if _, err := decodeHeader(append(enc, 0), 8); err == nil {
+		t.Fatal("a header with a stray byte decoded")
+	}
+}
