@@ -28,12 +28,13 @@ import (
 //	make build && go test ./testenv/fleetquota -run '^$' -bench ThousandsOfEnvoys -benchtime 10x
 //
 // It reports per call: refused, retry and 5xx answers, p50 and p99 latency, Redis
-// bytes (received and sent by the redis-server, from INFO stats) and the two
-// replicas' CPU time (from /proc). The http-floor cases send the same calls to two
+// bytes (received and sent by the redis-server, from INFO stats), the two
+// replicas' CPU time (from /proc) and the redis-server's (INFO cpu); and the
+// Redis memory of the key (MEMORY USAGE). The http-floor cases send the same calls to two
 // processes that answer each with a fixed body (serveFloor): what one HTTP call
 // per Envoy and second costs this machine with nothing decided and no Redis.
 func BenchmarkQuotaThousandsOfEnvoys(b *testing.B) {
-	for _, n := range []int{1000, 5000, 10000} {
+	for _, n := range []int{10, 1000, 5000, 10000} {
 		b.Run(strconv.Itoa(n), func(b *testing.B) { benchEnvoysOnOneKey(b, n) })
 	}
 	for _, n := range []int{5000, 10000} {
@@ -151,7 +152,22 @@ func benchEnvoysOnOneKey(b *testing.B, n int) {
 	}
 	b.Logf("%d Envoys joined the key, %d of them not granted at once", n, joinFailed)
 	cpu := func() time.Duration { return cps[0].p.CPUTime() + cps[1].p.CPUTime() }
-	runFleet(b, n, ask, cpu, func() int64 { return redisNetBytes(b, rs.Addr()) })
+	redisCPU := redisInfo(b, rs.Addr(), "cpu", "used_cpu_sys", "used_cpu_user")
+	runFleet(b, n, ask, cpu, func() int64 {
+		return int64(redisInfo(b, rs.Addr(), "stats", "total_net_input_bytes", "total_net_output_bytes"))
+	})
+	calls := float64(n * b.N)
+	b.ReportMetric((redisInfo(b, rs.Addr(), "cpu", "used_cpu_sys", "used_cpu_user")-redisCPU)*1e6/calls, "redis-cpu-µs/call")
+	keys, err := redisproc.Command(rs.Addr(), "KEYS", "{}sq*")
+	if err != nil || strings.Count(keys, "\n") != 0 || keys == "" {
+		b.Fatalf("the quota keys in Redis: %q %v (want one)", keys, err)
+	}
+	mem, err := redisproc.Command(rs.Addr(), "MEMORY", "USAGE", keys, "SAMPLES", "0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	bytes, _ := strconv.ParseFloat(mem, 64)
+	b.ReportMetric(bytes, "key-bytes")
 }
 
 // runFleet runs n Envoys calling ask once a second each, at their own offsets in
@@ -219,18 +235,18 @@ func scaleKey(b *testing.B) string {
 	return string(k)
 }
 
-// redisNetBytes is what the redis-server at addr has received and sent over the
-// network so far (INFO stats: total_net_input_bytes + total_net_output_bytes).
-func redisNetBytes(b *testing.B, addr string) int64 {
-	out, err := redisproc.Command(addr, "INFO", "stats")
+// redisInfo is the sum of the named fields of INFO section at the redis-server at
+// addr (counters as integers, CPU times in seconds).
+func redisInfo(b *testing.B, addr, section string, names ...string) float64 {
+	out, err := redisproc.Command(addr, "INFO", section)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var sum int64
+	var sum float64
 	for _, line := range strings.Split(out, "\n") {
 		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "total_net_input_bytes" || name == "total_net_output_bytes") {
-			n, err := strconv.ParseInt(v, 10, 64)
+		if ok && slices.Contains(names, name) {
+			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				b.Fatal(err)
 			}
