@@ -166,8 +166,8 @@ func benchEnvoysOnOneKey(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	bytes, _ := strconv.ParseFloat(mem, 64)
-	b.ReportMetric(bytes, "key-bytes")
+	size, _ := strconv.ParseFloat(mem, 64)
+	b.ReportMetric(size, "key-bytes")
 }
 
 // runFleet runs n Envoys calling ask once a second each, at their own offsets in
