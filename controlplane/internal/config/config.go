@@ -87,7 +87,8 @@ type Settings struct {
 	// for any Envoy (token-only mode). The shipped Kubernetes manifests set it.
 	RequireIdentity bool
 	// QuotaMaxEntriesPerIdentity bounds the ledger entries of one identity per
-	// counter key (default 256; quota.Options.MaxEntriesPerIdentity).
+	// counter key (default quota.DefaultMaxEntriesPerIdentity, 16,384;
+	// quota.Options.MaxEntriesPerIdentity).
 	QuotaMaxEntriesPerIdentity int
 	// BootstrapPolicy is a policy file (YAML or JSON, its name in "policy") the
 	// control plane creates at start as version 1 if the store never held a
@@ -158,7 +159,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.ClientCAFile, "client-ca-file", "", "PEM CA certificates verifying Envoys' client certificates: POST /v1/quota then requires one (instead of --quota-token) and identifies the Envoy by its URI SAN (SPIFFE ID), else its first DNS SAN; needs --tls-cert-file")
 	fs.BoolVar(&s.RequireIdentity, "require-identity", false, "refuse to start unless Envoys are identified by a client certificate (--client-ca-file) or a mesh sidecar (--trust-xfcc): never token-only")
 	fs.BoolVar(&s.TrustXFCC, "trust-xfcc", false, "identify Envoys by the x-forwarded-client-cert header of a mesh sidecar terminating mTLS (its URI=, else DNS=); ONLY safe when that sidecar is the sole way to this port")
-	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 256, "most ledger entries (Envoy ids) one certificate identity holds per counter key, about 100 bytes each in the key's stored value; a further id takes the place of its least recent one without a live lease, or is answered retry (1-2048)")
+	fs.IntVar(&s.QuotaMaxEntriesPerIdentity, "quota-max-entries-per-identity", 16384, "most ledger entries (Envoy ids) one certificate identity holds per counter key, about 100 bytes of Redis memory each; a further id is answered retry until an entry that can give way is forgotten (1-262144)")
 	fs.StringVar(&s.BootstrapPolicy, "bootstrap-policy", "", "policy file (YAML or JSON) created at start if the store never held a policy of its name; never overwrites or re-creates a deleted one")
 	fs.IntVar(&s.HistoryDepth, "history-depth", 50, "versions kept per policy (1-10000)")
 	fs.Int64Var(&s.MaxBodyBytes, "max-body-bytes", 1<<20+64<<10, "largest request body in bytes")
@@ -279,8 +280,8 @@ func (s Settings) Check() error {
 			"serve mTLS with --client-ca-file (envoy/kubernetes/controlplane-mtls.yaml), or, behind a mesh sidecar that is the only way in, set --trust-xfcc (Istio: trust-xfcc \"true\" in the ConfigMap)")
 	case s.RLQSMaxBuckets < 1 || s.RLQSMaxBucketsPerIdentity < 1:
 		return fmt.Errorf("config: --rlqs-max-buckets %d and --rlqs-max-buckets-per-identity %d: want ≥ 1", s.RLQSMaxBuckets, s.RLQSMaxBucketsPerIdentity)
-	case s.QuotaMaxEntriesPerIdentity < 1 || s.QuotaMaxEntriesPerIdentity > 2048:
-		return fmt.Errorf("config: --quota-max-entries-per-identity %d: want 1 to 2048", s.QuotaMaxEntriesPerIdentity)
+	case s.QuotaMaxEntriesPerIdentity < 1 || s.QuotaMaxEntriesPerIdentity > 262144:
+		return fmt.Errorf("config: --quota-max-entries-per-identity %d: want 1 to 262144", s.QuotaMaxEntriesPerIdentity)
 	case s.HistoryDepth < 1 || s.HistoryDepth > 10000:
 		return fmt.Errorf("config: --history-depth %d: want 1 to 10000", s.HistoryDepth)
 	case s.MaxBodyBytes < 1024:

@@ -23,11 +23,12 @@ import (
 //	sluice_controlplane_quota_contended_total{stage}  keys answered retry because of contention:
 //	                                                  stage "queued" (still queued at the request's deadline)
 //	                                                  or "round" (conflicts with other replicas past the timeout)
-//	sluice_controlplane_quota_ledger_evictions_total   entries removed to make room for another
-//	                                                  Envoy id of an identity at its cap (makeRoom)
-//	sluice_controlplane_quota_ledger_full_total{scope}  newcomers answered retry because every entry
-//	                                                  holds a live lease: of their identity at its cap
-//	                                                  (scope "identity") or of the key (scope "key")
+//	sluice_controlplane_quota_ledger_evictions_total   entries the sweep forgot: Envoys silent for 2 min, or,
+//	                                                  while a newcomer finds a key or identity full, any
+//	                                                  entry that can give way (ledger.sweep)
+//	sluice_controlplane_quota_ledger_full_total{scope}  newcomers answered retry because their identity
+//	                                                  (scope "identity") or the key (scope "key") holds
+//	                                                  its most entries
 //	sluice_controlplane_quota_request_duration_seconds{code}  request latency (histogram)
 //	sluice_controlplane_quota_keys_active{policy,rule}         keys asked for in the last minute, per rule
 //
@@ -61,7 +62,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_rounds_total",
 			Help: "Read-decide-write rounds run on the backend, per key and attempt; asks per round shows how much contention was combined."}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_ledger_evictions_total",
-			Help: "Ledger entries without a live lease removed because their identity reached its cap of entries per key and asked under another Envoy id (restarts, or made-up ids)."}),
+			Help: "Ledger entries forgotten by the sweep: Envoys that stopped reporting (2 min), or, while a newcomer finds a key or its identity full, entries without a live lease or whose Envoy stopped reporting."}),
 		keys: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_keys_total",
 			Help: "Keys answered, by status."}, []string{"status"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_controlplane_quota_request_duration_seconds",
@@ -74,7 +75,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		[]string{"stage"})
 	m.queueTimeouts, m.roundTimeouts = contended.WithLabelValues("queued"), contended.WithLabelValues("round")
 	full := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_ledger_full_total",
-		Help: "Envoys new to a key answered retry because every ledger entry of their identity at its cap (scope identity), or of the key (scope key), holds a live lease."},
+		Help: "Envoys new to a key answered retry because their identity (scope identity) or the key (scope key) holds its most ledger entries; a sweep then forgets those that can give way."},
 		[]string{"scope"})
 	m.identityFull, m.keyFull = full.WithLabelValues("identity"), full.WithLabelValues("key")
 	if reg != nil {
