@@ -115,8 +115,8 @@ const (
 	StatusPartial = "partial"
 	// StatusRefused: the key's budget is spent: nothing could be granted now, and
 	// RetryAfter says when more may be. The service answers it only when the
-	// limiter has no unit left (or the key's ledger is full), never because the
-	// key was contended.
+	// limiter has no unit left, never because the key was contended or its
+	// ledger full (StatusRetry).
 	StatusRefused = "refused"
 	// StatusRetry: the service could not decide the key in time (its store was
 	// contended or slow): nothing was granted, returned or recorded for it, used
@@ -171,8 +171,9 @@ type KeyResult struct {
 	// until more units may be available (limit.Never, 2^63-1, if never); for
 	// StatusRetry, when to ask again.
 	RetryAfter time.Duration
-	// Envoys ["envoys"]: how many Envoys share the key now (its ledger's entries
-	// with a live lease or a recent report, this one included); 0 when unknown.
+	// Envoys ["envoys"]: how many Envoys share the key now (those that reported
+	// in the last three report intervals, at least 15 s, this one included); 0
+	// when unknown.
 	// An Envoy that cannot reach the service enforces about 1/Envoys of the limit
 	// by itself (on_quota_failure "local"). Written only when the request carried
 	// EnvoysHeader, so an Envoy built before the field never receives it.
