@@ -160,9 +160,9 @@ func TestAnotherIdentityCannotReturnAnEnvoysUnits(t *testing.T) {
 // answered retry without touching them; another identity is still granted, and the
 // newcomers kept waiting are counted.
 func TestOneIdentityCannotFillAKeysLedger(t *testing.T) {
-	p := startTLSPlane(t, looseFW)
-	b := p.envoy(t, idB)
 	const ids, perIdentity = 300, 256
+	p := startTLSPlane(t, looseFW, "--quota-max-entries-per-identity", strconv.Itoa(perIdentity))
+	b := p.envoy(t, idB)
 	var wg sync.WaitGroup
 	var granted, retried atomic.Int64
 	var holder atomic.Value // an id that was granted
