@@ -277,6 +277,14 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 			return 0
 		}
 		m := tokensFor(units, ttl)
+		if rest := life - s.o.Margin; b.pace > 0 && rest-ttl < time.Second && rest >= b.interval {
+			// The bucket's last grant before the lease ends (its TTL runs to the
+			// end, short of it by what Envoy's whole seconds cannot reach), made
+			// while others still report in the lease: no more tokens than the
+			// requests its TTL will see at the bucket's pace, so that what it could
+			// not spend stays with the key for them.
+			m = min(m, max(1, uint64(ttl/b.pace)))
+		}
 		return reserved(m, uint64((ttl+time.Second)/time.Second), uint64(refillPeriod/time.Second))
 	}
 	r.asks = append(r.asks, quota.Assignment{Rule: fr, Key: b.key, Entry: r.ss.entry, Owner: r.ss.owner,
