@@ -144,9 +144,12 @@ func TestThousandsOfEnvoysOnOneKeyKeepTheLimit(t *testing.T) {
 					return
 				case <-tick.C:
 				}
+				// Requests that came while the Envoy waited for its last answer are
+				// decided now, as a proxy decides what it has queued: with the lease
+				// it holds now, in the window it is now.
 				now := time.Now()
 				for !nextReq.After(now) {
-					envoys[i].admit(nextReq)
+					envoys[i].admit(now)
 					nextReq = nextReq.Add(every)
 				}
 				if !nextReport.After(now) {
@@ -197,9 +200,10 @@ func TestThousandsOfEnvoysOnOneKeyKeepTheLimit(t *testing.T) {
 		if admitted > bound {
 			bad = append(bad, "over-admitted")
 		}
-		// Away from faults at least 90 % of the limit: the rest is what 2,000
+		// Away from faults, where demand stayed above the limit (at least half
+		// of it again denied), at least 90 % of the limit: the rest is what 2,000
 		// Envoys leave unspent in leases their next requests come too late for.
-		if !fault && admitted < bigLimit*9/10 {
+		if !fault && admitted < bigLimit*9/10 && denied >= bigLimit/2 {
 			bad = append(bad, "under-admitted")
 		}
 		verdict := "ok"
