@@ -225,7 +225,8 @@ const reserveBefore = 5 * time.Second
 // share of the window's limit, ⌈L/n⌉, and may take what is left of its own
 // (entry.first counts what it was granted in the window), or a share of what the
 // assignment clients' unclaimed shares leave of the remainder, split as before
-// among the Envoys and a newcomer, whichever is more. Until reserveBefore the
+// among the Envoys and a newcomer, whichever is more; nothing (0) when its own is
+// spent and the rest is kept for assignment clients. Until reserveBefore the
 // window's end an assignment client (Envoy's own quota filter, reporting every
 // 5 s: it asks twice in a 10 s window while a filter lease tops up every second)
 // finds its share kept, however often the others ask; after that, what is left
@@ -267,6 +268,14 @@ func (f *fleetLimiter) share(l *ledger, name string, me, old *entry, others, ass
 		}
 		mine := fairW - got
 		free := remaining - min(remaining, reserved)
+		if mine == 0 && free == 0 && reserved > 0 {
+			// All that is left is kept for assignment clients that have not
+			// claimed their shares yet: nothing until that ends (decide answers
+			// refused, to ask again when the reserve ends). A unit a call would
+			// let an Envoy that asks every time its lease runs dry drain the
+			// reserve one unit at a time.
+			return 0
+		}
 		return max(1, min(mine, remaining), free/(others+2))
 	}
 	inPlay := remaining + held + (l.heldSum - min(l.heldSum, old.held))
@@ -423,6 +432,11 @@ func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRe
 		if granted < k.Want {
 			more := f.lim.Decide(cur, tmp, now, 1)
 			res.RetryAfter = more.RetryAfter
+			if want == 0 && more.Allowed {
+				// Held back for the assignment clients (share): until their
+				// shares stop being kept.
+				res.RetryAfter = max(res.RetryAfter, time.Duration(int64(tag)-int64(reserveBefore)-now))
+			}
 		}
 	}
 	switch {
