@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
-	"github.com/sluice-proxy/sluice/shared/rules"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -105,7 +104,7 @@ func benchEnvoysOnOneKey(b *testing.B, n int) {
 	rs := redisproc.Start(b)
 	cps := []*controlPlane{startControlPlane(b, rs.Addr()), startControlPlane(b, rs.Addr())}
 	version := cps[0].put(scalePolicy)
-	key := scaleKey(b)
+	key := proctest.UnkeyedCounterKey(b, scalePolicy, "dev", 0)
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 8192}}
 	ask := func(i int, used uint64) (quota.KeyResult, string, time.Duration) {
 		body := quota.AppendRequest(nil, &quota.Request{Envoy: "envoy-" + strconv.Itoa(i), Policy: policyName, Version: version,
@@ -216,23 +215,6 @@ func runFleet(b *testing.B, n int, ask func(i int, used uint64) (quota.KeyResult
 		b.ReportMetric(float64(statuses[st])/calls, st+"/call")
 	}
 	b.Logf("%d Envoys, %d calls by status: %v", n, len(lat), statuses)
-}
-
-// scaleKey is the counter key of scalePolicy's one rule, as the filter builds it.
-func scaleKey(b *testing.B) string {
-	p, err := rules.ParsePolicy([]byte(scalePolicy))
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := rules.Compile(p, rules.CompileOptions{Env: "dev"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	k, ok := c.AppendKey(nil, 0, &rules.Request{})
-	if !ok {
-		b.Fatal("no key")
-	}
-	return string(k)
 }
 
 // redisInfo is the sum of the named fields of INFO section at the redis-server at

@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
-	"github.com/sluice-proxy/sluice/shared/rules"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -85,7 +84,7 @@ func TestThousandsOfEnvoysOnOneKeyKeepTheLimit(t *testing.T) {
 		cps, addrs = append(cps, p), append(addrs, addr)
 	}
 	version := proctest.PutPolicy(t, addrs[0], "default", adminToken, bigPolicy)
-	key := bigKey(t)
+	key := proctest.UnkeyedCounterKey(t, bigPolicy, "dev", 0)
 	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxIdleConns: 2048}}
 
 	envoys := make([]*leaseEnvoy, bigFleet)
@@ -259,20 +258,3 @@ func bigCall(ctx context.Context, hc *http.Client, addr string, body []byte) (qu
 type statusError struct{ code int }
 
 func (e *statusError) Error() string { return "HTTP " + strconv.Itoa(e.code) }
-
-// bigKey is the counter key of bigPolicy's one rule, as the filter builds it.
-func bigKey(t *testing.T) string {
-	p, err := rules.ParsePolicy([]byte(bigPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := rules.Compile(p, rules.CompileOptions{Env: "dev"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, ok := c.AppendKey(nil, 0, &rules.Request{})
-	if !ok {
-		t.Fatal("no key")
-	}
-	return string(k)
-}

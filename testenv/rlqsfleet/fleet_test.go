@@ -66,6 +66,56 @@ func sum(m map[string]int) int {
 	return n
 }
 
+// mixedFleet is two Wasm Envoys (wasm-a on control plane a, wasm-b on b) and three
+// Envoys of the rate_limit_quota kind (rlqs-a1 and rlqs-a2 on a, rlqs-b on b), each
+// sending a request for the hot user every 30 ms until stop, counted in adm.
+type mixedFleet struct {
+	wasm map[string]*host.Host
+	rlqs map[string]*rlqsclient.Client
+	adm  *admissions
+	ctx  context.Context
+	stop func() // ends the traffic and waits for it
+}
+
+func startMixedFleet(t *testing.T, a, b *controlPlane, v uint64) *mixedFleet {
+	settings := bucketSettings(t, a, "hot", 250*time.Millisecond)
+	f := &mixedFleet{wasm: map[string]*host.Host{"wasm-a": wasmEnvoy(t, a.addr, v), "wasm-b": wasmEnvoy(t, b.addr, v)},
+		rlqs: map[string]*rlqsclient.Client{"rlqs-a1": rlqsEnvoy(t, a.grpcAddr, settings), "rlqs-b": rlqsEnvoy(t, b.grpcAddr, settings),
+			"rlqs-a2": rlqsEnvoy(t, a.grpcAddr, settings)},
+		adm: &admissions{at: map[string][]int64{}}}
+	id := map[string]string{"policy": policyName, "rule": "hot", "user": "hot"}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	f.ctx, f.stop = ctx, func() { cancel(); wg.Wait() }
+	pace := func(src string, try func() bool) {
+		defer wg.Done()
+		tk := time.NewTicker(30 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+				if try() {
+					f.adm.add(src)
+				}
+			}
+		}
+	}
+	for src, h := range f.wasm {
+		wg.Add(1)
+		go pace(src, func() bool {
+			r, err := h.Worker(0).Do(ctx, host.Request{Path: "/hot", Headers: host.Headers{{"x-user-id", "hot"}}})
+			return err == nil && r.Status == 200
+		})
+	}
+	for src, c := range f.rlqs {
+		wg.Add(1)
+		go pace(src, func() bool { return c.Decide(id) })
+	}
+	return f
+}
+
 // TestWasmAndRLQSEnvoysShareOneBudget: two Wasm Envoys and three Envoys of the
 // rate_limit_quota kind, spread over two control planes on one Redis, all hammer one
 // user's key (about 170 requests/s against 30/s) for 40 s. No window admits more than the limit:
@@ -78,41 +128,8 @@ func TestWasmAndRLQSEnvoysShareOneBudget(t *testing.T) {
 	redis := redisproc.Start(t, redisproc.Options{AppendOnly: true})
 	a, b := startControlPlane(t, redis.URL()), startControlPlane(t, redis.URL())
 	v := proctest.PutPolicy(t, a.addr, policyName, adminToken, hotPolicy)
-	settings := bucketSettings(t, a, "hot", 250*time.Millisecond)
-	wasm := map[string]*host.Host{"wasm-a": wasmEnvoy(t, a.addr, v), "wasm-b": wasmEnvoy(t, b.addr, v)}
-	rlqs := map[string]*rlqsclient.Client{"rlqs-a1": rlqsEnvoy(t, a.grpcAddr, settings), "rlqs-b": rlqsEnvoy(t, b.grpcAddr, settings),
-		"rlqs-a2": rlqsEnvoy(t, a.grpcAddr, settings)}
-	id := map[string]string{"policy": policyName, "rule": "hot", "user": "hot"}
-
-	adm := &admissions{at: map[string][]int64{}}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	pace := func(src string, try func() bool) {
-		defer wg.Done()
-		tk := time.NewTicker(30 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-				if try() {
-					adm.add(src)
-				}
-			}
-		}
-	}
-	for src, h := range wasm {
-		wg.Add(1)
-		go pace(src, func() bool {
-			r, err := h.Worker(0).Do(ctx, host.Request{Path: "/hot", Headers: host.Headers{{"x-user-id", "hot"}}})
-			return err == nil && r.Status == 200
-		})
-	}
-	for src, c := range rlqs {
-		wg.Add(1)
-		go pace(src, func() bool { return c.Decide(id) })
-	}
+	f := startMixedFleet(t, a, b, v)
+	rlqs, adm, ctx := f.rlqs, f.adm, f.ctx
 	start := time.Now()
 	at := func(d time.Duration) {
 		if w := time.Until(start.Add(d)); w > 0 {
@@ -132,8 +149,7 @@ func TestWasmAndRLQSEnvoysShareOneBudget(t *testing.T) {
 	a.await(t)
 	restarted := time.Now().UnixNano()
 	at(40 * time.Second)
-	stop()
-	wg.Wait()
+	f.stop()
 	end := time.Now().UnixNano()
 
 	starts, counts := adm.perWindow(start.UnixNano(), end)

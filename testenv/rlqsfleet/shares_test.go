@@ -1,15 +1,11 @@
 package rlqsfleet
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-proxy/sluice/internal/redisproc"
-	"github.com/sluice-proxy/sluice/testenv/host"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
-	"github.com/sluice-proxy/sluice/testenv/rlqsclient"
 )
 
 // TestWasmAndRLQSEnvoysShareByDemand: three Envoys of the rate_limit_quota kind
@@ -23,53 +19,15 @@ func TestWasmAndRLQSEnvoysShareByDemand(t *testing.T) {
 	redis := redisproc.Start(t)
 	a, b := startControlPlane(t, redis.URL()), startControlPlane(t, redis.URL())
 	v := proctest.PutPolicy(t, a.addr, policyName, adminToken, hotPolicy)
-	settings := bucketSettings(t, a, "hot", 250*time.Millisecond)
-	wasm := map[string]*host.Host{"wasm-a": wasmEnvoy(t, a.addr, v), "wasm-b": wasmEnvoy(t, b.addr, v)}
-	rlqs := map[string]*rlqsclient.Client{"rlqs-a1": rlqsEnvoy(t, a.grpcAddr, settings), "rlqs-b": rlqsEnvoy(t, b.grpcAddr, settings),
-		"rlqs-a2": rlqsEnvoy(t, a.grpcAddr, settings)}
-	id := map[string]string{"policy": policyName, "rule": "hot", "user": "hot"}
-
-	adm := &admissions{at: map[string][]int64{}}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	pace := func(src string, try func() bool) {
-		defer wg.Done()
-		tk := time.NewTicker(30 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-				if try() {
-					adm.add(src)
-				}
-			}
-		}
-	}
-	for src, h := range wasm {
-		wg.Add(1)
-		go pace(src, func() bool {
-			r, err := h.Worker(0).Do(ctx, host.Request{Path: "/hot", Headers: host.Headers{{"x-user-id", "hot"}}})
-			return err == nil && r.Status == 200
-		})
-	}
-	for src, c := range rlqs {
-		wg.Add(1)
-		go pace(src, func() bool { return c.Decide(id) })
-	}
+	f := startMixedFleet(t, a, b, v)
 	start := time.Now()
 	// The first window after start is a warm-up (streams open, first
 	// assignments); three full windows follow.
 	first := (start.UnixNano()/int64(window) + 2) * int64(window)
-	select {
-	case <-time.After(time.Until(time.Unix(0, first+3*int64(window)))): // the run's length, traffic meanwhile
-	case <-ctx.Done():
-	}
-	stop()
-	wg.Wait()
+	time.Sleep(time.Until(time.Unix(0, first+3*int64(window)))) // the run's length, traffic meanwhile
+	f.stop()
 
-	starts, counts := adm.perWindow(first-1, first+3*int64(window))
+	starts, counts := f.adm.perWindow(first-1, first+3*int64(window))
 	if len(starts) != 3 {
 		t.Fatalf("%d whole windows, want 3", len(starts))
 	}
@@ -83,7 +41,7 @@ func TestWasmAndRLQSEnvoysShareByDemand(t *testing.T) {
 		if lo, hi := total*3/5*8/10, total*3/5*12/10; side < lo || side > hi {
 			t.Errorf("window %d: the RLQS side admitted %d of %d, want 3/5 within ±20 %% (%d to %d)", i, side, total, lo, hi)
 		}
-		for src := range rlqs {
+		for src := range f.rlqs {
 			if c[src] == 0 {
 				t.Errorf("window %d: %s admitted nothing", i, src)
 			}

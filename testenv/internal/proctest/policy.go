@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // PutPolicy stores doc (a policy document, JSON) as policy name on the
@@ -33,4 +35,25 @@ func PutPolicy(t testing.TB, addr, name, adminToken, doc string) uint64 {
 		t.Fatalf("PUT policy: ETag %q: %v", resp.Header.Get("ETag"), err)
 	}
 	return v
+}
+
+// UnkeyedCounterKey returns the counter key the filter builds, in env, for rule i
+// of doc (a policy document) when the rule has no key parts: the one key every
+// request of the rule shares. It fails the test if doc does not compile or the
+// rule has key parts.
+func UnkeyedCounterKey(t testing.TB, doc, env string, i int) string {
+	t.Helper()
+	p, err := rules.ParsePolicy([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rules.Compile(p, rules.CompileOptions{Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, ok := c.AppendKey(nil, i, &rules.Request{})
+	if !ok {
+		t.Fatalf("rule %d of the policy has key parts", i)
+	}
+	return string(k)
 }
