@@ -164,7 +164,7 @@ func TestThousandsOfEnvoysOnOneKeyKeepTheLimit(t *testing.T) {
 	windowStart := func(k int64) time.Time { return time.Unix(0, k*int64(bigWindow)) }
 	// Two whole windows warm up (leases sized from the Envoys' reports), not judged.
 	first := time.Now().UnixNano()/int64(bigWindow) + 3
-	time.Sleep(time.Until(windowStart(first + 1)))      // a clean window first: the schedule, not an event
+	time.Sleep(time.Until(windowStart(first + 1))) // a clean window first: the schedule, not an event
 	replicaDown := time.Now().UnixNano() / int64(bigWindow)
 	cps[1].Kill()
 	time.Sleep(2 * bigWindow) // the fault's length
