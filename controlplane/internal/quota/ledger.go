@@ -187,6 +187,9 @@ func decodeHeader(b []byte, stateSize int) (header, error) {
 	h.winTag = u64()
 	h.firstA = u64()
 	h.ring.at = int64(u64())
+	if h.ring.at < 0 {
+		return header{}, errFormat // a slot index is never negative: it would index the ring below 0
+	}
 	k := int(p[0])
 	p = p[1:]
 	if len(p) != k*9 {

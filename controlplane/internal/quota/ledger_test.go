@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"encoding/binary"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,5 +137,12 @@ func TestHeaderRoundTrips(t *testing.T) {
 	}
 	if _, err := decodeHeader(append(enc, 0), 8); err == nil {
 		t.Fatal("a header with a stray byte decoded")
+	}
+	// The ring's newest slot, bytes 71..79 after an 8-byte state, made negative:
+	// its slots would index the ring below 0.
+	neg := append([]byte(nil), enc...)
+	binary.LittleEndian.PutUint64(neg[71:], uint64(1<<64-1))
+	if _, err := decodeHeader(neg, 8); err == nil {
+		t.Fatal("a header with a negative ring slot decoded")
 	}
 }
