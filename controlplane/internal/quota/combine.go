@@ -331,7 +331,7 @@ func (s *Service) attempt(pending *[]group) error {
 			v := snaps[j].Fields[i]
 			if name, ok := cutPrefix(f, entryPrefix); ok {
 				if e, ok := decodeEntry(v); ok {
-					l.entries[name], l.stored[name] = &e, true
+					l.entries[name] = &e
 				}
 			} else if o, ok := cutPrefix(f, ownerPrefix); ok {
 				n, _ := strconv.ParseInt(string(v), 10, 64)

@@ -295,7 +295,6 @@ const ownerLen = 17
 type ledger struct {
 	header
 	entries map[string]*entry // loaded or created this round, by name
-	stored  map[string]bool   // names stored before this round
 	owners  map[string]int64  // entries per owner: loaded, plus this round's changes
 	dirty   map[string]bool   // entries to write
 	removed []string          // entries to delete
@@ -308,7 +307,7 @@ type ledger struct {
 }
 
 func newLedger(h header) *ledger {
-	return &ledger{header: h, entries: map[string]*entry{}, stored: map[string]bool{}, owners: map[string]int64{},
+	return &ledger{header: h, entries: map[string]*entry{}, owners: map[string]int64{},
 		dirty: map[string]bool{}, adds: map[string]int64{}}
 }
 
