@@ -28,7 +28,8 @@ wasm:
 build: wasm
 	@echo "==> building $(BUILD)/sluice-controlplane"
 	$(GO) build -trimpath -ldflags='$(VERSION_LDFLAGS)' -o $(BUILD)/sluice-controlplane ./controlplane/cmd/sluice-controlplane
-	@echo "==> building $(BUILD)/sluicectl"
+	@echo "==> building $(BUILD)/sluicectl (it embeds $(WASM) for sluicectl test and replay)"
+	@cp $(WASM) controlplane/internal/lab/embedded/sluice.wasm
 	$(GO) build -trimpath -ldflags='$(VERSION_LDFLAGS)' -o $(BUILD)/sluicectl ./controlplane/cmd/sluicectl
 	@for cmd in sluice-devproxy sluice-echo sluice-run; do \
 		echo "==> building $(BUILD)/$$cmd"; \

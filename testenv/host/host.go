@@ -89,6 +89,11 @@ type Config struct {
 	// VMs run; with a VirtualClock it must not block across an Advance,
 	// which waits for every VM's tick.
 	SharedDataHook func(worker int, callback, op, key string)
+	// Rand, if set, is the source of WASI random_get for every VM of the
+	// Host (reads are serialised); nil means crypto/rand. A seeded source
+	// makes what the module draws (the Go runtime's seeds, a filter's hash
+	// key) the same from run to run, so a run on a VirtualClock repeats.
+	Rand io.Reader
 }
 
 // Host is a set of worker VMs of one module, as Envoy runs one Wasm HTTP
@@ -122,6 +127,11 @@ type Host struct {
 	callCtx    context.Context
 	callCancel context.CancelFunc
 	callWG     sync.WaitGroup
+	// pending counts callouts from dispatch until their answer has been
+	// delivered on the VM's loop (WaitCallouts).
+	pending sync.WaitGroup
+
+	randMu sync.Mutex
 
 	closeOnce sync.Once
 }
@@ -327,6 +337,37 @@ func (h *Host) addLog(e LogEntry, source string) {
 }
 
 func randRead(b []byte) { _, _ = rand.Read(b) }
+
+// randRead fills b from Config.Rand, else from crypto/rand.
+func (h *Host) randRead(b []byte) {
+	if h.cfg.Rand == nil {
+		randRead(b)
+		return
+	}
+	h.randMu.Lock()
+	defer h.randMu.Unlock()
+	if _, err := io.ReadFull(h.cfg.Rand, b); err != nil {
+		randRead(b)
+	}
+}
+
+// WaitCallouts returns when every proxy_http_call dispatched so far, and
+// every call dispatched by the callbacks that deliver their answers, has
+// been answered and delivered (proxy_on_http_call_response returned), or
+// when ctx ends. With a VirtualClock, calling it after each Advance and
+// each request makes a run's order of events depend on nothing but its
+// inputs. It must not be called from a VM's event loop, nor while another
+// goroutine may dispatch calls (a request in flight, an Advance).
+func (h *Host) WaitCallouts(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { h.pending.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 func sortedEnv(m map[string]string) []string {
 	out := make([]string, 0, len(m))

@@ -69,11 +69,14 @@ func hostHTTPCall(v *vm, s []uint64) status {
 		timeout = time.Duration(timeoutMS) * time.Millisecond
 	}
 	v.h.callWG.Add(1)
+	v.h.pending.Add(1)
 	go func() {
 		defer v.h.callWG.Done()
 		res := v.h.doCallout(cluster, addr, h, body, Headers(trls), timeout)
 		// Delivered on the VM's loop, outside any other VM call.
-		v.post(func() { v.deliverCallout(tok, res) })
+		if !v.post(func() { defer v.h.pending.Done(); v.deliverCallout(tok, res) }) {
+			v.h.pending.Done()
+		}
 	}()
 	return statusOK
 }

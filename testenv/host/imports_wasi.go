@@ -163,7 +163,7 @@ func (h *Host) instantiateWASI(ctx context.Context, module string) error {
 			return errnoInval
 		}
 		buf := make([]byte, n)
-		randRead(buf)
+		v.h.randRead(buf)
 		if !v.mem.Write(uint32(s[0]), buf) {
 			return errnoInval
 		}

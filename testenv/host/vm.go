@@ -128,7 +128,7 @@ func (v *vm) start() error {
 	}
 	cfg := wazero.NewModuleConfig().WithName(v.name).
 		WithSysWalltime().WithSysNanotime().WithSysNanosleep().
-		WithRandSource(randReader{})
+		WithRandSource(randReader{v.h})
 	if start != "" {
 		cfg = cfg.WithStartFunctions(start)
 	} else {
@@ -201,9 +201,9 @@ func (v *vm) start() error {
 	return nil
 }
 
-type randReader struct{}
+type randReader struct{ h *Host }
 
-func (randReader) Read(b []byte) (int, error) { randRead(b); return len(b), nil }
+func (r randReader) Read(b []byte) (int, error) { r.h.randRead(b); return len(b), nil }
 
 func (v *vm) allocContextID() uint32 {
 	id := v.nextContextID

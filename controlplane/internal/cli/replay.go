@@ -1,0 +1,235 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/lab"
+)
+
+func replayCmd(env *Env) *cobra.Command {
+	var policyFile, wasm, output, plot string
+	var logs, fields []string
+	var envoys, workers, top int
+	var reorder time.Duration
+	cmd := &cobra.Command{
+		Use:   "replay --policy FILE --log ACCESS_LOG...",
+		Short: "Replay an Envoy access log against a candidate policy, offline",
+		Long: `Replay the requests of Envoy access logs (the JSON format envoy/envoy.yaml writes:
+timestamp, method, path, user_id, tenant_id, client_ip and the logged rate_limit) through
+the real filter module running the candidate policy, in timestamp order, on a virtual
+clock that follows the log. Logs of several Envoys may be given as several --log or
+concatenated. With --envoys N the requests are dealt to N simulated Envoys in turn: rules
+of scope "envoy" count per Envoy, fleet rules hold their limit across all of them (an
+in-process quota service). The same input gives the same output. See docs/lab.md.
+
+Per rule: requests matched, allowed, denied, the first denial and the keys denied most;
+against the decisions in the log: requests the candidate denies that were allowed, and
+the reverse.
+
+Exit codes: 0 done; 2 a file or flag is invalid; 3 the filter failed.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" {
+				return withCode(ExitUsage, fmt.Errorf("-o %q: want table or json", output))
+			}
+			if policyFile == "" || len(logs) == 0 {
+				return withCode(ExitUsage, fmt.Errorf("--policy and --log are required"))
+			}
+			if envoys < 1 || envoys > 1024 {
+				return withCode(ExitUsage, fmt.Errorf("--envoys %d: want 1..1024", envoys))
+			}
+			if workers < 1 || workers > 64 {
+				return withCode(ExitUsage, fmt.Errorf("--workers %d: want 1..64", workers))
+			}
+			pfs, err := loadFiles(env, []string{policyFile})
+			if err != nil {
+				return err
+			}
+			pol := pfs[0].Policy
+			fm := lab.DefaultFields(pol.Identity.UserHeader, pol.Identity.TenantHeader)
+			for _, f := range fields {
+				h, member, ok := strings.Cut(f, "=")
+				if !ok || h == "" || member == "" || strings.ContainsAny(h, " \t:") {
+					return withCode(ExitUsage, fmt.Errorf("--field %q: want header=log_field, such as x-api-key=api_key", f))
+				}
+				fm[strings.ToLower(h)] = member
+			}
+			bin, _, err := lab.Module(wasm)
+			if err != nil {
+				return withCode(ExitUsage, err)
+			}
+			lr, err := lab.ReadLog(logs, fm, reorder)
+			if err != nil {
+				return withCode(ExitUsage, err)
+			}
+			defer lr.Close()
+			began := time.Now()
+			last := began
+			rep, err := lab.Replay(ctxOf(cmd), bin, pol, lr, lab.ReplayOptions{Envoys: envoys, Workers: workers, TopKeys: top,
+				Progress: func(n int64) {
+					if now := time.Now(); now.Sub(last) >= time.Second {
+						last = now
+						fmt.Fprintf(env.Stderr, "replay: %d requests, %.0f a second\r", n, float64(n)/now.Sub(began).Seconds())
+					}
+				}})
+			if last != began {
+				fmt.Fprintln(env.Stderr)
+			}
+			if err != nil {
+				return withCode(ExitServer, err)
+			}
+			if rep.Skipped > 0 {
+				fmt.Fprintf(env.Stderr, "replay: skipped %d line(s) that are not requests; the first: %s\n", rep.Skipped, rep.FirstSkip)
+			}
+			if plot != "" {
+				if err := writeFileAtomic(plot, replaySVG(rep)); err != nil {
+					return withCode(ExitUsage, err)
+				}
+			}
+			if output == "json" {
+				b, err := json.MarshalIndent(rep, "", "  ")
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(env.Stdout, "%s\n", b)
+				return err
+			}
+			printReplay(env.Stdout, rep)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&policyFile, "policy", "", "the candidate policy file (as apply takes it)")
+	fl.StringArrayVar(&logs, "log", nil, "access log file, JSON lines (repeatable; logs of several Envoys may also be concatenated)")
+	fl.StringArrayVar(&fields, "field", nil, "read request header from a log member: header=log_field (repeatable; the policy's identity headers come from user_id and tenant_id unless given)")
+	fl.IntVar(&envoys, "envoys", 1, "deal the requests to this many Envoys in turn: envoy-scoped rules count per Envoy (1: the whole log as one Envoy)")
+	fl.IntVar(&workers, "workers", 1, "worker VMs per Envoy (Envoy's --concurrency)")
+	fl.IntVar(&top, "top", 10, "keys listed per rule, by denials")
+	fl.DurationVar(&reorder, "reorder", time.Minute, "how far out of order the lines of one log may be (Envoy logs a request when it ends)")
+	fl.StringVar(&wasm, "wasm", "", "filter module to run (default: the one built into sluicectl)")
+	fl.StringVar(&plot, "plot", "", "also draw allowed and denied per minute per rule into this SVG file")
+	fl.StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
+
+// printReplay writes the report as tables for people.
+func printReplay(w io.Writer, rep *lab.Report) {
+	if rep.Requests == 0 {
+		fmt.Fprintln(w, "no requests in the log")
+		return
+	}
+	mode := "as one Envoy"
+	if rep.Envoys > 1 {
+		mode = fmt.Sprintf("dealt to %d Envoys in turn; envoy-scoped rules count per Envoy", rep.Envoys)
+	}
+	fmt.Fprintf(w, "%d requests from %s to %s (%s)\n", rep.Requests, rep.From.UTC().Format(time.RFC3339), rep.To.UTC().Format(time.RFC3339), mode)
+	fmt.Fprintf(w, "candidate: %d allowed, %d denied\n", rep.Allowed, rep.Denied)
+	if rep.Logged.Compared > 0 {
+		fmt.Fprintf(w, "against the log (%d requests with a logged decision): %d newly denied, %d newly allowed\n",
+			rep.Logged.Compared, rep.Logged.NewlyDenied, rep.Logged.NewlyAllowed)
+	}
+	if rep.Overflows > 0 {
+		fmt.Fprintf(w, "warning: %d decisions were made against a full counter table (sluice.bucket_overflow): the log has more live keys than the filter's tables hold\n", rep.Overflows)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RULE\tSCOPE\tMATCHED\tALLOWED\tDENIED\tFIRST DENIAL\tNEWLY DENIED\tNEWLY ALLOWED")
+	for _, r := range rep.Rules {
+		denied := fmt.Sprint(r.Denied)
+		if r.Shadow {
+			denied = fmt.Sprintf("(shadow) %d", r.ShadowDenied)
+		}
+		first := "-"
+		if r.FirstDenial != nil {
+			first = r.FirstDenial.UTC().Format(time.RFC3339Nano)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%d\n", r.ID, r.Scope, r.Matched, r.Allowed, denied, first, r.NewlyDenied, r.NewlyAllowed)
+	}
+	tw.Flush()
+	header := false
+	for _, r := range rep.Rules {
+		if len(r.TopKeys) == 0 {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\nkeys denied most:")
+			header = true
+		}
+		for _, k := range r.TopKeys {
+			fmt.Fprintf(w, "  %s  %d  %s\n", r.ID, k.Denied, k.Key)
+		}
+	}
+}
+
+// replaySVG draws, per rule, allowed (green) and denied (red) requests per
+// minute over the log's span: one panel per rule, a shared time axis.
+func replaySVG(rep *lab.Report) []byte {
+	const width, panelH, left, right, top = 900, 120, 60, 20, 30
+	minutes := 1
+	for _, r := range rep.Rules {
+		minutes = max(minutes, len(r.PerMinute))
+	}
+	height := top + len(rep.Rules)*(panelH+30) + 20
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="18">requests per minute from %s (%d minutes): allowed in green, denied in red</text>`+"\n",
+		left, rep.From.UTC().Format(time.RFC3339), minutes)
+	plotW := float64(width - left - right)
+	for i, r := range rep.Rules {
+		y0 := top + i*(panelH+30)
+		var peak int64 = 1
+		for _, m := range r.PerMinute {
+			peak = max(peak, m.Allowed, m.Denied)
+		}
+		fmt.Fprintf(&b, `<text x="%d" y="%d">%s (%s)</text>`+"\n", left, y0+12, xmlEscape(r.ID), r.Scope)
+		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%d" fill="none" stroke="#ccc"/>`+"\n", left, y0+18, plotW, panelH-18)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%d</text>`+"\n", left-4, y0+28, peak)
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">0</text>`+"\n", left-4, y0+panelH)
+		for _, s := range []struct {
+			color string
+			get   func(lab.MinuteCount) int64
+		}{{"#2a9d3a", func(m lab.MinuteCount) int64 { return m.Allowed }}, {"#d62728", func(m lab.MinuteCount) int64 { return m.Denied }}} {
+			var pts strings.Builder
+			for m := range minutes {
+				var v int64
+				if m < len(r.PerMinute) {
+					v = s.get(r.PerMinute[m])
+				}
+				x := float64(left) + plotW*(float64(m)+0.5)/float64(minutes)
+				y := float64(y0+panelH) - float64(panelH-18)*float64(v)/float64(peak)
+				fmt.Fprintf(&pts, "%.1f,%.1f ", x, y)
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", s.color, strings.TrimSpace(pts.String()))
+		}
+	}
+	b.WriteString("</svg>\n")
+	return b.Bytes()
+}
+
+func xmlEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '<':
+			b.WriteString("&lt;")
+		case '>':
+			b.WriteString("&gt;")
+		case '&':
+			b.WriteString("&amp;")
+		case '"':
+			b.WriteString("&quot;")
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,361 @@
+// Package lab runs a policy through the real filter module before it ships:
+// the .wasm that Envoy loads, under the testenv wazero host, on a virtual
+// clock, with an in-process quota service for fleet rules. sluicectl test
+// (test files of requests and expected answers) and sluicectl replay (an
+// Envoy access log against a candidate policy) are built on it; docs/lab.md
+// describes both.
+//
+// A Fleet is one or more simulated Envoys, each with its own worker VMs and
+// shared data (so a rule with "scope": "envoy" counts per Envoy), all
+// leasing fleet rules from one quota service (so a rule with "scope":
+// "fleet" holds its limit across them, as one budget). Requests run one at
+// a time and every HTTP call the filter makes is answered before the next
+// request or clock step, so a run depends on its inputs alone.
+package lab
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/host"
+)
+
+// Config configures NewFleet.
+type Config struct {
+	// Wasm is the filter module (Module gives the one sluicectl carries).
+	// Required.
+	Wasm []byte
+	// Policy is the policy to enforce, validated (rules.ParsePolicy). Its
+	// version is set to 1 when it has none. Required.
+	Policy *rules.Policy
+	// Envoys is the number of simulated Envoys (default 1).
+	Envoys int
+	// Workers is each Envoy's worker VMs, Envoy's --concurrency (default 1).
+	Workers int
+	// Start is the virtual time the fleet starts at (default 2026-01-01
+	// 00:00:00 UTC).
+	Start time.Time
+	// Env is the environment name in counter keys (the filter's "env";
+	// default "default").
+	Env string
+	// Seed seeds what the module draws at random (its hash key among
+	// others), so two runs of one input give one output (default 1).
+	Seed uint64
+}
+
+// Request is one request sent through the fleet.
+type Request struct {
+	// Method is the request method ("" means GET).
+	Method string
+	// Path is the request target, ":path" (query string allowed).
+	Path string
+	// Headers are the other request headers, names in any case.
+	Headers [][2]string
+	// ClientIP is Envoy's downstream remote address without the port, the
+	// address the filter keys client_ip on ("" means 127.0.0.1).
+	ClientIP string
+	// Envoy is the index of the Envoy that receives the request, 0 ..
+	// Envoys-1. Each Envoy deals its requests to its workers in turn.
+	Envoy int
+}
+
+// Decision is what the filter did with a request.
+type Decision struct {
+	// Status is the response status: the filter's local reply (429, 503 …),
+	// else 200 from the lab's upstream.
+	Status int
+	// Headers are the response headers (names lower case).
+	Headers host.Headers
+	// RateLimit is the filter state wasm.sluice as the access log's
+	// rate_limit shows it; nil when no rule applied to the request.
+	RateLimit *RateLimit
+	// RawRateLimit is that filter state's text ("" when absent).
+	RawRateLimit string
+}
+
+// RateLimit is the filter's decision record (docs/filter.md, "access-log
+// metadata"); counts are in cost units, Reset in whole seconds.
+type RateLimit struct {
+	RateLimited   bool   `json:"rate_limited"`
+	Shadow        bool   `json:"shadow"`
+	PolicyVersion uint64 `json:"policy_version,omitempty"`
+	Rule          string `json:"rule,omitempty"`
+	Key           string `json:"key,omitempty"`
+	Limit         uint64 `json:"limit"`
+	Remaining     uint64 `json:"remaining"`
+	Reset         int64  `json:"reset"`
+	Scope         string `json:"scope,omitempty"`
+	Quota         string `json:"quota,omitempty"`
+	Reason        string `json:"reason,omitempty"`
+}
+
+// Fleet is a set of simulated Envoys running the filter on one virtual
+// clock. It is not safe for concurrent use.
+type Fleet struct {
+	clock    *host.VirtualClock
+	envoys   []*host.Host
+	next     []int // per Envoy: the worker of its next request
+	fleet    bool  // the policy has fleet rules
+	policy   *rules.Policy
+	compiled *rules.Compiled
+	ctx      context.Context
+	seq      uint64 // requests sent, for x-request-id
+}
+
+// DefaultStart is the virtual time a Fleet starts at unless Config.Start says.
+var DefaultStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// quotaCluster is the Envoy cluster name the lab's filters reach the
+// in-process quota service by.
+const quotaCluster = "sluice_lab_control_plane"
+
+// NewFleet starts cfg.Envoys simulated Envoys of cfg.Workers worker VMs each.
+// Errors: a missing module or policy, a module that does not start, a policy
+// the filter refuses (its error log names the field).
+func NewFleet(ctx context.Context, cfg Config) (*Fleet, error) {
+	if len(cfg.Wasm) == 0 {
+		return nil, errors.New("lab: no filter module")
+	}
+	if cfg.Policy == nil {
+		return nil, errors.New("lab: no policy")
+	}
+	cfg.Envoys = max(cfg.Envoys, 1)
+	cfg.Workers = max(cfg.Workers, 1)
+	if cfg.Start.IsZero() {
+		cfg.Start = DefaultStart
+	}
+	if cfg.Env == "" {
+		cfg.Env = "default"
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = 1
+	}
+	p := *cfg.Policy
+	if p.Version == 0 {
+		p.Version = 1
+	}
+	doc := rules.EncodePolicy(&p)
+	compiled, err := rules.Compile(&p, rules.CompileOptions{Env: cfg.Env})
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	f := &Fleet{clock: host.NewVirtualClock(cfg.Start), next: make([]int, cfg.Envoys),
+		policy: &p, compiled: compiled, ctx: ctx}
+	for i := range compiled.Len() {
+		if compiled.Rule(i).Rule.Scope == rules.ScopeFleet {
+			f.fleet = true
+		}
+	}
+	pluginCfg := map[string]any{"env": cfg.Env, "policy": json.RawMessage(doc), "tick": "1s"}
+	var client *http.Client
+	if f.fleet {
+		svc := quota.New(quota.Options{
+			Backend:  quota.NewMemory(),
+			Policies: staticPolicy{store.Record{Name: p.Name, Version: p.Version, Doc: doc}},
+			Open:     true,
+			Now:      func() int64 { return f.clock.Now().UnixNano() },
+			Logger:   slog.New(slog.DiscardHandler),
+		})
+		client = &http.Client{Transport: inProcess{svc}}
+		pluginCfg["control_plane"] = map[string]any{"cluster": quotaCluster, "policy": p.Name}
+	}
+	for e := range cfg.Envoys {
+		pc := pluginCfg
+		if f.fleet {
+			pc = map[string]any{}
+			for k, v := range pluginCfg {
+				pc[k] = v
+			}
+			pc["control_plane"] = map[string]any{"cluster": quotaCluster, "policy": p.Name,
+				"envoy": "lab-envoy-" + strconv.Itoa(e)}
+		}
+		raw, err := json.Marshal(pc)
+		if err != nil {
+			return nil, err
+		}
+		h, err := host.New(ctx, host.Config{
+			Wasm: cfg.Wasm, VMID: "sluice", PluginName: "sluice", NodeID: "lab-envoy-" + strconv.Itoa(e),
+			PluginConfig: raw, Workers: cfg.Workers, Clock: f.clock, NoCanary: true,
+			LogLevel: host.LogWarn, Clusters: map[string]string{quotaCluster: "lab.invalid:80"},
+			HTTPClient: client, Rand: seeded(cfg.Seed, e),
+		})
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lab: starting the filter: %w", err)
+		}
+		f.envoys = append(f.envoys, h)
+	}
+	return f, f.settle()
+}
+
+// Policy returns the policy the fleet enforces (its version set).
+func (f *Fleet) Policy() *rules.Policy { return f.policy }
+
+// Compiled returns the fleet's policy compiled as the filter compiles it,
+// for matching and keys outside the filter (rules.Compiled.Match).
+func (f *Fleet) Compiled() *rules.Compiled { return f.compiled }
+
+// Envoys returns the number of simulated Envoys.
+func (f *Fleet) Envoys() int { return len(f.envoys) }
+
+// HasFleetRules reports whether the policy has a rule with "scope": "fleet".
+func (f *Fleet) HasFleetRules() bool { return f.fleet }
+
+// Now returns the fleet's virtual time.
+func (f *Fleet) Now() time.Time { return f.clock.Now() }
+
+// AdvanceTo moves the virtual clock to t (nothing when t is not after Now):
+// every tick due on the way runs, and every call it makes is answered.
+func (f *Fleet) AdvanceTo(t time.Time) error {
+	if d := t.Sub(f.clock.Now()); d > 0 {
+		f.clock.Advance(d)
+		return f.settle()
+	}
+	return nil
+}
+
+// settle waits until every HTTP call the filters made has been answered.
+func (f *Fleet) settle() error {
+	if !f.fleet {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
+	defer cancel()
+	for _, h := range f.envoys {
+		if err := h.WaitCallouts(ctx); err != nil {
+			return fmt.Errorf("lab: the filter's quota calls did not finish: %w", err)
+		}
+	}
+	return nil
+}
+
+// Do sends r through the filter of Envoy r.Envoy at the current virtual time
+// and returns what the filter did. Errors: an Envoy index out of range, a
+// client IP that is not an address, a VM that failed (the filter trapped).
+func (f *Fleet) Do(r Request) (Decision, error) {
+	if r.Envoy < 0 || r.Envoy >= len(f.envoys) {
+		return Decision{}, fmt.Errorf("lab: envoy %d out of range 0..%d", r.Envoy, len(f.envoys)-1)
+	}
+	src := "127.0.0.1:50000"
+	if r.ClientIP != "" {
+		a, err := netip.ParseAddr(r.ClientIP)
+		if err != nil {
+			return Decision{}, fmt.Errorf("lab: client_ip %q: not an IP address", r.ClientIP)
+		}
+		src = net.JoinHostPort(a.String(), "50000")
+	}
+	h := f.envoys[r.Envoy]
+	wi := f.next[r.Envoy]
+	f.next[r.Envoy] = (wi + 1) % h.Workers()
+	hdrs := make(host.Headers, 0, len(r.Headers)+1)
+	for _, kv := range r.Headers {
+		hdrs = append(hdrs, [2]string{strings.ToLower(kv[0]), kv[1]})
+	}
+	// Envoy generates an x-request-id when a request has none; the lab numbers
+	// its requests instead, so a run's decisions (their trace_id) repeat.
+	f.seq++
+	if _, ok := hdrs.Lookup("x-request-id"); !ok {
+		hdrs = append(hdrs, [2]string{"x-request-id", "lab-" + strconv.FormatUint(f.seq, 10)})
+	}
+	resp, err := h.Worker(wi).Do(f.ctx, host.Request{Method: r.Method, Path: r.Path, Headers: hdrs,
+		Info: host.StreamInfo{SourceAddress: src}})
+	if err != nil {
+		return Decision{}, fmt.Errorf("lab: the filter failed: %w", err)
+	}
+	if err := f.settle(); err != nil {
+		return Decision{}, err
+	}
+	d := Decision{Status: resp.Status, Headers: resp.Headers}
+	if raw, ok := resp.FilterState["wasm.sluice"]; ok {
+		d.RawRateLimit = raw
+		var rl RateLimit
+		if err := json.Unmarshal([]byte(raw), &rl); err != nil {
+			return d, fmt.Errorf("lab: the filter's state %q does not decode: %w", raw, err)
+		}
+		d.RateLimit = &rl
+	}
+	return d, nil
+}
+
+// Metric returns the sum over every Envoy of the filter metric name
+// (docs/filter.md, "Metrics"; flushed on the filter's tick, once a second of
+// virtual time).
+func (f *Fleet) Metric(name string) uint64 {
+	var n uint64
+	for _, h := range f.envoys {
+		if m, ok := h.Metric(name); ok {
+			n += uint64(m.Value)
+		}
+	}
+	return n
+}
+
+// Close stops every Envoy. Safe to call more than once.
+func (f *Fleet) Close() {
+	for _, h := range f.envoys {
+		h.Close()
+	}
+	f.envoys = nil
+}
+
+// seeded is the random source of Envoy e of a fleet seeded with seed.
+func seeded(seed uint64, e int) io.Reader {
+	var s [32]byte
+	binary.LittleEndian.PutUint64(s[:], seed)
+	binary.LittleEndian.PutUint64(s[8:], uint64(e))
+	return rand.NewChaCha8(s)
+}
+
+// staticPolicy is the quota service's view of the one policy the lab runs.
+type staticPolicy struct{ rec store.Record }
+
+func (s staticPolicy) Get(name string) (store.Record, bool) {
+	if name != s.rec.Name {
+		return store.Record{}, false
+	}
+	return s.rec, true
+}
+
+// inProcess answers the filter's calls without a network: /v1/quota by the
+// quota service, a policy poll with 304 (the static policy stays), anything
+// else 404.
+type inProcess struct{ quota http.Handler }
+
+func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	switch {
+	case req.URL.Path == "/v1/quota":
+		t.quota.ServeHTTP(rec, req)
+	case strings.HasPrefix(req.URL.Path, "/v1/policies/"):
+		rec.WriteHeader(http.StatusNotModified)
+	default:
+		rec.WriteHeader(http.StatusNotFound)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+		req.Body.Close()
+	}
+	res := rec.Result()
+	res.Request = req
+	if res.Body == nil {
+		res.Body = io.NopCloser(bytes.NewReader(nil))
+	}
+	return res, nil
+}

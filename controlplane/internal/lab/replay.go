@@ -1,0 +1,294 @@
+package lab
+
+import (
+	"context"
+	"io"
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// ReplayOptions configure Replay.
+type ReplayOptions struct {
+	// Envoys deals the log's requests to this many simulated Envoys in turn
+	// (default 1: the whole log through one Envoy). Rules with "scope":
+	// "envoy" count per Envoy; rules with "scope": "fleet" hold their limit
+	// across all of them through the in-process quota service.
+	Envoys int
+	// Workers is each Envoy's worker VMs (default 1).
+	Workers int
+	// TopKeys is how many keys each rule lists by denials (default 10).
+	TopKeys int
+	// Progress, if set, is called about every 65,536 requests with the
+	// requests replayed so far.
+	Progress func(requests int64)
+	// OnDecision, if set, sees every request with the candidate's decision.
+	OnDecision func(l *LogLine, d Decision)
+}
+
+// Report is what a replay found. Counts are requests; times are the log's.
+type Report struct {
+	// Requests is the number of requests replayed; Skipped the lines that
+	// were not requests (FirstSkip says where the first was).
+	Requests  int64  `json:"requests"`
+	Skipped   int64  `json:"skipped_lines"`
+	FirstSkip string `json:"first_skipped,omitempty"`
+	// From and To are the first and last request's times.
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	// Envoys is the number of simulated Envoys; LocalRules says how rules of
+	// scope "envoy" counted: "one envoy" or "per envoy".
+	Envoys     int    `json:"envoys"`
+	LocalRules string `json:"local_rules"`
+	// Allowed and Denied are the candidate's decisions over all requests.
+	Allowed int64 `json:"allowed"`
+	Denied  int64 `json:"denied"`
+	// Logged compares with the decisions the log recorded, for the requests
+	// whose line has one.
+	Logged LoggedComparison `json:"against_log"`
+	// Rules are per rule of the candidate policy, in policy order.
+	Rules []RuleReport `json:"rules"`
+	// Overflows counts decisions the filter made against a full table's
+	// overflow state (sluice.bucket_overflow): non-zero means the policy's
+	// keys outgrew the filter's tables and decisions were approximate.
+	Overflows uint64 `json:"table_overflows"`
+}
+
+// LoggedComparison counts how the candidate differs from the log.
+type LoggedComparison struct {
+	// Compared is the number of requests whose line has the rate_limit
+	// member (null counts: no rule applied, so the request was allowed).
+	Compared int64 `json:"compared"`
+	// NewlyDenied were allowed in the log and are denied by the candidate;
+	// NewlyAllowed the reverse.
+	NewlyDenied  int64 `json:"newly_denied"`
+	NewlyAllowed int64 `json:"newly_allowed"`
+}
+
+// RuleReport is one rule's part of a replay.
+type RuleReport struct {
+	ID string `json:"id"`
+	// Scope is "envoy" or "fleet"; Shadow is true for a shadow rule.
+	Scope  string `json:"scope"`
+	Shadow bool   `json:"shadow,omitempty"`
+	// Matched: requests the rule applies to (match holds, not exempt).
+	Matched int64 `json:"matched"`
+	// Allowed: matched requests the candidate admitted.
+	Allowed int64 `json:"allowed"`
+	// Denied: requests this rule denied (the rule the filter reported).
+	Denied int64 `json:"denied"`
+	// ShadowDenied: requests this shadow rule would have denied.
+	ShadowDenied int64 `json:"shadow_denied"`
+	// FirstDenial is the time of the first request this rule denied (or, for
+	// a shadow rule, would have denied); nil when none.
+	FirstDenial *time.Time `json:"first_denial"`
+	// TopKeys are the counter keys with the most denials, most first.
+	TopKeys []KeyCount `json:"top_keys"`
+	// NewlyDenied: requests this rule denies that the log shows allowed.
+	// NewlyAllowed: requests the log shows denied by this rule's id that the
+	// candidate admits.
+	NewlyDenied  int64 `json:"newly_denied"`
+	NewlyAllowed int64 `json:"newly_allowed"`
+	// PerMinute is allowed and denied per minute from the log's first
+	// minute (for --plot); not in the JSON output.
+	PerMinute []MinuteCount `json:"-"`
+
+	keys map[string]int64
+}
+
+// KeyCount is a counter key and its denials.
+type KeyCount struct {
+	Key    string `json:"key"`
+	Denied int64  `json:"denied"`
+}
+
+// MinuteCount is one minute of a rule's decisions.
+type MinuteCount struct {
+	Allowed, Denied int64
+}
+
+// Replay runs every request of lr, in timestamp order, through fresh Envoys
+// running policy, on a virtual clock that follows the log, and reports per
+// rule. The same logs and options give the same report. Errors: the filter
+// does not start or fails, or a log cannot be read.
+func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReader, o ReplayOptions) (*Report, error) {
+	o.Envoys = max(o.Envoys, 1)
+	if o.TopKeys <= 0 {
+		o.TopKeys = 10
+	}
+	first, err := lr.Next()
+	if err == io.EOF {
+		rep := &Report{Envoys: o.Envoys, LocalRules: localRules(o.Envoys), Skipped: lr.Skipped, FirstSkip: lr.FirstSkip, Rules: []RuleReport{}}
+		for _, r := range policy.Rules {
+			rep.Rules = append(rep.Rules, RuleReport{ID: r.ID, Scope: scopeOf(r), Shadow: r.Shadow, TopKeys: []KeyCount{}})
+		}
+		return rep, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Start on the log's first second, so windows align as Envoy's did.
+	f, err := NewFleet(ctx, Config{Wasm: wasm, Policy: policy, Envoys: o.Envoys, Workers: o.Workers,
+		Start: first.Time.Truncate(time.Second)})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	c := f.Compiled()
+	rep := &Report{Envoys: o.Envoys, LocalRules: localRules(o.Envoys), From: first.Time}
+	index := map[string]int{}
+	for i, r := range f.Policy().Rules {
+		rep.Rules = append(rep.Rules, RuleReport{ID: r.ID, Scope: scopeOf(r), Shadow: r.Shadow, keys: map[string]int64{}})
+		index[r.ID] = i
+	}
+	startMinute := first.Time.Unix() / 60
+	matched := make([]int, 0, c.Len())
+	var req rules.Request
+	for l := first; ; {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := f.AdvanceTo(l.Time); err != nil {
+			return nil, err
+		}
+		d, err := f.Do(Request{Method: l.Method, Path: l.Path, Headers: l.Headers, ClientIP: validIP(l.ClientIP),
+			Envoy: int(rep.Requests % int64(o.Envoys))})
+		if err != nil {
+			return nil, err
+		}
+		rep.Requests++
+		rep.To = l.Time
+		if o.OnDecision != nil {
+			o.OnDecision(l, d)
+		}
+		// Which rules apply, with the filter's own matching code.
+		req = rules.Request{Method: l.Method, Path: rules.PathOnly(l.Path), Headers: req.Headers[:0]}
+		for _, h := range l.Headers {
+			req.Headers = append(req.Headers, rules.Header{Name: h[0], Value: h[1]})
+		}
+		if ip := validIP(l.ClientIP); ip != "" {
+			req.ClientIP, _ = netip.ParseAddr(ip)
+		}
+		matched = c.Match(&req, matched[:0])
+		denied := d.RateLimit != nil && d.RateLimit.RateLimited
+		if denied {
+			rep.Denied++
+		} else {
+			rep.Allowed++
+		}
+		minute := int(l.Time.Unix()/60 - startMinute)
+		for _, i := range matched {
+			r := &rep.Rules[i]
+			r.Matched++
+			if !denied {
+				r.Allowed++
+				r.minute(minute).Allowed++
+			}
+		}
+		if rl := d.RateLimit; rl != nil && (rl.RateLimited || rl.Shadow) {
+			if i, ok := index[rl.Rule]; ok {
+				r := &rep.Rules[i]
+				if rl.RateLimited {
+					r.Denied++
+					r.minute(minute).Denied++
+				} else {
+					r.ShadowDenied++
+				}
+				if r.FirstDenial == nil {
+					t := l.Time
+					r.FirstDenial = &t
+				}
+				r.keys[rl.Key]++
+			}
+		}
+		if lg := l.Logged; l.HasLogged {
+			rep.Logged.Compared++
+			wasDenied := lg != nil && lg.RateLimited
+			switch {
+			case denied && !wasDenied:
+				rep.Logged.NewlyDenied++
+				if i, ok := index[d.RateLimit.Rule]; ok {
+					rep.Rules[i].NewlyDenied++
+				}
+			case !denied && wasDenied:
+				rep.Logged.NewlyAllowed++
+				if i, ok := index[lg.Rule]; ok {
+					rep.Rules[i].NewlyAllowed++
+				}
+			}
+		}
+		if o.Progress != nil && rep.Requests&0xffff == 0 {
+			o.Progress(rep.Requests)
+		}
+		next, err := lr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		l = next
+	}
+	// Flush the filter's metrics (they go out on its tick) before reading them.
+	if err := f.AdvanceTo(f.Now().Add(2 * time.Second)); err != nil {
+		return nil, err
+	}
+	rep.Overflows = f.Metric("sluice.bucket_overflow")
+	rep.Skipped, rep.FirstSkip = lr.Skipped, lr.FirstSkip
+	for i := range rep.Rules {
+		rep.Rules[i].TopKeys = topKeys(rep.Rules[i].keys, o.TopKeys)
+	}
+	return rep, nil
+}
+
+// minute returns the rule's count for minute m (from the log's first),
+// growing the series as needed.
+func (r *RuleReport) minute(m int) *MinuteCount {
+	m = max(m, 0)
+	for len(r.PerMinute) <= m {
+		r.PerMinute = append(r.PerMinute, MinuteCount{})
+	}
+	return &r.PerMinute[m]
+}
+
+func topKeys(m map[string]int64, n int) []KeyCount {
+	out := make([]KeyCount, 0, len(m))
+	for k, v := range m {
+		out = append(out, KeyCount{Key: k, Denied: v})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Denied != out[j].Denied {
+			return out[i].Denied > out[j].Denied
+		}
+		return out[i].Key < out[j].Key
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+func localRules(envoys int) string {
+	if envoys == 1 {
+		return "one envoy"
+	}
+	return "per envoy"
+}
+
+func scopeOf(r rules.Rule) string {
+	if r.Scope == rules.ScopeFleet {
+		return rules.ScopeFleet
+	}
+	return rules.ScopeEnvoy
+}
+
+// validIP returns s when it is an IP address, else "" (the filter then keys
+// on the lab's default client address).
+func validIP(s string) string {
+	if _, err := netip.ParseAddr(s); err != nil {
+		return ""
+	}
+	return s
+}
