@@ -382,7 +382,12 @@ func (s *Stream) Wait(ctx context.Context) (Status, error) {
 // reached the filter gets proxy_on_context_create first (ENVOY-CTX
 // Context::log → onCreate).
 func (s *Stream) Finish(ctx context.Context) error {
-	return s.v.run(ctx, func() error {
+	return s.v.run(ctx, s.finishOnLoop)
+}
+
+// finishOnLoop is Finish's work on the loop.
+func (s *Stream) finishOnLoop() error {
+	{
 		st := s.st
 		if st.finished {
 			return nil
@@ -401,7 +406,7 @@ func (s *Stream) Finish(ctx context.Context) error {
 		delete(s.v.streams, st.id)
 		st.signal()
 		return err
-	})
+	}
 }
 
 // snapshot reads stream results on the loop.
@@ -583,24 +588,99 @@ func (w *Worker) Do(ctx context.Context, req Request) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
-	resp, err := s.do(ctx, req)
+	if len(req.Body) == 0 && req.Trailers == nil && req.Upstream == nil {
+		if resp, done, err := s.doOnLoop(ctx, req); done || err != nil {
+			return resp, err
+		}
+	} else {
+		resp, err := s.do(ctx, req)
+		return s.finishDo(ctx, resp, err)
+	}
+	// The filter paused the stream: wait for it, then go on phase by phase.
+	resp, err := s.resume(ctx, req)
+	return s.finishDo(ctx, resp, err)
+}
+
+// finishDo ends a stream Do drove phase by phase: Finish, then the stream's
+// filter state, logs and trace into resp.
+func (s *Stream) finishDo(ctx context.Context, resp Response, err error) (Response, error) {
 	if ferr := s.Finish(ctx); err == nil {
 		err = ferr
 	}
 	if err != nil {
 		return Response{}, err
 	}
-	s.snapshot(func(st *stream) {
-		resp.FilterState = map[string]string{}
-		for k, v := range st.filterState {
-			resp.FilterState[k] = string(v)
-		}
-		resp.Logs = append([]LogEntry(nil), st.logs...)
-		if st.traceStart <= len(s.v.trace) {
-			resp.Trace = append([]string(nil), s.v.trace[st.traceStart:]...)
-		}
-	})
+	s.snapshot(func(st *stream) { s.capture(st, &resp) })
 	return resp, nil
+}
+
+// capture copies the stream's filter state, logs and trace into resp; on
+// the loop.
+func (s *Stream) capture(st *stream, resp *Response) {
+	resp.FilterState = make(map[string]string, len(st.filterState))
+	for k, v := range st.filterState {
+		resp.FilterState[k] = string(v)
+	}
+	resp.Logs = append([]LogEntry(nil), st.logs...)
+	if st.traceStart <= len(s.v.trace) {
+		resp.Trace = append([]string(nil), s.v.trace[st.traceStart:]...)
+	}
+}
+
+// doOnLoop runs a request without body, trailers or Upstream (so answered
+// 200 with no body) in one visit to the VM's loop: the same callbacks in
+// the same order as do and Finish, without a hop per phase. done is false
+// when the filter paused the stream (its request or response headers); the
+// caller then waits and goes on with resume.
+func (s *Stream) doOnLoop(ctx context.Context, req Request) (resp Response, done bool, err error) {
+	err = s.v.run(ctx, func() error {
+		stat, err := s.runPhase(false, false, func(st *stream) (string, []uint64) {
+			st.reqHeaders, st.hasReqHeaders = req.requestHeaders().normalize(), true
+			return "proxy_on_request_headers", []uint64{uint64(st.id), uint64(len(st.reqHeaders)), 1}
+		})
+		if err != nil || stat == Paused {
+			return err
+		}
+		var up *UpstreamRequest
+		if stat == Continue {
+			up = &UpstreamRequest{Headers: s.st.reqHeaders.Clone(), Trailers: s.st.reqTrailers.Clone()}
+			stat, err = s.runPhase(true, false, func(st *stream) (string, []uint64) {
+				st.respHeaders, st.hasRespHeaders = Headers{{":status", "200"}}, true
+				return "proxy_on_response_headers", []uint64{uint64(st.id), uint64(len(st.respHeaders)), 1}
+			})
+			if err != nil || stat == Paused {
+				return err
+			}
+		}
+		resp = s.resultOnLoop(s.st, up)
+		err = s.finishOnLoop()
+		s.capture(s.st, &resp)
+		done = true
+		return err
+	})
+	if err != nil {
+		return Response{}, false, err
+	}
+	return resp, done, nil
+}
+
+// resume goes on with a stream doOnLoop left paused: it waits, then runs
+// what is left of do.
+func (s *Stream) resume(ctx context.Context, req Request) (Response, error) {
+	stat, err := s.Wait(ctx)
+	if err != nil {
+		return Response{}, err
+	}
+	var respPhase bool
+	s.snapshot(func(st *stream) { respPhase = st.hasRespHeaders })
+	if respPhase {
+		var up UpstreamRequest
+		s.snapshot(func(st *stream) {
+			up = UpstreamRequest{Headers: st.reqHeaders.Clone(), Trailers: st.reqTrailers.Clone()}
+		})
+		return s.result(&up), nil
+	}
+	return s.afterRequest(ctx, req, stat)
 }
 
 func (s *Stream) do(ctx context.Context, req Request) (Response, error) {
@@ -622,6 +702,19 @@ func (s *Stream) do(ctx context.Context, req Request) (Response, error) {
 	if err != nil {
 		return Response{}, err
 	}
+	return s.afterRequest(ctx, req, stat)
+}
+
+// afterRequest is do after the request phases ended with stat: the
+// upstream and the response phases when the filter let the request through.
+func (s *Stream) afterRequest(ctx context.Context, req Request, stat Status) (Response, error) {
+	step := func(stat Status, err error) (Status, error) {
+		if err != nil || stat != Paused {
+			return stat, err
+		}
+		return s.Wait(ctx)
+	}
+	hasBody := len(req.Body) > 0
 	if stat != Continue {
 		return s.result(nil), nil
 	}
@@ -640,7 +733,8 @@ func (s *Stream) do(ctx context.Context, req Request) (Response, error) {
 		}
 	}
 	rh := append(Headers{{":status", strconv.Itoa(ur.Status)}}, ur.Headers.normalize()...)
-	hasBody, hasTrailers = len(ur.Body) > 0, ur.Trailers != nil
+	hasBody, hasTrailers := len(ur.Body) > 0, ur.Trailers != nil
+	var err error
 	stat, err = step(s.ResponseHeaders(ctx, rh, !hasBody && !hasTrailers))
 	if err == nil && stat == Continue && hasBody {
 		stat, err = step(s.ResponseBody(ctx, ur.Body, !hasTrailers))
@@ -656,27 +750,32 @@ func (s *Stream) do(ctx context.Context, req Request) (Response, error) {
 
 func (s *Stream) result(up *UpstreamRequest) Response {
 	var r Response
-	s.snapshot(func(st *stream) {
-		switch {
-		case st.localReply != nil:
-			lr := st.localReply
-			r = Response{Status: lr.Status, Headers: lr.Headers.Clone(), Body: append([]byte(nil), lr.Body...), LocalReply: lr}
-		case st.status == Reset:
-			r = Response{Reset: true}
-		default:
-			r.Status, _ = strconv.Atoi(st.respHeaders.Get(":status"))
-			for _, kv := range st.respHeaders {
-				if !strings.HasPrefix(kv[0], ":") {
-					r.Headers = append(r.Headers, kv)
-				}
+	s.snapshot(func(st *stream) { r = s.resultOnLoop(st, up) })
+	return r
+}
+
+// resultOnLoop is the Response of the stream as it stands; on the loop.
+func (s *Stream) resultOnLoop(st *stream, up *UpstreamRequest) Response {
+	var r Response
+	switch {
+	case st.localReply != nil:
+		lr := st.localReply
+		r = Response{Status: lr.Status, Headers: lr.Headers.Clone(), Body: append([]byte(nil), lr.Body...), LocalReply: lr}
+	case st.status == Reset:
+		r = Response{Reset: true}
+	default:
+		r.Status, _ = strconv.Atoi(st.respHeaders.Get(":status"))
+		for _, kv := range st.respHeaders {
+			if !strings.HasPrefix(kv[0], ":") {
+				r.Headers = append(r.Headers, kv)
 			}
-			r.Body = append([]byte(nil), st.respForwarded...)
-			if len(r.Body) == 0 {
-				r.Body = nil
-			}
-			r.Trailers = st.respTrailers.Clone()
 		}
-	})
+		r.Body = append([]byte(nil), st.respForwarded...)
+		if len(r.Body) == 0 {
+			r.Body = nil
+		}
+		r.Trailers = st.respTrailers.Clone()
+	}
 	r.Upstream = up
 	return r
 }

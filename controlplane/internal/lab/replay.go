@@ -118,7 +118,12 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	if o.TopKeys <= 0 {
 		o.TopKeys = 10
 	}
-	first, err := lr.Next()
+	// The log is read and decoded on another goroutine, a batch ahead, while
+	// the filter decides: the order of the lines does not change.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lines := prefetch(ctx, lr)
+	first, err := lines.next()
 	if err == io.EOF {
 		rep := &Report{Envoys: o.Envoys, LocalRules: localRules(o.Envoys), Skipped: lr.Skipped, FirstSkip: lr.FirstSkip, Rules: []RuleReport{}}
 		for _, r := range policy.Rules {
@@ -222,7 +227,7 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 		if o.Progress != nil && rep.Requests&0xffff == 0 {
 			o.Progress(rep.Requests)
 		}
-		next, err := lr.Next()
+		next, err := lines.next()
 		if err == io.EOF {
 			break
 		}
@@ -241,6 +246,63 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 		rep.Rules[i].TopKeys = topKeys(rep.Rules[i].keys, o.TopKeys)
 	}
 	return rep, nil
+}
+
+// prefetched hands out the lines a reading goroutine decoded ahead.
+type prefetched struct {
+	ch    <-chan lineBatch
+	batch []*LogLine
+	err   error
+}
+
+type lineBatch struct {
+	lines []*LogLine
+	err   error // after the last batch: io.EOF or the read error
+}
+
+// prefetch starts reading lr in batches of 512 lines, at most 8 batches ahead.
+func prefetch(ctx context.Context, lr *LogReader) *prefetched {
+	ch := make(chan lineBatch, 8)
+	go func() {
+		defer close(ch)
+		for {
+			b := lineBatch{lines: make([]*LogLine, 0, 512)}
+			for len(b.lines) < cap(b.lines) {
+				l, err := lr.Next()
+				if err != nil {
+					b.err = err
+					break
+				}
+				b.lines = append(b.lines, l)
+			}
+			select {
+			case ch <- b:
+			case <-ctx.Done():
+				return
+			}
+			if b.err != nil {
+				return
+			}
+		}
+	}()
+	return &prefetched{ch: ch}
+}
+
+// next returns the next line, io.EOF after the last, or the read error.
+func (p *prefetched) next() (*LogLine, error) {
+	for len(p.batch) == 0 {
+		if p.err != nil {
+			return nil, p.err
+		}
+		b, ok := <-p.ch
+		if !ok {
+			return nil, io.EOF
+		}
+		p.batch, p.err = b.lines, b.err
+	}
+	l := p.batch[0]
+	p.batch = p.batch[1:]
+	return l, nil
 }
 
 // minute returns the rule's count for minute m (from the log's first),
