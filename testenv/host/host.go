@@ -94,6 +94,14 @@ type Config struct {
 	// makes what the module draws (the Go runtime's seeds, a filter's hash
 	// key) the same from run to run, so a run on a VirtualClock repeats.
 	Rand io.Reader
+	// InlineCallouts makes each proxy_http_call's request on the VM's loop,
+	// while the calling callback waits, and delivers the answer right after
+	// that callback returns (as a network of no latency would); a tick's
+	// timer also waits for the answers of the calls the tick made, and of
+	// the calls those answers made. Meant for HTTPClient transports that
+	// answer in process: with a VirtualClock, a run's order of events then
+	// depends on its inputs alone, whatever the worker count.
+	InlineCallouts bool
 }
 
 // Host is a set of worker VMs of one module, as Envoy runs one Wasm HTTP

@@ -68,8 +68,16 @@ func hostHTTPCall(v *vm, s []uint64) status {
 	if timeoutMS > 0 {
 		timeout = time.Duration(timeoutMS) * time.Millisecond
 	}
-	v.h.callWG.Add(1)
 	v.h.pending.Add(1)
+	if v.h.cfg.InlineCallouts {
+		res := v.h.doCallout(cluster, addr, h, body, Headers(trls), timeout)
+		v.inlineCalls++
+		if !v.post(func() { defer v.h.pending.Done(); v.inlineCalls--; v.deliverCallout(tok, res) }) {
+			v.h.pending.Done()
+		}
+		return statusOK
+	}
+	v.h.callWG.Add(1)
 	go func() {
 		defer v.h.callWG.Done()
 		res := v.h.doCallout(cluster, addr, h, body, Headers(trls), timeout)

@@ -45,7 +45,22 @@ func (v *vm) armTick() {
 			}
 			return err
 		})
+		if v.h.cfg.InlineCallouts {
+			v.drainInline()
+		}
 	})
+}
+
+// drainInline returns when the answers of every inline call of the VM have
+// been delivered: each visit to the loop runs after the deliveries queued
+// before it.
+func (v *vm) drainInline() {
+	for {
+		n := 0
+		if err := v.run(context.Background(), func() error { n = v.inlineCalls; return nil }); err != nil || n == 0 {
+			return
+		}
+	}
 }
 
 func hostSetTickPeriod(v *vm, s []uint64) status {

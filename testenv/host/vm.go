@@ -88,6 +88,8 @@ type vm struct {
 	trace         []string
 	stack         []uint64
 	fdFlags       [3]uint16 // WASI fs_flags of stdio
+	// inlineCalls counts Config.InlineCallouts calls not yet delivered; on the loop.
+	inlineCalls int
 }
 
 // startVM instantiates the module as worker index (-1: canary) and runs

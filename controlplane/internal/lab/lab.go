@@ -194,7 +194,7 @@ func NewFleet(ctx context.Context, cfg Config) (*Fleet, error) {
 			Wasm: cfg.Wasm, VMID: "sluice", PluginName: "sluice", NodeID: "lab-envoy-" + strconv.Itoa(e),
 			PluginConfig: raw, Workers: cfg.Workers, Clock: f.clock, NoCanary: true,
 			LogLevel: host.LogWarn, Clusters: map[string]string{quotaCluster: "lab.invalid:80"},
-			HTTPClient: client, Rand: seeded(cfg.Seed, e),
+			HTTPClient: client, Rand: seeded(cfg.Seed, e), InlineCallouts: true,
 		})
 		if err != nil {
 			f.Close()

@@ -193,7 +193,19 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 			}
 		}
 		if rl := d.RateLimit; rl != nil && (rl.RateLimited || rl.Shadow) {
-			if i, ok := index[rl.Rule]; ok {
+			i, ok := index[rl.Rule]
+			if ok && !rl.RateLimited && !rep.Rules[i].Shadow {
+				// The record names an enforced rule; the shadow rule that would
+				// have denied is the first matching one (the record names one rule).
+				ok = false
+				for _, m := range matched {
+					if rep.Rules[m].Shadow {
+						i, ok = m, true
+						break
+					}
+				}
+			}
+			if ok {
 				r := &rep.Rules[i]
 				if rl.RateLimited {
 					r.Denied++
@@ -205,7 +217,9 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 					t := l.Time
 					r.FirstDenial = &t
 				}
-				r.keys[rl.Key]++
+				if rl.Rule == r.ID {
+					r.keys[rl.Key]++
+				}
 			}
 		}
 		if lg := l.Logged; l.HasLogged {
@@ -241,6 +255,13 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 		return nil, err
 	}
 	rep.Overflows = f.Metric("sluice.bucket_overflow")
+	for i := range rep.Rules {
+		if r := &rep.Rules[i]; r.Shadow {
+			// The filter counts every shadow rule that would have denied, also
+			// where its record named another rule.
+			r.ShadowDenied = int64(f.Metric("sluice.rule." + r.ID + ".shadow_limited"))
+		}
+	}
 	rep.Skipped, rep.FirstSkip = lr.Skipped, lr.FirstSkip
 	for i := range rep.Rules {
 		rep.Rules[i].TopKeys = topKeys(rep.Rules[i].keys, o.TopKeys)

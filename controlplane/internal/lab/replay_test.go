@@ -1,0 +1,223 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The replay of a log decides every request as a fixed window counted
+// independently here does: per user and minute, the first limit requests
+// pass and the rest are denied. The log is written in the order requests
+// ended (up to 2 s after they began) and cut in two files, and a second rule
+// keyed on the client address counts per Envoy when the log is dealt to
+// three.
+func TestReplayDeniesExactlyWhatAFixedWindowCounts(t *testing.T) {
+	bin := testModule(t)
+	const limit = 4
+	pol := mustPolicy(t, fmt.Sprintf(`{"policy":"exact","identity":{"user_header":"x-user-id"},"rules":[
+ {"id":"per-user-minute","match":{"path_prefix":"/api/"},"key":["user"],"algorithm":"fixed_window","limit":%d,"window":"1m"}]}`, limit))
+	reqs := genLog(3, 6000, 40, DefaultStart.Add(17*time.Second), 25*time.Millisecond)
+
+	// Expected, counted here: the n-th request of a user in a minute is
+	// denied when n > limit.
+	type bucket struct {
+		user   string
+		minute int64
+	}
+	seen := map[bucket]int{}
+	wantDenied := map[string]bool{} // user@time
+	for _, r := range reqs {
+		b := bucket{r.user, r.t.Unix() / 60}
+		seen[b]++
+		if seen[b] > limit {
+			wantDenied[r.user+"@"+r.t.UTC().Format(time.RFC3339Nano)] = true
+		}
+	}
+	if len(wantDenied) == 0 || len(wantDenied) == len(reqs) {
+		t.Fatalf("the generated log denies %d of %d: a test of nothing", len(wantDenied), len(reqs))
+	}
+
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")
+	writeLog(t, a, reqs[:len(reqs)/2], 2*time.Second, 4)
+	writeLog(t, b, reqs[len(reqs)/2:], 2*time.Second, 5)
+	lr, err := ReadLog([]string{b, a}, DefaultFields("x-user-id", ""), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	var last time.Time
+	gotDenied := map[string]bool{}
+	rep, err := Replay(context.Background(), bin, pol, lr, ReplayOptions{Workers: 2, OnDecision: func(l *LogLine, d Decision) {
+		if l.Time.Before(last) {
+			t.Errorf("%s:%d at %s replayed after %s", l.File, l.Line, l.Time, last)
+		}
+		last = l.Time
+		if d.RateLimit != nil && d.RateLimit.RateLimited {
+			gotDenied[l.Headers[0][1]+"@"+l.Time.UTC().Format(time.RFC3339Nano)] = true
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests != int64(len(reqs)) {
+		t.Fatalf("replayed %d requests, want %d", rep.Requests, len(reqs))
+	}
+	for k := range wantDenied {
+		if !gotDenied[k] {
+			t.Errorf("request %s allowed, want denied", k)
+		}
+	}
+	for k := range gotDenied {
+		if !wantDenied[k] {
+			t.Errorf("request %s denied, want allowed", k)
+		}
+	}
+	r := rep.Rules[0]
+	if r.Denied != int64(len(wantDenied)) || r.Matched != int64(len(reqs)) || r.Allowed != int64(len(reqs)-len(wantDenied)) {
+		t.Errorf("rule report matched %d allowed %d denied %d, want %d, %d, %d", r.Matched, r.Allowed, r.Denied,
+			len(reqs), len(reqs)-len(wantDenied), len(wantDenied))
+	}
+	if rep.Overflows != 0 {
+		t.Errorf("%d table overflows", rep.Overflows)
+	}
+	t.Logf("%d requests, %d denied, exactly as counted", rep.Requests, r.Denied)
+}
+
+// Two replays of one log give the same report, fleet rules and several
+// Envoys included.
+func TestReplayIsDeterministic(t *testing.T) {
+	bin := testModule(t)
+	pol := mustPolicy(t, `{"policy":"det","identity":{"user_header":"x-user-id"},"rules":[
+ {"id":"local-bucket","key":["user"],"algorithm":"token_bucket","limit":20,"window":"1m","burst":5},
+ {"id":"fleet-window","key":["user"],"algorithm":"fixed_window","limit":30,"window":"1m","scope":"fleet"},
+ {"id":"user-shadow","key":["user"],"algorithm":"gcra","limit":1,"window":"10s","burst":1,"shadow":true}]}`)
+	path := filepath.Join(t.TempDir(), "access.log")
+	writeLog(t, path, genLog(11, 3000, 12, DefaultStart, 40*time.Millisecond), time.Second, 12)
+	run := func() string {
+		lr, err := ReadLog([]string{path}, DefaultFields("x-user-id", ""), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lr.Close()
+		rep, err := Replay(context.Background(), bin, pol, lr, ReplayOptions{Envoys: 3, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Rules[1].Denied == 0 || rep.Rules[0].Denied == 0 || rep.Rules[2].ShadowDenied == 0 {
+			t.Fatalf("a rule denied nothing: %+v", rep.Rules)
+		}
+		b, err := json.Marshal(rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	first, second := run(), run()
+	if first != second {
+		t.Fatalf("two replays differ:\n%s\n%s", first, second)
+	}
+}
+
+// Fleet rules hold their limit across the Envoys the log is dealt to;
+// envoy-scoped rules count per Envoy.
+func TestReplayCountsFleetRulesAsOneBudget(t *testing.T) {
+	bin := testModule(t)
+	pol := mustPolicy(t, `{"policy":"scopes","rules":[
+ {"id":"fleet","match":{"path_prefix":"/f/"},"key":[],"algorithm":"fixed_window","limit":100,"window":"1h","scope":"fleet"},
+ {"id":"local","match":{"path_prefix":"/l/"},"key":[],"algorithm":"fixed_window","limit":100,"window":"1h"}]}`)
+	path := filepath.Join(t.TempDir(), "access.log")
+	var b strings.Builder
+	at := DefaultStart
+	for i := range 1000 {
+		p := "/f/x"
+		if (i/4)%2 == 1 { // every Envoy gets both paths: line i goes to Envoy i mod 4
+			p = "/l/x"
+		}
+		at = at.Add(50 * time.Millisecond)
+		fmt.Fprintf(&b, `{"timestamp":%q,"method":"GET","path":%q,"client_ip":"192.0.2.%d"}`+"\n", at.Format(time.RFC3339Nano), p, i%200)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := ReadLog([]string{path}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	rep, err := Replay(context.Background(), bin, pol, lr, ReplayOptions{Envoys: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Rules[0].Allowed; got != 100 {
+		t.Errorf("fleet rule admitted %d of 500 across 4 Envoys, want its limit 100", got)
+	}
+	if got := rep.Rules[1].Allowed; got != 400 {
+		t.Errorf("envoy rule admitted %d of 500 across 4 Envoys, want 4 × 100", got)
+	}
+	if rep.LocalRules != "per envoy" {
+		t.Errorf("local_rules %q", rep.LocalRules)
+	}
+}
+
+// The reader merges logs in timestamp order: lines out of order within the
+// reorder window, logs concatenated into one file, lines that are not
+// requests skipped and counted; a log that goes back too often is refused.
+func TestLogReaderMergesConcatenatedLogs(t *testing.T) {
+	dir := t.TempDir()
+	line := func(ms int, path string) string {
+		return fmt.Sprintf(`{"timestamp":%q,"method":"GET","path":%q,"user_id":"u","rate_limit":"{\"rate_limited\":true,\"shadow\":false,\"rule\":\"r\"}"}`+"\n",
+			DefaultStart.Add(time.Duration(ms)*time.Millisecond).Format(time.RFC3339Nano), path)
+	}
+	// Two Envoys' logs, each slightly out of order, concatenated, and junk.
+	content := line(0, "/a0") + line(300, "/a2") + line(200, "/a1") + line(900, "/a3") +
+		"not json\n" + `{"path":"/no-time"}` + "\n" +
+		line(100, "/b0") + line(500, "/b2") + line(400, "/b1")
+	path := filepath.Join(dir, "all.log")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := ReadLog([]string{path}, Fields{"x-user-id": "user_id"}, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	var got []string
+	for {
+		l, err := lr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Logged == nil || !l.Logged.RateLimited || l.Headers[0] != [2]string{"x-user-id", "u"} {
+			t.Errorf("%s: logged %+v headers %v", l.Path, l.Logged, l.Headers)
+		}
+		got = append(got, l.Path)
+	}
+	if want := "/a0 /b0 /a1 /a2 /b1 /b2 /a3"; strings.Join(got, " ") != want {
+		t.Errorf("order %v, want %s", got, want)
+	}
+	if lr.Runs() != 2 || lr.Skipped != 2 || !strings.Contains(lr.FirstSkip, "all.log:5") {
+		t.Errorf("runs %d, skipped %d (%s)", lr.Runs(), lr.Skipped, lr.FirstSkip)
+	}
+
+	var b strings.Builder
+	for i := range MaxRuns + 1 {
+		b.WriteString(line(1000, "/x") + line(0, fmt.Sprint(i)))
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadLog([]string{path}, nil, 0); err == nil || !strings.Contains(err.Error(), "sort it") {
+		t.Errorf("a log that goes back %d times: %v", MaxRuns+1, err)
+	}
+}
