@@ -56,9 +56,12 @@ run: build
 ## The end-to-end packages under testenv/ run one at a time, after the rest: each starts
 ## its own fleet of processes and judges admission by counting per window, which a
 ## second fleet on the same two cores would skew.
+## The policy lab's tests run the module just built (SLUICE_WASM), and the demo
+## policy's test file runs through the sluicectl just built.
 test: build
-	$(GO) test $(GOTESTFLAGS) $$($(GO) list ./... | grep -v '/testenv/')
-	$(GO) test $(GOTESTFLAGS) -p 1 ./testenv/...
+	$(BUILD)/sluicectl test examples/*.test.yaml
+	SLUICE_WASM=$(abspath $(WASM)) $(GO) test $(GOTESTFLAGS) $$($(GO) list ./... | grep -v '/testenv/')
+	SLUICE_WASM=$(abspath $(WASM)) $(GO) test $(GOTESTFLAGS) -p 1 ./testenv/...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./filter/... ./shared/...
 
 ## bench: every benchmark (go test -bench over all packages, 6 runs each).
