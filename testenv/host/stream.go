@@ -121,6 +121,16 @@ var connIDs atomic.Uint64
 // allocated now but proxy_on_context_create is sent lazily, before the
 // first headers (ENVOY-CTX decodeHeaders → onCreate).
 func (w *Worker) NewStream(info StreamInfo) (*Stream, error) {
+	s := &Stream{v: w.v}
+	err := w.v.run(context.Background(), func() error { return s.create(info) })
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// create allocates the stream's context id and registers it; on the loop.
+func (s *Stream) create(info StreamInfo) error {
 	if info.SourceAddress == "" {
 		info.SourceAddress = "127.0.0.1:50000"
 	}
@@ -133,22 +143,15 @@ func (w *Worker) NewStream(info StreamInfo) (*Stream, error) {
 	if info.Protocol == "" {
 		info.Protocol = "HTTP/1.1"
 	}
-	v := w.v
-	s := &Stream{v: v}
-	err := v.run(context.Background(), func() error {
-		if v.failed != nil {
-			return v.failed
-		}
-		st := &stream{v: v, id: v.allocContextID(), info: info, start: v.h.clock.Now(),
-			changed: make(chan struct{}), filterState: map[string][]byte{}, traceStart: len(v.trace)}
-		v.streams[st.id] = st
-		s.st = st
-		return nil
-	})
-	if err != nil {
-		return nil, err
+	v := s.v
+	if v.failed != nil {
+		return v.failed
 	}
-	return s, nil
+	st := &stream{v: v, id: v.allocContextID(), info: info, start: v.h.clock.Now(),
+		changed: make(chan struct{}), filterState: map[string][]byte{}, traceStart: len(v.trace)}
+	v.streams[st.id] = st
+	s.st = st
+	return nil
 }
 
 // ID returns the stream's context id.
@@ -584,20 +587,25 @@ func (r Request) requestHeaders() Headers {
 // then Finish. It returns what the client would get. A guest trap is
 // returned as a *TrapError.
 func (w *Worker) Do(ctx context.Context, req Request) (Response, error) {
+	if len(req.Body) == 0 && req.Trailers == nil && req.Upstream == nil {
+		s := &Stream{v: w.v}
+		resp, done, err := s.doOnLoop(req)
+		switch {
+		case done:
+			return resp, err
+		case err != nil && s.st == nil:
+			return Response{}, err
+		case err == nil:
+			// The filter paused the stream: wait for it, then go on phase by phase.
+			resp, err = s.resume(ctx, req)
+		}
+		return s.finishDo(ctx, resp, err)
+	}
 	s, err := w.NewStream(req.Info)
 	if err != nil {
 		return Response{}, err
 	}
-	if len(req.Body) == 0 && req.Trailers == nil && req.Upstream == nil {
-		if resp, done, err := s.doOnLoop(ctx, req); done || err != nil {
-			return resp, err
-		}
-	} else {
-		resp, err := s.do(ctx, req)
-		return s.finishDo(ctx, resp, err)
-	}
-	// The filter paused the stream: wait for it, then go on phase by phase.
-	resp, err := s.resume(ctx, req)
+	resp, err := s.do(ctx, req)
 	return s.finishDo(ctx, resp, err)
 }
 
@@ -627,13 +635,19 @@ func (s *Stream) capture(st *stream, resp *Response) {
 	}
 }
 
-// doOnLoop runs a request without body, trailers or Upstream (so answered
-// 200 with no body) in one visit to the VM's loop: the same callbacks in
-// the same order as do and Finish, without a hop per phase. done is false
-// when the filter paused the stream (its request or response headers); the
-// caller then waits and goes on with resume.
-func (s *Stream) doOnLoop(ctx context.Context, req Request) (resp Response, done bool, err error) {
-	err = s.v.run(ctx, func() error {
+// doOnLoop creates a stream and runs a request without body, trailers or
+// Upstream (so answered 200 with no body) in one visit to the VM's loop: the
+// same callbacks in the same order as NewStream, do and Finish, without a
+// hop per phase. done is false when the filter paused the stream (its
+// request or response headers), or when an error came before the stream
+// was finished; the caller then goes on with resume, or finishes it.
+func (s *Stream) doOnLoop(req Request) (resp Response, done bool, err error) {
+	// Nothing in it waits, so the wait for it is not bounded by the caller's
+	// context (which would leave s.st unsafe to read).
+	err = s.v.run(context.Background(), func() error {
+		if err := s.create(req.Info); err != nil {
+			return err
+		}
 		stat, err := s.runPhase(false, false, func(st *stream) (string, []uint64) {
 			st.reqHeaders, st.hasReqHeaders = req.requestHeaders().normalize(), true
 			return "proxy_on_request_headers", []uint64{uint64(st.id), uint64(len(st.reqHeaders)), 1}
@@ -659,7 +673,7 @@ func (s *Stream) doOnLoop(ctx context.Context, req Request) (resp Response, done
 		return err
 	})
 	if err != nil {
-		return Response{}, false, err
+		return Response{}, done, err
 	}
 	return resp, done, nil
 }
