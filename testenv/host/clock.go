@@ -134,3 +134,43 @@ func (c *VirtualClock) Advance(d time.Duration) {
 		t.f()
 	}
 }
+
+// Skip moves the clock forward by d as if the process had been stopped for
+// that long: every timer due by then fires once, at the new time, earliest
+// due first (a tick re-armed by its callback falls due a period later, so
+// it does not fire again), where Advance would fire a periodic timer once
+// per period. It returns when they have returned.
+func (c *VirtualClock) Skip(d time.Duration) {
+	c.advancing.Lock()
+	defer c.advancing.Unlock()
+	c.mu.Lock()
+	target := c.now.Add(d)
+	if target.After(c.now) {
+		c.now = target
+	}
+	var due []*virtualTimer
+	live := c.timers[:0]
+	for _, t := range c.timers {
+		switch {
+		case t.dead:
+		case !t.when.After(target):
+			due = append(due, t)
+		default:
+			live = append(live, t)
+		}
+	}
+	c.timers = live
+	sort.Slice(due, func(i, j int) bool {
+		if !due[i].when.Equal(due[j].when) {
+			return due[i].when.Before(due[j].when)
+		}
+		return due[i].seq < due[j].seq
+	})
+	for _, t := range due {
+		t.dead = true
+	}
+	c.mu.Unlock()
+	for _, t := range due {
+		t.f()
+	}
+}

@@ -150,7 +150,31 @@ const maxHostLogs = 10000
 // compilationCache is shared by every Host in the process, so that many
 // tests compiling the same module pay wazero's compile (hundreds of ms)
 // once.
-var compilationCache = wazero.NewCompilationCache()
+var (
+	compilationMu    sync.Mutex
+	compilationCache = wazero.NewCompilationCache()
+)
+
+// UseCompilationCacheDir makes every Host created afterwards in this process
+// keep wazero's compiled modules in dir as well as in memory, so that a
+// later process running the same module on the same wazero skips compiling
+// it (seconds for the sluice filter). Errors: dir cannot be created.
+func UseCompilationCacheDir(dir string) error {
+	c, err := wazero.NewCompilationCacheWithDir(dir)
+	if err != nil {
+		return err
+	}
+	compilationMu.Lock()
+	compilationCache = c
+	compilationMu.Unlock()
+	return nil
+}
+
+func currentCompilationCache() wazero.CompilationCache {
+	compilationMu.Lock()
+	defer compilationMu.Unlock()
+	return compilationCache
+}
 
 // New compiles cfg.Wasm, runs the canary VM (unless cfg.NoCanary) and
 // starts cfg.Workers worker VMs, each through _initialize,
@@ -200,7 +224,7 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	h.callCtx, h.callCancel = context.WithCancel(context.Background())
 
 	h.rt = wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().
-		WithCompilationCache(compilationCache).
+		WithCompilationCache(currentCompilationCache()).
 		WithCloseOnContextDone(false))
 	compiled, err := h.rt.CompileModule(ctx, cfg.Wasm)
 	if err != nil {

@@ -33,6 +33,7 @@ func (v *vm) armTick() {
 		// Runs on the clock's goroutine (VirtualClock.Advance or a real
 		// timer); the tick itself runs on the VM's loop and this waits
 		// for it, so Advance returns after delivery.
+		calls := 0
 		_ = v.run(context.Background(), func() error {
 			if gen != v.tickGen || v.failed != nil {
 				return nil
@@ -43,9 +44,10 @@ func (v *vm) armTick() {
 			if gen == v.tickGen && v.failed == nil {
 				v.armTick()
 			}
+			calls = v.inlineCalls
 			return err
 		})
-		if v.h.cfg.InlineCallouts {
+		if calls > 0 {
 			v.drainInline()
 		}
 	})

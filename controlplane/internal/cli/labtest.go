@@ -85,6 +85,7 @@ Exit codes: 0 every test passed; 1 a test failed; 2 a file is invalid (file:line
 			if err != nil {
 				return withCode(ExitUsage, err)
 			}
+			lab.CacheCompiled()
 			var suites []junitSuite
 			passed, failed := 0, 0
 			for _, lf := range files {

@@ -66,6 +66,7 @@ Exit codes: 0 done; 2 a file or flag is invalid; 3 the filter failed.`,
 			if err != nil {
 				return withCode(ExitUsage, err)
 			}
+			lab.CacheCompiled()
 			lr, err := lab.ReadLog(logs, fm, reorder)
 			if err != nil {
 				return withCode(ExitUsage, err)

@@ -117,6 +117,7 @@ type Fleet struct {
 	compiled *rules.Compiled
 	ctx      context.Context
 	seq      uint64 // requests sent, for x-request-id
+	tick     time.Duration
 }
 
 // DefaultStart is the virtual time a Fleet starts at unless Config.Start says.
@@ -163,7 +164,14 @@ func NewFleet(ctx context.Context, cfg Config) (*Fleet, error) {
 			f.fleet = true
 		}
 	}
-	pluginCfg := map[string]any{"env": cfg.Env, "policy": json.RawMessage(doc), "tick": "1s"}
+	// The tick flushes metrics and, for fleet rules, reports to the quota
+	// service every quota_interval (1 s): without fleet rules a minute's tick
+	// changes no decision and costs the virtual clock 60 times fewer calls.
+	f.tick = time.Minute
+	if f.fleet {
+		f.tick = time.Second
+	}
+	pluginCfg := map[string]any{"env": cfg.Env, "policy": json.RawMessage(doc), "tick": f.tick.String()}
 	var client *http.Client
 	if f.fleet {
 		svc := quota.New(quota.Options{
@@ -221,14 +229,32 @@ func (f *Fleet) HasFleetRules() bool { return f.fleet }
 // Now returns the fleet's virtual time.
 func (f *Fleet) Now() time.Time { return f.clock.Now() }
 
-// AdvanceTo moves the virtual clock to t (nothing when t is not after Now):
-// every tick due on the way runs, and every call it makes is answered.
+// idleTicks is how long AdvanceTo lets every tick of an idle stretch run
+// before it skips the rest of it.
+const idleTicks = time.Minute
+
+// AdvanceTo moves the virtual clock to t (nothing when t is not after Now),
+// and every call the filters make on the way is answered. Every tick due
+// in the first minute runs (reports, returns of idle leases, metrics); the
+// rest of a longer stretch without requests is skipped as if the process
+// had been stopped, each tick firing once at t, since ticks without
+// requests change no decision. A day without requests costs a minute's
+// ticks, not 86,400.
 func (f *Fleet) AdvanceTo(t time.Time) error {
-	if d := t.Sub(f.clock.Now()); d > 0 {
-		f.clock.Advance(d)
-		return f.settle()
+	d := t.Sub(f.clock.Now())
+	if d <= 0 {
+		return nil
 	}
-	return nil
+	if d > idleTicks+f.tick {
+		f.clock.Advance(idleTicks)
+		if err := f.settle(); err != nil {
+			return err
+		}
+		f.clock.Skip(d - idleTicks)
+	} else {
+		f.clock.Advance(d)
+	}
+	return f.settle()
 }
 
 // settle waits until every HTTP call the filters made has been answered.
@@ -294,9 +320,12 @@ func (f *Fleet) Do(r Request) (Decision, error) {
 	return d, nil
 }
 
+// FlushMetrics moves the virtual clock on by one tick of the filter, which
+// sends its metrics to the host (Metric then reads them).
+func (f *Fleet) FlushMetrics() error { return f.AdvanceTo(f.Now().Add(f.tick)) }
+
 // Metric returns the sum over every Envoy of the filter metric name
-// (docs/filter.md, "Metrics"; flushed on the filter's tick, once a second of
-// virtual time).
+// (docs/filter.md, "Metrics"), as of the filter's last tick (FlushMetrics).
 func (f *Fleet) Metric(name string) uint64 {
 	var n uint64
 	for _, h := range f.envoys {

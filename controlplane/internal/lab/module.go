@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
 // embedded holds the filter module when sluicectl was built by make, which
@@ -37,4 +39,15 @@ func Module(path string) ([]byte, string, error) {
 		}
 	}
 	return nil, "", errors.New("this sluicectl carries no filter module (it was not built by make build): pass --wasm build/sluice.wasm")
+}
+
+// CacheCompiled keeps the machine code wazero compiles the module to in the
+// user's cache directory (sluice/wazero under os.UserCacheDir), so the next
+// run skips compiling it. Without a cache directory it does nothing.
+func CacheCompiled() {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return
+	}
+	_ = host.UseCompilationCacheDir(filepath.Join(dir, "sluice", "wazero"))
 }
