@@ -42,6 +42,15 @@
 // calls out (proxy_http_call) also needs Config.Clusters, which maps Envoy
 // cluster names to "host:port" addresses.
 //
+// A run that must repeat exactly (the policy lab, controlplane/internal/lab)
+// also sets Config.Rand (a seeded source for WASI random_get) and
+// Config.InlineCallouts with an HTTPClient that answers in process: every
+// call is then answered right after the callback that made it, and
+// Host.WaitCallouts returns once all are delivered. VirtualClock.Skip jumps
+// over an idle stretch firing each due timer once, as after a stopped
+// process; UseCompilationCacheDir keeps compiled modules on disk across
+// processes.
+//
 // For a proxy, drive a Stream phase by phase: Worker.NewStream,
 // RequestHeaders/Body/Trailers (Wait when Paused), ResponseHeaders/…,
 // Finish (ExampleWorker_NewStream).
