@@ -285,18 +285,29 @@ func (lr *LogReader) Close() {
 	}
 }
 
-// logJSON is the members of a line every replay reads.
+// logJSON is the members of a line every replay reads, and the identity
+// members envoy/envoy.yaml logs.
 type logJSON struct {
 	Timestamp string          `json:"timestamp"`
 	Method    *string         `json:"method"`
 	Path      *string         `json:"path"`
 	ClientIP  *string         `json:"client_ip"`
+	UserID    json.RawMessage `json:"user_id"`
+	TenantID  json.RawMessage `json:"tenant_id"`
 	RateLimit json.RawMessage `json:"rate_limit"`
 }
 
-// standardFields are members logJSON reads; any other member a Fields names
-// needs the line decoded a second time.
-var standardFields = map[string]bool{"timestamp": true, "method": true, "path": true, "client_ip": true, "rate_limit": true}
+// member returns a member logJSON holds, false for any other (the line is
+// then decoded a second time).
+func (j *logJSON) member(name string) (json.RawMessage, bool) {
+	switch name {
+	case "user_id":
+		return j.UserID, true
+	case "tenant_id":
+		return j.TenantID, true
+	}
+	return nil, false
+}
 
 func (lr *LogReader) parse(b []byte) (*LogLine, error) {
 	if len(b) > maxLineBytes {
@@ -317,22 +328,22 @@ func (lr *LogReader) parse(b []byte) (*LogLine, error) {
 	if l.Path == "" {
 		return nil, fmt.Errorf("%w: no path", ErrBadLine)
 	}
-	if len(lr.fields) > 0 {
-		var all map[string]json.RawMessage
-		if err := json.Unmarshal(b, &all); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadLine, err)
-		}
-		for h, field := range lr.fields {
-			raw, ok := all[field]
-			if !ok {
-				continue
+	var all map[string]json.RawMessage
+	for h, field := range lr.fields {
+		raw, ok := j.member(field)
+		if !ok {
+			if all == nil {
+				if err := json.Unmarshal(b, &all); err != nil {
+					return nil, fmt.Errorf("%w: %v", ErrBadLine, err)
+				}
 			}
-			if v, ok := scalarText(raw); ok {
-				l.Headers = append(l.Headers, [2]string{h, v})
-			}
+			raw = all[field]
 		}
-		sortHeaders(l.Headers)
+		if v, ok := scalarText(raw); ok {
+			l.Headers = append(l.Headers, [2]string{h, v})
+		}
 	}
+	sortHeaders(l.Headers)
 	l.Logged, l.HasLogged = loggedDecision(j.RateLimit), j.RateLimit != nil
 	return l, nil
 }
