@@ -221,3 +221,22 @@ func TestLogReaderMergesConcatenatedLogs(t *testing.T) {
 		t.Errorf("a log that goes back %d times: %v", MaxRuns+1, err)
 	}
 }
+
+// The filter's decision record decodes with every member the access log
+// documents; an unknown member is skipped and malformed text is an error.
+func TestDecodeRateLimit(t *testing.T) {
+	rl, err := decodeRateLimit([]byte(`{"rate_limited":true,"shadow":false,"policy_version":7,"rule":"login-per-ip","key":"rl:prod:edge/login-per-ip:ip=198.51.100.1:300s","limit":3,"remaining":0,"reset":287,"scope":"fleet","quota":"waited","reason":"quota_unavailable","trace_id":"5f0c","future":{"a":[1]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := RateLimit{RateLimited: true, PolicyVersion: 7, Rule: "login-per-ip", Key: "rl:prod:edge/login-per-ip:ip=198.51.100.1:300s",
+		Limit: 3, Reset: 287, Scope: "fleet", Quota: "waited", Reason: "quota_unavailable"}
+	if *rl != want {
+		t.Errorf("decoded %+v, want %+v", *rl, want)
+	}
+	for _, bad := range []string{``, `{"rate_limited":"yes"}`, `{"limit":-1}`, `{"rule":"x"} extra`, `[1]`} {
+		if _, err := decodeRateLimit([]byte(bad)); err == nil {
+			t.Errorf("%q decoded without an error", bad)
+		}
+	}
+}
