@@ -94,17 +94,26 @@ type Decision struct {
 // RateLimit is the filter's decision record (docs/filter.md, "access-log
 // metadata"); counts are in cost units, Reset in whole seconds.
 type RateLimit struct {
-	RateLimited   bool   `json:"rate_limited"`
-	Shadow        bool   `json:"shadow"`
+	// RateLimited is true when the filter denied the request; Shadow when a
+	// shadow rule would have.
+	RateLimited bool `json:"rate_limited"`
+	Shadow      bool `json:"shadow"`
+	// PolicyVersion is the version of the policy that decided.
 	PolicyVersion uint64 `json:"policy_version,omitempty"`
-	Rule          string `json:"rule,omitempty"`
-	Key           string `json:"key,omitempty"`
-	Limit         uint64 `json:"limit"`
-	Remaining     uint64 `json:"remaining"`
-	Reset         int64  `json:"reset"`
-	Scope         string `json:"scope,omitempty"`
-	Quota         string `json:"quota,omitempty"`
-	Reason        string `json:"reason,omitempty"`
+	// Rule and Key name the rule the record reports and its counter key
+	// (rl:{env}:{policy}/{rule}:{identifier}:{period}s).
+	Rule string `json:"rule,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// Limit and Remaining are that rule's limit and what is left, in cost
+	// units; Reset is the seconds until the limit is whole again.
+	Limit     uint64 `json:"limit"`
+	Remaining uint64 `json:"remaining"`
+	Reset     int64  `json:"reset"`
+	// Scope is "fleet" for a fleet rule; Quota how its units were had
+	// (local, waited, degraded); Reason why the filter could not decide.
+	Scope  string `json:"scope,omitempty"`
+	Quota  string `json:"quota,omitempty"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // decodeRateLimit reads the filter state with the strict decoder the
