@@ -174,3 +174,19 @@ func (c *VirtualClock) Skip(d time.Duration) {
 		t.f()
 	}
 }
+
+// Next returns when the earliest timer falls due, false when none is set.
+// Until then Advance fires nothing, so it may also run on a VM's loop (see
+// Worker.DoBatch).
+func (c *VirtualClock) Next() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var next time.Time
+	found := false
+	for _, t := range c.timers {
+		if !t.dead && (!found || t.when.Before(next)) {
+			next, found = t.when, true
+		}
+	}
+	return next, found
+}

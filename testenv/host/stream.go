@@ -645,37 +645,105 @@ func (s *Stream) doOnLoop(req Request) (resp Response, done bool, err error) {
 	// Nothing in it waits, so the wait for it is not bounded by the caller's
 	// context (which would leave s.st unsafe to read).
 	err = s.v.run(context.Background(), func() error {
-		if err := s.create(req.Info); err != nil {
-			return err
-		}
-		stat, err := s.runPhase(false, false, func(st *stream) (string, []uint64) {
-			st.reqHeaders, st.hasReqHeaders = req.requestHeaders().normalize(), true
-			return "proxy_on_request_headers", []uint64{uint64(st.id), uint64(len(st.reqHeaders)), 1}
-		})
-		if err != nil || stat == Paused {
-			return err
-		}
-		var up *UpstreamRequest
-		if stat == Continue {
-			up = &UpstreamRequest{Headers: s.st.reqHeaders.Clone(), Trailers: s.st.reqTrailers.Clone()}
-			stat, err = s.runPhase(true, false, func(st *stream) (string, []uint64) {
-				st.respHeaders, st.hasRespHeaders = Headers{{":status", "200"}}, true
-				return "proxy_on_response_headers", []uint64{uint64(st.id), uint64(len(st.respHeaders)), 1}
-			})
-			if err != nil || stat == Paused {
-				return err
-			}
-		}
-		resp = s.resultOnLoop(s.st, up)
-		err = s.finishOnLoop()
-		s.capture(s.st, &resp)
-		done = true
+		var err error
+		resp, done, err = s.doHere(req)
 		return err
 	})
 	if err != nil {
 		return Response{}, done, err
 	}
 	return resp, done, nil
+}
+
+// doHere is doOnLoop's work, on the loop.
+func (s *Stream) doHere(req Request) (resp Response, done bool, err error) {
+	if err := s.create(req.Info); err != nil {
+		return Response{}, false, err
+	}
+	stat, err := s.runPhase(false, false, func(st *stream) (string, []uint64) {
+		st.reqHeaders, st.hasReqHeaders = req.requestHeaders().normalize(), true
+		return "proxy_on_request_headers", []uint64{uint64(st.id), uint64(len(st.reqHeaders)), 1}
+	})
+	if err != nil || stat == Paused {
+		return Response{}, false, err
+	}
+	var up *UpstreamRequest
+	if stat == Continue {
+		up = &UpstreamRequest{Headers: s.st.reqHeaders.Clone(), Trailers: s.st.reqTrailers.Clone()}
+		stat, err = s.runPhase(true, false, func(st *stream) (string, []uint64) {
+			st.respHeaders, st.hasRespHeaders = Headers{{":status", "200"}}, true
+			return "proxy_on_response_headers", []uint64{uint64(st.id), uint64(len(st.respHeaders)), 1}
+		})
+		if err != nil || stat == Paused {
+			return Response{}, false, err
+		}
+	}
+	resp = s.resultOnLoop(s.st, up)
+	err = s.finishOnLoop()
+	s.capture(s.st, &resp)
+	return resp, true, err
+}
+
+// DoBatch sends reqs through the worker in order, as Do sends each, but
+// runs as many of them as it can in one visit to the VM's loop: before(i),
+// if not nil, runs on the loop just before request i starts (to move a
+// VirtualClock on which no timer falls due by then: Advance fires nothing
+// else there). A request with a body, trailers or an Upstream func, and one
+// the filter pauses, is finished as Do finishes it, after its visit, and the
+// rest go on in a new visit. It returns every response, or the first error
+// (the requests after it are not sent).
+func (w *Worker) DoBatch(ctx context.Context, reqs []Request, before func(i int)) ([]Response, error) {
+	out := make([]Response, len(reqs))
+	for n := 0; n < len(reqs); {
+		var paused *Stream
+		var failed error
+		err := w.v.run(context.Background(), func() error {
+			for ; n < len(reqs); n++ {
+				r := reqs[n]
+				if len(r.Body) > 0 || r.Trailers != nil || r.Upstream != nil {
+					return nil
+				}
+				if before != nil {
+					before(n)
+				}
+				s := &Stream{v: w.v}
+				resp, done, err := s.doHere(r)
+				if !done && (err == nil || s.st != nil) {
+					paused, failed = s, err
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				out[n] = resp
+			}
+			return nil
+		})
+		switch {
+		case err != nil:
+			return nil, err
+		case n == len(reqs):
+		case paused != nil:
+			var resp Response
+			if failed == nil {
+				resp, failed = paused.resume(ctx, reqs[n])
+			}
+			if out[n], err = paused.finishDo(ctx, resp, failed); err != nil {
+				return nil, err
+			}
+			n++
+		default:
+			if before != nil {
+				i := n
+				_ = w.v.run(context.Background(), func() error { before(i); return nil })
+			}
+			if out[n], err = w.Do(ctx, reqs[n]); err != nil {
+				return nil, err
+			}
+			n++
+		}
+	}
+	return out, nil
 }
 
 // resume goes on with a stream doOnLoop left paused: it waits, then runs

@@ -335,14 +335,89 @@ func (f *Fleet) settle() error {
 // and returns what the filter did. Errors: an Envoy index out of range, a
 // client IP that is not an address, a VM that failed (the filter trapped).
 func (f *Fleet) Do(r Request) (Decision, error) {
+	hr, w, err := f.request(r)
+	if err != nil {
+		return Decision{}, err
+	}
+	resp, err := w.Do(f.ctx, hr)
+	if err != nil {
+		return Decision{}, fmt.Errorf("lab: the filter failed: %w", err)
+	}
+	if err := f.settle(); err != nil {
+		return Decision{}, err
+	}
+	return decision(resp)
+}
+
+// CanBatch reports whether DoAt may run requests in batches: one Envoy of
+// one worker, and no fleet rules (whose calls are answered between
+// requests).
+func (f *Fleet) CanBatch() bool {
+	return len(f.envoys) == 1 && f.envoys[0].Workers() == 1 && !f.fleet
+}
+
+// DoAt sends rs in order, request i at virtual time at[i] (times never going
+// back), and returns what the filter did with each: what Do after AdvanceTo
+// would, but with as many requests as fit before the filter's next tick in
+// one visit to the VM (CanBatch must hold). Errors: as Do's.
+func (f *Fleet) DoAt(rs []Request, at []time.Time) ([]Decision, error) {
+	if !f.CanBatch() {
+		return nil, errors.New("lab: DoAt needs one Envoy of one worker and no fleet rules")
+	}
+	out := make([]Decision, 0, len(rs))
+	hrs := make([]host.Request, len(rs))
+	for i, r := range rs {
+		hr, _, err := f.request(r)
+		if err != nil {
+			return nil, err
+		}
+		hrs[i] = hr
+	}
+	w := f.envoys[0].Worker(0)
+	for n := 0; n < len(rs); {
+		// Ticks due by the first request run first; the rest of the batch
+		// goes up to the next tick.
+		if err := f.AdvanceTo(at[n]); err != nil {
+			return nil, err
+		}
+		end := len(rs)
+		if next, ok := f.clock.Next(); ok {
+			end = n + 1
+			for end < len(rs) && at[end].Before(next) {
+				end++
+			}
+		}
+		part := at[n:end]
+		resps, err := w.DoBatch(f.ctx, hrs[n:end], func(i int) {
+			if d := part[i].Sub(f.clock.Now()); d > 0 {
+				f.clock.Advance(d)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("lab: the filter failed: %w", err)
+		}
+		for _, resp := range resps {
+			d, err := decision(resp)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, d)
+		}
+		n = end
+	}
+	return out, nil
+}
+
+// request makes r a host request and picks the worker that receives it.
+func (f *Fleet) request(r Request) (host.Request, *host.Worker, error) {
 	if r.Envoy < 0 || r.Envoy >= len(f.envoys) {
-		return Decision{}, fmt.Errorf("lab: envoy %d out of range 0..%d", r.Envoy, len(f.envoys)-1)
+		return host.Request{}, nil, fmt.Errorf("lab: envoy %d out of range 0..%d", r.Envoy, len(f.envoys)-1)
 	}
 	src := "127.0.0.1:50000"
 	if r.ClientIP != "" {
 		a, err := netip.ParseAddr(r.ClientIP)
 		if err != nil {
-			return Decision{}, fmt.Errorf("lab: client_ip %q: not an IP address", r.ClientIP)
+			return host.Request{}, nil, fmt.Errorf("lab: client_ip %q: not an IP address", r.ClientIP)
 		}
 		src = net.JoinHostPort(a.String(), "50000")
 	}
@@ -359,14 +434,11 @@ func (f *Fleet) Do(r Request) (Decision, error) {
 	if _, ok := hdrs.Lookup("x-request-id"); !ok {
 		hdrs = append(hdrs, [2]string{"x-request-id", "lab-" + strconv.FormatUint(f.seq, 10)})
 	}
-	resp, err := h.Worker(wi).Do(f.ctx, host.Request{Method: r.Method, Path: r.Path, Headers: hdrs,
-		Info: host.StreamInfo{SourceAddress: src}})
-	if err != nil {
-		return Decision{}, fmt.Errorf("lab: the filter failed: %w", err)
-	}
-	if err := f.settle(); err != nil {
-		return Decision{}, err
-	}
+	return host.Request{Method: r.Method, Path: r.Path, Headers: hdrs, Info: host.StreamInfo{SourceAddress: src}}, h.Worker(wi), nil
+}
+
+// decision reads what the filter did from a response.
+func decision(resp host.Response) (Decision, error) {
 	d := Decision{Status: resp.Status, Headers: resp.Headers}
 	if raw, ok := resp.FilterState["wasm.sluice"]; ok {
 		d.RawRateLimit = raw

@@ -151,18 +151,7 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	startMinute := first.Time.Unix() / 60
 	matched := make([]int, 0, c.Len())
 	var req rules.Request
-	for l := first; ; {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if err := f.AdvanceTo(l.Time); err != nil {
-			return nil, err
-		}
-		d, err := f.Do(Request{Method: l.Method, Path: l.Path, Headers: l.Headers, ClientIP: validIP(l.ClientIP),
-			Envoy: int(rep.Requests % int64(o.Envoys))})
-		if err != nil {
-			return nil, err
-		}
+	account := func(l *LogLine, d Decision) {
 		rep.Requests++
 		rep.To = l.Time
 		if o.OnDecision != nil {
@@ -241,14 +230,50 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 		if o.Progress != nil && rep.Requests&0xffff == 0 {
 			o.Progress(rep.Requests)
 		}
-		next, err := lines.next()
-		if err == io.EOF {
-			break
+	}
+	// One Envoy of one worker without fleet rules runs the log in batches,
+	// many requests to a visit of the VM; otherwise request by request.
+	batch := 1
+	if f.CanBatch() {
+		batch = 256
+	}
+	ls := make([]*LogLine, 0, batch)
+	rs := make([]Request, 0, batch)
+	at := make([]time.Time, 0, batch)
+	for l := first; l != nil; {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
+		ls, rs, at = ls[:0], rs[:0], at[:0]
+		for l != nil && len(ls) < batch {
+			ls = append(ls, l)
+			rs = append(rs, Request{Method: l.Method, Path: l.Path, Headers: l.Headers, ClientIP: validIP(l.ClientIP),
+				Envoy: int((rep.Requests + int64(len(ls)) - 1) % int64(o.Envoys))})
+			at = append(at, l.Time)
+			if l, err = lines.next(); err == io.EOF {
+				l = nil
+			} else if err != nil {
+				return nil, err
+			}
+		}
+		if batch > 1 {
+			ds, err := f.DoAt(rs, at)
+			if err != nil {
+				return nil, err
+			}
+			for i, d := range ds {
+				account(ls[i], d)
+			}
+			continue
+		}
+		if err := f.AdvanceTo(at[0]); err != nil {
+			return nil, err
+		}
+		d, err := f.Do(rs[0])
 		if err != nil {
 			return nil, err
 		}
-		l = next
+		account(ls[0], d)
 	}
 	// Flush the filter's metrics (they go out on its tick) before reading them.
 	if err := f.FlushMetrics(); err != nil {

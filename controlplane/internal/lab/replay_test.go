@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // The replay of a log decides every request as a fixed window counted
@@ -48,14 +50,23 @@ func TestReplayDeniesExactlyWhatAFixedWindowCounts(t *testing.T) {
 	a, b := filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")
 	writeLog(t, a, reqs[:len(reqs)/2], 2*time.Second, 4)
 	writeLog(t, b, reqs[len(reqs)/2:], 2*time.Second, 5)
-	lr, err := ReadLog([]string{b, a}, DefaultFields("x-user-id", ""), 5*time.Second)
+	// One worker runs the log in batches (Fleet.DoAt), two request by request.
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			replayExactly(t, bin, pol, []string{b, a}, reqs, wantDenied, workers)
+		})
+	}
+}
+
+func replayExactly(t *testing.T, bin []byte, pol *rules.Policy, logs []string, reqs []genRequest, wantDenied map[string]bool, workers int) {
+	lr, err := ReadLog(logs, DefaultFields("x-user-id", ""), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lr.Close()
 	var last time.Time
 	gotDenied := map[string]bool{}
-	rep, err := Replay(context.Background(), bin, pol, lr, ReplayOptions{Workers: 2, OnDecision: func(l *LogLine, d Decision) {
+	rep, err := Replay(context.Background(), bin, pol, lr, ReplayOptions{Workers: workers, OnDecision: func(l *LogLine, d Decision) {
 		if l.Time.Before(last) {
 			t.Errorf("%s:%d at %s replayed after %s", l.File, l.Line, l.Time, last)
 		}
