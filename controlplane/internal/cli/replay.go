@@ -178,7 +178,7 @@ func replaySVG(rep *lab.Report) []byte {
 	for _, r := range rep.Rules {
 		minutes = max(minutes, len(r.PerMinute))
 	}
-	height := top + len(rep.Rules)*(panelH+30) + 20
+	height := top + len(rep.Rules)*(panelH+30) + 24
 	var b bytes.Buffer
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
@@ -211,6 +211,18 @@ func replaySVG(rep *lab.Report) []byte {
 			}
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", s.color, strings.TrimSpace(pts.String()))
 		}
+	}
+	// The time axis under the last panel: the first minute, the middle, the last.
+	axisY := top + len(rep.Rules)*(panelH+30) + 4
+	start := rep.From.UTC().Truncate(time.Minute)
+	for _, m := range []int{0, minutes / 2, minutes} {
+		anchor := map[int]string{0: "start", minutes: "end"}[m]
+		if anchor == "" {
+			anchor = "middle"
+		}
+		x := float64(left) + plotW*float64(m)/float64(minutes)
+		fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="%s">%s</text>`+"\n", x, axisY, anchor,
+			start.Add(time.Duration(m)*time.Minute).Format("2006-01-02 15:04"))
 	}
 	b.WriteString("</svg>\n")
 	return b.Bytes()
