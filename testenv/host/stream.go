@@ -390,26 +390,24 @@ func (s *Stream) Finish(ctx context.Context) error {
 
 // finishOnLoop is Finish's work on the loop.
 func (s *Stream) finishOnLoop() error {
-	{
-		st := s.st
-		if st.finished {
-			return nil
-		}
-		if err := st.ensureCreated(); err != nil {
-			return err
-		}
-		_, err := s.v.callback("proxy_on_log", uint64(st.id))
-		if err == nil {
-			_, err = s.v.callback("proxy_on_done", uint64(st.id)) // result ignored for streams
-		}
-		if err == nil {
-			_, err = s.v.callback("proxy_on_delete", uint64(st.id))
-		}
-		st.finished = true
-		delete(s.v.streams, st.id)
-		st.signal()
+	st := s.st
+	if st.finished {
+		return nil
+	}
+	if err := st.ensureCreated(); err != nil {
 		return err
 	}
+	_, err := s.v.callback("proxy_on_log", uint64(st.id))
+	if err == nil {
+		_, err = s.v.callback("proxy_on_done", uint64(st.id)) // result ignored for streams
+	}
+	if err == nil {
+		_, err = s.v.callback("proxy_on_delete", uint64(st.id))
+	}
+	st.finished = true
+	delete(s.v.streams, st.id)
+	st.signal()
+	return err
 }
 
 // snapshot reads stream results on the loop.
@@ -591,8 +589,10 @@ func (w *Worker) Do(ctx context.Context, req Request) (Response, error) {
 		s := &Stream{v: w.v}
 		resp, done, err := s.doOnLoop(req)
 		switch {
+		case done && err != nil:
+			return Response{}, err
 		case done:
-			return resp, err
+			return resp, nil
 		case err != nil && s.st == nil:
 			return Response{}, err
 		case err == nil:
