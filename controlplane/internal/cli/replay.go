@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -191,7 +192,7 @@ func replaySVG(rep *lab.Report) []byte {
 		for _, m := range r.PerMinute {
 			peak = max(peak, m.Allowed, m.Denied)
 		}
-		fmt.Fprintf(&b, `<text x="%d" y="%d">%s (%s)</text>`+"\n", left, y0+12, xmlEscape(r.ID), r.Scope)
+		fmt.Fprintf(&b, `<text x="%d" y="%d">%s (%s)</text>`+"\n", left, y0+12, html.EscapeString(r.ID), r.Scope)
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%d" fill="none" stroke="#ccc"/>`+"\n", left, y0+18, plotW, panelH-18)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%d</text>`+"\n", left-4, y0+28, peak)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">0</text>`+"\n", left-4, y0+panelH)
@@ -226,23 +227,4 @@ func replaySVG(rep *lab.Report) []byte {
 	}
 	b.WriteString("</svg>\n")
 	return b.Bytes()
-}
-
-func xmlEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch r {
-		case '<':
-			b.WriteString("&lt;")
-		case '>':
-			b.WriteString("&gt;")
-		case '&':
-			b.WriteString("&amp;")
-		case '"':
-			b.WriteString("&quot;")
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }

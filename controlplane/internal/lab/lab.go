@@ -241,19 +241,13 @@ func NewFleet(ctx context.Context, cfg Config) (*Fleet, error) {
 			Logger:   slog.New(slog.DiscardHandler),
 		})
 		client = &http.Client{Transport: inProcess{svc}}
-		pluginCfg["control_plane"] = map[string]any{"cluster": quotaCluster, "policy": p.Name}
 	}
 	for e := range cfg.Envoys {
-		pc := pluginCfg
 		if f.fleet {
-			pc = map[string]any{}
-			for k, v := range pluginCfg {
-				pc[k] = v
-			}
-			pc["control_plane"] = map[string]any{"cluster": quotaCluster, "policy": p.Name,
+			pluginCfg["control_plane"] = map[string]any{"cluster": quotaCluster, "policy": p.Name,
 				"envoy": "lab-envoy-" + strconv.Itoa(e)}
 		}
-		raw, err := json.Marshal(pc)
+		raw, err := json.Marshal(pluginCfg)
 		if err != nil {
 			return nil, err
 		}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -134,8 +135,8 @@ func (lr *LogReader) cut(name string) error {
 	cur := &run{file: name, start: 0, firstLine: 1}
 	var high time.Time
 	for {
-		b, err := readLine(br)
-		if len(b) > 0 {
+		b, n, err := readLine(br)
+		if n > 0 {
 			line++
 			if t, ok := quickTime(b); ok {
 				if !high.IsZero() && t.Before(high.Add(-lr.reorder)) {
@@ -151,7 +152,7 @@ func (lr *LogReader) cut(name string) error {
 					high = t
 				}
 			}
-			pos += int64(len(b))
+			pos += n
 		}
 		if err == io.EOF {
 			break
@@ -167,19 +168,25 @@ func (lr *LogReader) cut(name string) error {
 	return nil
 }
 
-// readLine returns the next line with its newline; a line longer than
-// maxLineBytes is returned whole but fails to parse later.
-func readLine(br *bufio.Reader) ([]byte, error) {
+// readLine returns the next line with its newline, and how many bytes it
+// took from br. A line longer than maxLineBytes is consumed whole but only
+// its first maxLineBytes+1 bytes are kept, so that it fails to parse without
+// a runaway line filling memory.
+func readLine(br *bufio.Reader) ([]byte, int64, error) {
 	b, err := br.ReadSlice('\n')
+	n := int64(len(b))
 	if err != bufio.ErrBufferFull {
-		return b, err
+		return b, n, err
 	}
 	buf := append([]byte(nil), b...)
 	for err == bufio.ErrBufferFull {
 		b, err = br.ReadSlice('\n')
-		buf = append(buf, b...)
+		n += int64(len(b))
+		if room := maxLineBytes + 1 - len(buf); room > 0 {
+			buf = append(buf, b[:min(room, len(b))]...)
+		}
 	}
-	return buf, err
+	return buf, n, err
 }
 
 // quickTime finds a line's "timestamp" without decoding the line.
@@ -245,9 +252,9 @@ func (lr *LogReader) read(r *run) error {
 			r.done = true
 			return nil
 		}
-		b, err := readLine(r.r)
-		r.pos += int64(len(b))
-		if len(b) == 0 && err != nil {
+		b, n, err := readLine(r.r)
+		r.pos += n
+		if n == 0 && err != nil {
 			r.done = true
 			if err == io.EOF {
 				return nil
@@ -343,7 +350,8 @@ func (lr *LogReader) parse(b []byte) (*LogLine, error) {
 			l.Headers = append(l.Headers, [2]string{h, v})
 		}
 	}
-	sortHeaders(l.Headers)
+	// Fields is a map: sorted, the headers are the same from run to run.
+	slices.SortFunc(l.Headers, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
 	l.Logged, l.HasLogged = loggedDecision(j.RateLimit), j.RateLimit != nil
 	return l, nil
 }
@@ -395,14 +403,6 @@ func loggedDecision(raw json.RawMessage) *RateLimit {
 		return nil
 	}
 	return &rl
-}
-
-func sortHeaders(h [][2]string) {
-	for i := 1; i < len(h); i++ {
-		for j := i; j > 0 && h[j][0] < h[j-1][0]; j-- {
-			h[j], h[j-1] = h[j-1], h[j]
-		}
-	}
 }
 
 type pendingLine struct {

@@ -251,3 +251,29 @@ func TestDecodeRateLimit(t *testing.T) {
 		}
 	}
 }
+
+// A line longer than the limit is skipped without being kept whole, and
+// the lines after it are read from where they start.
+func TestLogReaderSkipsAnOverlongLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "long.log")
+	long := `{"timestamp":"2026-01-01T00:00:00Z","path":"/` + strings.Repeat("a", 3*maxLineBytes) + `"}` + "\n"
+	next := `{"timestamp":"2026-01-01T00:00:01Z","path":"/after"}` + "\n"
+	if err := os.WriteFile(path, []byte(long+next), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := ReadLog([]string{path}, nil, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	l, err := lr.Next()
+	if err != nil || l.Path != "/after" || l.Line != 2 {
+		t.Fatalf("got %+v, %v; want /after at line 2", l, err)
+	}
+	if _, err := lr.Next(); err != io.EOF {
+		t.Fatalf("after the last line: %v", err)
+	}
+	if lr.Skipped != 1 || !strings.Contains(lr.FirstSkip, "long.log:1") {
+		t.Errorf("skipped %d (%s)", lr.Skipped, lr.FirstSkip)
+	}
+}
