@@ -334,7 +334,13 @@ func (f *Format) evalRaw(op *operator, e *LogEntry) (string, bool) {
 		s, ok := e.FilterState[op.arg]
 		return s, ok
 	case "ENVIRONMENT":
-		return f.env(op.arg)
+		// An unset variable is "-", a string even in json_format: Envoy's
+		// EnvironmentFormatter stores DefaultUnspecifiedValueString when
+		// getenv finds nothing (source/common/formatter/stream_info_formatter.cc).
+		if v, ok := f.env(op.arg); ok {
+			return v, true
+		}
+		return "-", true
 	case "CEL":
 		return celAttribute(op.arg, e)
 	case "RESPONSE_CODE":

@@ -40,6 +40,7 @@ func TestFormatTypedJSON(t *testing.T) {
 		"ip":      "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%",
 		"short":   "%REQ(USER-AGENT):4%",
 		"env":     "%ENVIRONMENT(SLUICE_TEST_ENV)%",
+		"unset":   "%ENVIRONMENT(SLUICE_TEST_UNSET)%",
 		"const":   "text",
 		"nested":  map[string]any{"flags": "%RESPONSE_FLAGS%"},
 	}), []string{reqWOQName, celFormatter})
@@ -66,7 +67,7 @@ func TestFormatTypedJSON(t *testing.T) {
 	}
 	want := map[string]any{"ts": "2026-01-02T03:04:05.678Z", "code": 429.0, "ms": 42.0, "path": "/api/x",
 		"query": "a=1&b=2", "user": nil, "alt": "curl/8", "mixed": "u=- c=429", "limited": "true", "rule": nil,
-		"ip": "192.0.2.7", "short": "curl", "env": "dev", "const": "text", "nested": map[string]any{"flags": nil}}
+		"ip": "192.0.2.7", "short": "curl", "env": "dev", "unset": "-", "const": "text", "nested": map[string]any{"flags": nil}}
 	for k, w := range want {
 		g, ok := got[k]
 		if !ok {

@@ -44,7 +44,8 @@
 //     the stream ends (on_log, on_done, on_delete: a concurrency slot is
 //     released), the log line has response code 0 and flag DC.
 //   - A failed VM is bypassed with failure_policy FAIL_OPEN, else answered
-//     with 503 (details wasm_fail_stream).
+//     with 503 (details wasm_fail_stream); the request whose callback
+//     trapped gets that 503 under either policy, as in Envoy.
 //   - The access log renders log_format.json_format typed (Format).
 //
 // # Deviations

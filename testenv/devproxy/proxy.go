@@ -413,7 +413,11 @@ func (st *stream) after(w http.ResponseWriter, ctx context.Context, status host.
 		return true, false
 	case err != nil:
 		st.p.log.Warn("devproxy: filter", "err", err)
-		if errors.Is(err, host.ErrVMFailed) && st.p.failOpen {
+		// Fail-open bypasses a VM that failed before this call; the call
+		// that trapped fails its own stream (503 wasm_fail_stream) whatever
+		// the policy, as Envoy does (docs/ENVOY.md, Lifecycle: "A failed VM").
+		var trap *host.TrapError
+		if errors.Is(err, host.ErrVMFailed) && !errors.As(err, &trap) && st.p.failOpen {
 			return false, false
 		}
 		st.reply(w, host.LocalReply{Status: http.StatusServiceUnavailable, Details: "wasm_fail_stream"})

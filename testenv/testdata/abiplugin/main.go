@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	_ "github.com/sluice-proxy/sluice/filter/proxywasm/streamexports" // it reads bodies
@@ -209,6 +210,11 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		return types.ActionPause
 	case "panic":
 		panic("abi boom")
+	case "fatal":
+		// A fatal runtime error, which no recover catches: the Go runtime
+		// exits (proc_exit) and the VM traps, as an out-of-memory would.
+		var mu sync.Mutex
+		mu.Unlock() //lint:ignore SA2001 the point is the fatal error
 	case "gc":
 		retained[int(h.id)%len(retained)] = make([]byte, 64<<10)
 		runtime.GC()
