@@ -375,6 +375,14 @@ func (p *Proxy) requestHeaders(r *http.Request) (h host.Headers, remote string) 
 	}
 	if c.UseRemoteAddress {
 		h = setHeader(h, "x-forwarded-proto", "http")
+		// An edge request (use_remote_address, and the client not internal:
+		// Envoy's internal_address_config is empty by default) carries the
+		// trusted client address in x-envoy-external-address, set before any
+		// filter runs (source/common/http/conn_manager_utility.cc,
+		// mutateRequestHeaders).
+		if ap, err := netip.ParseAddrPort(remote); err == nil {
+			h = setHeader(h, "x-envoy-external-address", ap.Addr().String())
+		}
 	}
 	// config_http_conn_man_headers_x-request-id: an edge Envoy replaces an
 	// external id unless preserve_external_request_id; it generates one
@@ -486,6 +494,9 @@ func (p *Proxy) forward(ctx context.Context, req host.Headers, body []byte, e *L
 			out.Header.Add(kv[0], kv[1])
 		}
 	}
+	// The router tells the upstream how long it will wait
+	// (source/common/router/router.cc, FilterUtility::setTimeoutHeaders).
+	out.Header.Set("x-envoy-expected-rq-timeout-ms", strconv.FormatInt(p.o.UpstreamTimeout.Milliseconds(), 10))
 	resp, err := p.client.Do(out)
 	if err != nil {
 		var ne net.Error
