@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"context"
 	"io"
 	"net/http"
 	"os"
@@ -13,13 +11,8 @@ import (
 	"testing"
 	"time"
 
-	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
-
-	"github.com/sluice-proxy/sluice/envoy/monitoring"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
+	"github.com/sluice-proxy/sluice/testenv/internal/rlqstest"
 )
 
 // TestEverySeriesTheDashboardAndAlertsReadIsServed: after a short demo (a dev
@@ -79,79 +72,9 @@ func TestEverySeriesTheDashboardAndAlertsReadIsServed(t *testing.T) {
 			}
 		}
 	}
-	rlqsReport(t, grpcAddr)
+	rlqstest.Report(t, grpcAddr, quotaToken, "rlqs-demo")
 
-	served := map[string]bool{}
-	for _, src := range []string{"http://" + cp + "/metrics", "http://" + admin + "/stats/prometheus"} {
-		sc := bufio.NewScanner(strings.NewReader(get(src)))
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			if line == "" || line[0] == '#' {
-				continue
-			}
-			if i := strings.IndexAny(line, "{ "); i > 0 {
-				served[line[:i]] = true
-			}
-		}
-	}
-	dash, err := os.ReadFile(filepath.Join(repo, "envoy", "monitoring", "grafana-dashboard.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := os.ReadFile(filepath.Join(repo, "envoy", "monitoring", "prometheus-rules.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	exprs, _, err := monitoring.Expressions(dash, rules)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checked := 0
-	for _, e := range exprs {
-		series, err := monitoring.Series(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, re := range series {
-			checked++
-			found := false
-			for name := range served {
-				found = found || re.MatchString(name)
-			}
-			if !found {
-				t.Errorf("%s selects %s, which neither the control plane nor the dev proxy serves", e, re)
-			}
-		}
-	}
-	if checked < 20 {
-		t.Fatalf("only %d series checked", checked)
-	}
-	t.Logf("%d series of %d expressions, all served (%d names served)", checked, len(exprs), len(served))
-}
-
-// rlqsReport sends one usage report of the demo's fleet rule over the control
-// plane's Rate Limit Quota Service and waits for its answer.
-func rlqsReport(t *testing.T, addr string) {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+quotaToken), 10*time.Second)
-	defer cancel()
-	st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "default", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
-		{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"policy": "default", "rule": "fleet-per-user", "user": "rlqs-demo"}}, NumRequestsAllowed: 1},
-		{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"policy": "default", "rule": "no-such-rule"}}, NumRequestsAllowed: 1},
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Recv(); err != nil {
-		t.Fatalf("RLQS answer: %v", err)
-	}
+	served := proctest.ServedSeries(t, "http://"+cp+"/metrics", "http://"+admin+"/stats/prometheus")
+	checked := proctest.CheckDashboardSeries(t, repo, served)
+	t.Logf("%d series, all served (%d names served)", checked, len(served))
 }

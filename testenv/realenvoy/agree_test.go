@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
@@ -192,19 +193,26 @@ const probePath = "/reports/probe"
 // awaitVersion sends probes on new connections until 8 in a row were decided
 // under policy version v (rate_limit's policy_version in the access log), so
 // that with 2 workers each has almost surely shown it; it fails the test
-// after 30 s.
-func awaitVersion(t testing.TB, p *proxy, v uint64) {
+// after 30 s. It returns how long after its call the first probe decided
+// under v was sent (the wait for the access log's flush is not counted).
+func awaitVersion(t testing.TB, p *proxy, v uint64) time.Duration {
 	t.Helper()
+	start := time.Now()
+	var first time.Duration
 	want, n, run := strconv.FormatUint(v, 10), 0, 0
-	ok := proctest.WaitFor(30e9, func() bool {
+	ok := proctest.WaitFor(30*time.Second, func() bool {
 		for {
 			n++
 			id := fmt.Sprintf("probe-%d-%d", v, n)
+			sent := time.Since(start)
 			p.do(t, "GET", probePath, "X-Request-Id", id)
 			f, _ := filterstate.FromLogLine(p.logOf(t, id))
 			if f["policy_version"] != want {
 				run = 0
 				return false
+			}
+			if run == 0 {
+				first = sent
 			}
 			if run++; run >= 8 {
 				return true
@@ -214,6 +222,7 @@ func awaitVersion(t testing.TB, p *proxy, v uint64) {
 	if !ok {
 		t.Fatalf("%s did not decide under policy version %d within 30s", p.name, v)
 	}
+	return first
 }
 
 // differences lists, one per line, the leaves in which e (Envoy) and d (the

@@ -4,6 +4,7 @@
 package rlqstest
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"testing"
@@ -13,10 +14,12 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3" // types the generated bootstrap names
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/sluice-proxy/sluice/testenv/devproxy"
 	"github.com/sluice-proxy/sluice/testenv/rlqsclient"
@@ -89,4 +92,33 @@ func Envoy(t testing.TB, addr, policy, quotaToken string, s *rlqsfilterv3.RateLi
 		Metadata: map[string]string{"authorization": "Bearer " + quotaToken}, StartTimeout: 500 * time.Millisecond})
 	t.Cleanup(func() { c.Close(); conn.Close() })
 	return c
+}
+
+// Report sends one usage report over the Rate Limit Quota Service at addr
+// (gRPC, with quotaToken as bearer token) for the demo policy's fleet rule
+// "fleet-per-user" and user, plus one for a rule the policy lacks, and waits for
+// the answer. It fails the test if the stream fails or goes unanswered within
+// 10 s.
+func Report(t testing.TB, addr, quotaToken, user string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+quotaToken), 10*time.Second)
+	defer cancel()
+	st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "default", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"policy": "default", "rule": "fleet-per-user", "user": user}}, NumRequestsAllowed: 1},
+		{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"policy": "default", "rule": "no-such-rule"}}, NumRequestsAllowed: 1},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatalf("RLQS answer: %v", err)
+	}
 }
