@@ -1,4 +1,4 @@
-package e2e
+package realenvoy
 
 import (
 	"encoding/json"
@@ -8,6 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/envoyproc"
+	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
 // labPolicy's rules decide the same whether a request is timed by its
@@ -21,20 +25,33 @@ const labPolicy = `{"policy":"default","identity":{"user_header":"x-user-id","te
  {"id":"per-user-pace","match":{"path_prefix":"/c/"},"key":["user"],"algorithm":"gcra","limit":1,"window":"1h","burst":2},
  {"id":"per-user-shadow","key":["user"],"algorithm":"fixed_window","limit":2,"window":"1h","shadow":true}]}`
 
-// sluicectl replay of the dev proxy's own access log, with the policy the
-// proxy enforced, decides every request as the proxy did: the replay runs
-// the same module on the log's times, so not one request differs.
+// sluicectl replay of the real Envoy's access log (and of the dev proxy's),
+// with the policy the proxy enforced, decides every request as the proxy did:
+// the replay runs the same module on the log's times, so not one request
+// differs.
 func TestReplayOfTheProxysLogDecidesAsTheProxyDid(t *testing.T) {
-	s := startStack(t, false)
-	v := s.putOK("/v1/policies/default", labPolicy)
-	s.awaitVersion(v)
-	before := len(s.logLines())
+	cp := startControlPlane(t, "control plane", "--data-dir", t.TempDir())
+	up := startUpstream(t)
+	v := proctest.PutPolicy(t, cp.addr, "default", adminToken, labPolicy)
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			p := startProxy(t, kind, proxySpec{name: "lab", config: "envoy/envoy.yaml", upstream: up,
+				clusters: map[string]string{"control_plane": cp.addr}})
+			replayAgrees(t, p, v)
+		})
+	}
+}
+
+func replayAgrees(t *testing.T, p *proxy, v uint64) {
+	awaitVersion(t, p, v)
+	// The probes' lines are in the log once the last probe's is.
+	before := len(envoyproc.ReadJSONLines(t, p.accessLog))
 
 	denied := 0
 	for i := range 240 {
 		user, tenant := fmt.Sprintf("user-%d", i%17), fmt.Sprintf("tenant-%d", i%5)
 		path := []string{"/a/items", "/b/items", "/c/items"}[i%3]
-		r := s.get("GET", path, "X-User-Id", user, "X-Tenant-Id", tenant, "X-Request-Id", fmt.Sprintf("lab-%d", i))
+		r := p.do(t, "GET", path, "X-User-Id", user, "X-Tenant-Id", tenant, "X-Request-Id", fmt.Sprintf("lab-%d", i))
 		if r.status == 429 {
 			denied++
 		}
@@ -43,8 +60,10 @@ func TestReplayOfTheProxysLogDecidesAsTheProxyDid(t *testing.T) {
 		t.Fatalf("the proxy denied %d of 240: a test of nothing", denied)
 	}
 
-	// The log from the first request under the policy on.
-	b, err := os.ReadFile(s.accessLog)
+	// The log from the first request under the policy on, once it has them all.
+	p.logOf(t, "lab-239")
+	proctest.WaitFor(10*time.Second, func() bool { return len(envoyproc.ReadJSONLines(t, p.accessLog)) >= before+240 })
+	b, err := os.ReadFile(p.accessLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +80,7 @@ func TestReplayOfTheProxysLogDecidesAsTheProxyDid(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), "replay", "--wasm", filepath.Join(binDir, "sluice.wasm"),
-		"--policy", polFile, "--log", logFile, "--workers", fmt.Sprint(workers), "-o", "json")
+		"--policy", polFile, "--log", logFile, "--workers", "2", "-o", "json")
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("sluicectl replay: %v\n%s", err, out)
@@ -95,5 +114,5 @@ func TestReplayOfTheProxysLogDecidesAsTheProxyDid(t *testing.T) {
 			t.Errorf("rule %s denied nothing in the replay: the test does not reach it\n%s", r.ID, out)
 		}
 	}
-	t.Logf("%d requests replayed, %d denied, as the proxy decided", rep.Requests, rep.Denied)
+	t.Logf("%s: %d requests replayed, %d denied, as the proxy decided", p.name, rep.Requests, rep.Denied)
 }
