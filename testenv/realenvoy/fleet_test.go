@@ -42,15 +42,23 @@ func startFleet(t *testing.T, kind string) *fleet {
 		f.cps = append(f.cps, startControlPlane(t, "control plane "+strconv.Itoa(i),
 			"--redis-url", f.redis.URL(), "--resync-interval", "200ms"))
 	}
-	up := startUpstream(t)
 	v := proctest.PutPolicy(t, f.cps[0].addr, "default", adminToken, fleetPolicy)
+	f.startProxies(t, kind, v, "envoy/envoy.yaml", func(int) (map[string]string, []string) { return nil, nil })
+	return f
+}
+
+// startProxies starts the three proxies on config; files gives proxy i's
+// filename rewrites and environment.
+func (f *fleet) startProxies(t *testing.T, kind string, v uint64, config string, files func(i int) (map[string]string, []string)) {
+	t.Helper()
+	up := startUpstream(t)
 	for i := 0; i < 3; i++ {
-		p := startProxy(t, kind, proxySpec{name: "fleet-" + strconv.Itoa(i), config: "envoy/envoy.yaml", upstream: up,
-			clusters: map[string]string{"control_plane": f.cps[i%2].addr}})
+		rw, env := files(i)
+		p := startProxy(t, kind, proxySpec{name: "fleet-" + strconv.Itoa(i), config: config, upstream: up,
+			clusters: map[string]string{"control_plane": f.cps[i%2].addr}, files: rw, env: env})
 		awaitVersion(t, p, v)
 		f.proxies = append(f.proxies, p)
 	}
-	return f
 }
 
 // send sends n requests of user to /fleet/ over the live proxies in turn and
