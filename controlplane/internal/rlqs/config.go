@@ -130,6 +130,11 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 	if err != nil {
 		return nil, notes, err
 	}
+	if o.Token == "" {
+		notes = append(notes, "no quota token ($SLUICE_QUOTA_TOKEN was unset): the stream carries no authorization metadata, "+
+			"so a control plane that has a quota token refuses it (UNAUTHENTICATED) and every bucket stays on its no_assignment_behavior; "+
+			"generate this file with $SLUICE_QUOTA_TOKEN set, or give Envoy a client certificate for a control plane with --client-ca-file")
+	}
 	head := "# Envoy with its native rate_limit_quota filter, served by the sluice control plane\n" +
 		"# (RLQS over gRPC), generated from policy " + strconv.Quote(p.Name) + " by\n" +
 		"#   sluicectl envoy-config rlqs --policy " + p.Name + "\n" +
@@ -388,8 +393,15 @@ func bootstrap(filter *rlqsfilterv3.RateLimitQuotaFilterConfig, o ConfigOptions)
 			{Name: "envoy.filters.http.rate_limit_quota", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(filter)}},
 			{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})}},
 		}}
+	// Envoy's admin endpoint on loopback, as in envoy/envoy.yaml: /ready and
+	// /stats/prometheus (the filter's rate_limit_quota stats).
+	admin, err := address("127.0.0.1:9901")
+	if err != nil {
+		return nil, err
+	}
 	return &bootstrapv3.Bootstrap{
-		Node: &corev3.Node{Id: "sluice-rlqs", Cluster: "sluice-rlqs"},
+		Node:  &corev3.Node{Id: "sluice-rlqs", Cluster: "sluice-rlqs"},
+		Admin: &bootstrapv3.Admin{Address: admin},
 		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
 			Listeners: []*listenerv3.Listener{{Name: "ingress", Address: listen, FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
 				Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)}}}}}}},
