@@ -49,7 +49,7 @@ func Binary(t testing.TB, root string) string {
 type Options struct {
 	Name    string   // for messages, e.g. "envoy-1"
 	Root    string   // the repository root: paths in the bootstrap resolve from here
-	Config  string   // the bootstrap, relative to Root, e.g. "envoy/envoy.yaml"
+	Config  string   // the bootstrap, relative to Root (e.g. "envoy/envoy.yaml"), or an absolute path
 	Rewrite Rewrite  // the test's addresses and files
 	Workers int      // worker threads (--concurrency); 0 means 2
 	Env     []string // "KEY=value" entries for Envoy's environment (host_env_keys reads them)
@@ -87,7 +87,11 @@ func Start(t testing.TB, opts Options) *Envoy {
 		t.Fatal("envoyproc: Rewrite.Admin and Rewrite.Listeners are required")
 	}
 	bin := Binary(t, opts.Root)
-	src, err := os.ReadFile(filepath.Join(opts.Root, opts.Config))
+	path := opts.Config
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(opts.Root, path)
+	}
+	src, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
