@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluice-proxy/sluice/testenv/internal/bootstrap"
 	"github.com/sluice-proxy/sluice/testenv/internal/envoyproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -86,7 +87,7 @@ func BenchmarkRequestThroughEnvoy(b *testing.B) {
 			files = nil // no Wasm filter in this variant
 		}
 		e := envoyproc.Start(b, envoyproc.Options{Name: v.name, Root: repo, Config: cfg, Env: tokens,
-			Rewrite: envoyproc.Rewrite{Listeners: []string{proctest.FreeAddr(b)}, Admin: proctest.FreeAddr(b),
+			Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(b)}, Admin: proctest.FreeAddr(b),
 				AccessLog: filepath.Join(b.TempDir(), "access.log"),
 				Clusters:  map[string]string{"upstream": up, "control_plane": proctest.FreeAddr(b)},
 				Files:     files}})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/internal/bootstrap"
 	"github.com/sluice-proxy/sluice/testenv/internal/envoyproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -53,7 +54,7 @@ func startProxy(t testing.TB, kind string, spec proxySpec) *proxy {
 	}
 	p := &proxy{kind: kind, name: spec.name + " (" + kind + ")", addr: proctest.FreeAddr(t), admin: proctest.FreeAddr(t),
 		accessLog: filepath.Join(t.TempDir(), "access.log")}
-	rw := envoyproc.Rewrite{Listeners: []string{p.addr}, Admin: p.admin, AccessLog: p.accessLog,
+	rw := bootstrap.Rewrite{Listeners: []string{p.addr}, Admin: p.admin, AccessLog: p.accessLog,
 		Clusters: map[string]string{"upstream": spec.upstream},
 		Files:    map[string]string{}}
 	for k, v := range spec.clusters {
@@ -75,7 +76,7 @@ func startProxy(t testing.TB, kind string, spec proxySpec) *proxy {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := envoyproc.RewriteBootstrap(src, rw)
+		out, err := bootstrap.Apply(src, rw)
 		if err != nil {
 			t.Fatal(err)
 		}

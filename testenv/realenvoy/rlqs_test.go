@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/internal/bootstrap"
 	"github.com/sluice-proxy/sluice/testenv/internal/envoyproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
@@ -60,7 +61,7 @@ func TestEnvoysOwnRateLimitQuotaFilterNeverAdmitsPastTheLimit(t *testing.T) {
 	var envoys []*envoyproc.Envoy
 	for i := 0; i < 4; i++ {
 		envoys = append(envoys, envoyproc.Start(t, envoyproc.Options{Name: "rlqs-" + strconv.Itoa(i), Root: repo, Config: cfgFile,
-			Rewrite: envoyproc.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
+			Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
 				Clusters: map[string]string{"upstream": up, "sluice_rlqs": grpcAddr}}}))
 	}
 

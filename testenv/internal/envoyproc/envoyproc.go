@@ -1,6 +1,6 @@
 // Package envoyproc runs the real Envoy binary in tests: it finds the binary
 // (make envoy's build/envoy, or the one ENVOY names), rewrites one of the
-// bootstraps shipped in envoy/ for a test's loopback ports and files (Rewrite,
+// bootstraps shipped in envoy/ for a test's loopback ports and files (bootstrap.Rewrite,
 // the only change a test may make to a shipped bootstrap), starts Envoy as a
 // child process and reads what it serves: its admin endpoints and its access log.
 //
@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/internal/bootstrap"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -50,7 +51,7 @@ type Options struct {
 	Name    string   // for messages, e.g. "envoy-1"
 	Root    string   // the repository root: paths in the bootstrap resolve from here
 	Config  string   // the bootstrap, relative to Root (e.g. "envoy/envoy.yaml"), or an absolute path
-	Rewrite Rewrite  // the test's addresses and files
+	Rewrite bootstrap.Rewrite // the test's addresses and files
 	Workers int      // worker threads (--concurrency); 0 means 2
 	Env     []string // "KEY=value" entries for Envoy's environment (host_env_keys reads them)
 }
@@ -95,7 +96,7 @@ func Start(t testing.TB, opts Options) *Envoy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := RewriteBootstrap(src, opts.Rewrite)
+	out, err := bootstrap.Apply(src, opts.Rewrite)
 	if err != nil {
 		t.Fatalf("envoyproc: %s: %v", opts.Config, err)
 	}

@@ -1,4 +1,4 @@
-package envoyproc
+package bootstrap
 
 import (
 	"os"
@@ -13,7 +13,7 @@ func TestRewriteBootstrapChangesOnlyAddressesAndFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := RewriteBootstrap(src, Rewrite{Listeners: []string{"127.0.0.1:1001"}, Admin: "127.0.0.1:1002",
+	out, err := Apply(src, Rewrite{Listeners: []string{"127.0.0.1:1001"}, Admin: "127.0.0.1:1002",
 		Clusters:  map[string]string{"upstream": "127.0.0.1:1003", "control_plane": "127.0.0.1:1004"},
 		AccessLog: "/tmp/x/access.log", Files: map[string]string{"build/sluice.wasm": "/tmp/x/sluice.wasm"}})
 	if err != nil {
@@ -57,11 +57,26 @@ func TestRewriteBootstrapRefusesWhatTheFileLacks(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := base()
 			mutate(&r)
-			if _, err := RewriteBootstrap(src, r); err == nil {
+			if _, err := Apply(src, r); err == nil {
 				t.Fatal("accepted")
 			} else {
 				t.Log(err)
 			}
 		})
+	}
+}
+
+func TestApplyAddsAnAdminEndpointWhereThereIsNone(t *testing.T) {
+	src := []byte("static_resources:\n  listeners:\n  - address: {socket_address: {address: 0.0.0.0, port_value: 80}}\n")
+	out, err := Apply(src, Rewrite{Listeners: []string{"127.0.0.1:1001"}, Admin: "127.0.0.1:1002"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b map[string]any
+	if err := yaml.Unmarshal(out, &b); err != nil {
+		t.Fatal(err)
+	}
+	if got := dig(b, "admin", "address", "socket_address", "port_value"); got != 1002 {
+		t.Fatalf("admin port %v, want 1002\n%s", got, out)
 	}
 }

@@ -1,4 +1,9 @@
-package envoyproc
+// Package bootstrap rewrites an Envoy bootstrap shipped in envoy/ for the
+// addresses and files of one run: listeners, admin endpoint, cluster endpoints,
+// the file access log's path and file names (the Wasm module, TLS files). It is
+// the one place where tests and make run change a shipped bootstrap, and
+// nothing else in it changes.
+package bootstrap
 
 import (
 	"errors"
@@ -16,7 +21,8 @@ type Rewrite struct {
 	// Listeners are the listeners' socket addresses ("127.0.0.1:port"), in the
 	// bootstrap's order; there must be exactly one per listener.
 	Listeners []string
-	// Admin is the admin endpoint's address.
+	// Admin is the admin endpoint's address; a bootstrap without an admin
+	// endpoint gets one.
 	Admin string
 	// Clusters maps a cluster name to the address every endpoint of that
 	// cluster gets; each name must be a cluster of the bootstrap.
@@ -31,14 +37,17 @@ type Rewrite struct {
 
 const fileAccessLogType = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 
-// RewriteBootstrap returns the bootstrap src (YAML) with r applied, as YAML.
+// Apply returns the bootstrap src (YAML) with r applied, as YAML.
 // It fails when r names a cluster or file the bootstrap does not have, or
 // gives a different number of listeners, so a rename in envoy/ breaks the test
 // instead of being silently run with the shipped address.
-func RewriteBootstrap(src []byte, r Rewrite) ([]byte, error) {
+func Apply(src []byte, r Rewrite) ([]byte, error) {
 	var root map[string]any
 	if err := yaml.Unmarshal(src, &root); err != nil {
 		return nil, err
+	}
+	if _, ok := root["admin"]; !ok && r.Admin != "" {
+		root["admin"] = map[string]any{"address": map[string]any{"socket_address": map[string]any{}}}
 	}
 	if err := setSocketAddress(dig(root, "admin", "address"), r.Admin); err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
