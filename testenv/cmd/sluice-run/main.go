@@ -1,6 +1,7 @@
 // Command sluice-run is `make run`: it starts the control plane, applies the
 // demo policy as "default" unless a policy "default" is already stored (a
-// previous run's, possibly changed by the user, is kept), starts the demo upstream and the dev proxy, waits until the
+// previous run's, possibly changed by the user, is kept), starts the demo upstream and two proxies (the real Envoy when
+// there is one, else the dev proxy), waits until the
 // filter enforces the policy, prints what to try, and on SIGINT (Ctrl-C) or
 // SIGTERM stops every process it started (each in its own process group,
 // SIGTERM then SIGKILL after 5s), leaving none behind.
@@ -19,8 +20,11 @@
 //	BIN_DIR        where the binaries and sluice.wasm are (build)
 //	RUN_DIR        data, logs, access.log and access2.log, tokens (build/run)
 //	POLICY         the policy applied as "default" when there is none (examples/default-policy.json)
-//	ENVOY_CONFIG   the Envoy bootstrap the dev proxy follows (envoy/envoy.yaml)
-//	WORKERS        dev proxy worker VMs (2)
+//	ENVOY_CONFIG   the Envoy bootstrap the proxies follow (envoy/envoy.yaml)
+//	WORKERS        worker threads (Envoy's --concurrency) or worker VMs of each proxy (2)
+//	ENVOY          the Envoy binary (default BIN_DIR/envoy, which make envoy installs);
+//	               with one, make run starts two real Envoys, else two dev proxies
+//	PROXY          devproxy: the dev proxy even when Envoy is installed
 package main
 
 import (
@@ -62,6 +66,7 @@ type settings struct {
 	workers                       string
 	tokens                        tokenSource
 	tokenFile                     string
+	proxy                         proxyRunner // the real Envoy or the dev proxy
 }
 
 // tokenSource says where the tokens of a run came from.
@@ -126,6 +131,7 @@ func run() int {
 		workers: env("WORKERS", "2"), proxy2Port: env("PROXY2_PORT", "10001"), quota: os.Getenv("SLUICE_QUOTA_TOKEN"),
 		adminPort: env("ADMIN_PORT", "9901"), admin2Port: env("ADMIN2_PORT", "9902"),
 	}
+	s.proxy = chooseProxy(s.binDir)
 	release, err := lockRunDir(s.runDir)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sluice-run: %v\n", err)
@@ -218,24 +224,27 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err := sup.start(s, "upstream", filepath.Join(s.binDir, "sluice-echo"), []string{"--listen", up}, nil); err != nil {
 		return err
 	}
-	proxy := "127.0.0.1:" + s.proxyPort
-	accessLog := filepath.Join(s.runDir, "access.log")
-	step("starting the dev proxy on http://%s (%s, %s workers)", proxy, s.envoy, s.workers)
-	if err := sup.start(s, "devproxy", filepath.Join(s.binDir, "sluice-devproxy"), []string{
-		"--config", s.envoy, "--wasm", filepath.Join(s.binDir, "sluice.wasm"), "--listen", proxy, "--upstream", up,
-		"--cluster", "control_plane=" + cp, "--access-log", accessLog, "--workers", s.workers, "--admin", "127.0.0.1:" + s.adminPort,
-	}, append(tokens, "SLUICE_ENV=dev")); err != nil {
-		return err
-	}
-	proxy2 := "127.0.0.1:" + s.proxy2Port
-	accessLog2 := filepath.Join(s.runDir, "access2.log")
-	step("starting a second dev proxy on http://%s (same control plane: fleet rules hold across both)", proxy2)
-	if err := sup.start(s, "devproxy2", filepath.Join(s.binDir, "sluice-devproxy"), []string{
-		"--config", s.envoy, "--wasm", filepath.Join(s.binDir, "sluice.wasm"), "--listen", proxy2, "--upstream", up,
-		"--cluster", "control_plane=" + cp, "--access-log", accessLog2, "--workers", s.workers, "--admin", "127.0.0.1:" + s.admin2Port,
-		"--service-node", "sluice-dev-2", // another Envoy: its own node id, as two Envoys of a fleet have
-	}, append(tokens, "SLUICE_ENV=dev")); err != nil {
-		return err
+	proxy, proxy2 := "127.0.0.1:"+s.proxyPort, "127.0.0.1:"+s.proxy2Port
+	accessLog, accessLog2 := filepath.Join(s.runDir, "access.log"), filepath.Join(s.runDir, "access2.log")
+	r := s.proxy
+	step("proxies: %s", r.describe())
+	for _, p := range []proxySpec{
+		{n: 1, listen: proxy, admin: "127.0.0.1:" + s.adminPort, accessLog: accessLog, node: "sluice-dev"},
+		{n: 2, listen: proxy2, admin: "127.0.0.1:" + s.admin2Port, accessLog: accessLog2, node: "sluice-dev-2"},
+	} {
+		p.up, p.cp, p.config, p.binDir, p.runDir, p.w = up, cp, s.envoy, s.binDir, s.runDir, s.workers
+		if p.n == 1 {
+			step("starting %s on http://%s (%s, %s workers)", r.the(), proxy, s.envoy, s.workers)
+		} else {
+			step("starting a second %s on http://%s (same control plane: fleet rules hold across both)", r.name(), proxy2)
+		}
+		bin, args, err := r.command(p)
+		if err != nil {
+			return err
+		}
+		if err := sup.start(s, r.logName(p.n), bin, args, append(tokens, "SLUICE_ENV=dev")); err != nil {
+			return err
+		}
 	}
 	if err := waitHTTP(ctx, "http://"+up+"/", 20*time.Second, sup); err != nil {
 		return fmt.Errorf("demo upstream not ready: %w", err)
@@ -245,11 +254,11 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err != nil || workers < 1 {
 		return fmt.Errorf("WORKERS=%q: want a positive number", s.workers)
 	}
-	if err := waitPolicy(ctx, proxy, filepath.Join(s.runDir, "devproxy.log"), version, workers, 30*time.Second, sup); err != nil {
-		return fmt.Errorf("the dev proxy does not enforce the policy: %w (see %s/devproxy.log)", err, s.runDir)
-	}
-	if err := waitPolicy(ctx, proxy2, filepath.Join(s.runDir, "devproxy2.log"), version, workers, 30*time.Second, sup); err != nil {
-		return fmt.Errorf("the second dev proxy does not enforce the policy: %w (see %s/devproxy2.log)", err, s.runDir)
+	for n, addr := range []string{proxy, proxy2} {
+		logFile := filepath.Join(s.runDir, r.logName(n+1)+".log")
+		if err := waitPolicy(ctx, r, addr, logFile, version, workers, 60*time.Second, sup); err != nil {
+			return fmt.Errorf("the %s on %s does not enforce the policy: %w (see %s)", r.name(), addr, err, logFile)
+		}
 	}
 	printTry(s, cp, proxy, up, accessLog, store, created)
 	return nil
@@ -350,7 +359,7 @@ func waitHTTP(ctx context.Context, url string, limit time.Duration, sup *supervi
 // writes the guest's lines with a worker attribute) tells when every
 // worker 0..workers-1 has logged version or later. The access log cannot
 // tell: the filter writes no filter state for a request no rule matches.
-func waitPolicy(ctx context.Context, proxy, procLog string, version uint64, workers int, limit time.Duration, sup *supervisor) error {
+func waitPolicy(ctx context.Context, r proxyRunner, proxy, procLog string, version uint64, workers int, limit time.Duration, sup *supervisor) error {
 	deadline := time.Now().Add(limit)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+proxy+"/sluice-run/ready", nil)
@@ -358,7 +367,7 @@ func waitPolicy(ctx context.Context, proxy, procLog string, version uint64, work
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 		}
-		if b, err := os.ReadFile(procLog); err == nil && allWorkersAt(b, "default", version, workers) {
+		if b, err := os.ReadFile(procLog); err == nil && r.workersAt(b, "default", version, workers) {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -399,14 +408,14 @@ func allWorkersAt(log []byte, policy string, version uint64, workers int) bool {
 func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nsluice is running.\n")
-	fmt.Fprintf(&b, "  dev proxy      http://%s  (%s, %s/sluice.wasm, %s workers)\n", proxy, s.envoy, s.binDir, s.workers)
-	fmt.Fprintf(&b, "  dev proxy 2    http://127.0.0.1:%s  (the same; fleet rules hold across both)\n", s.proxy2Port)
+	fmt.Fprintf(&b, "  proxy          http://%s  (%s: %s, %s/sluice.wasm, %s workers)\n", proxy, s.proxy.name(), s.envoy, s.binDir, s.workers)
+	fmt.Fprintf(&b, "  proxy 2        http://127.0.0.1:%s  (the same; fleet rules hold across both)\n", s.proxy2Port)
 	fmt.Fprintf(&b, "  control plane  http://%s  (%s)\n", cp, store)
 	fmt.Fprintf(&b, "  demo upstream  http://%s  (echoes the request as JSON; ?delay=<ms>)\n", up)
-	fmt.Fprintf(&b, "  access logs    %s (dev proxy), %s (dev proxy 2)\n", accessLog, filepath.Join(s.runDir, "access2.log"))
-	fmt.Fprintf(&b, "  process logs   %s/{controlplane,devproxy,devproxy2,upstream}.log\n", s.runDir)
-	fmt.Fprintf(&b, "  metrics        http://%s/metrics (control plane), http://127.0.0.1:%s/stats/prometheus and :%s (dev proxies' admin,\n", cp, s.adminPort, s.admin2Port)
-	fmt.Fprintf(&b, "                 as Envoy's; what envoy/monitoring's dashboard and alerts read)\n\n")
+	fmt.Fprintf(&b, "  access logs    %s (proxy), %s (proxy 2)\n", accessLog, filepath.Join(s.runDir, "access2.log"))
+	fmt.Fprintf(&b, "  process logs   %s/{controlplane,%s,%s,upstream}.log\n", s.runDir, s.proxy.logName(1), s.proxy.logName(2))
+	fmt.Fprintf(&b, "  metrics        http://%s/metrics (control plane), http://127.0.0.1:%s/stats/prometheus and :%s (the proxies' admin;\n", cp, s.adminPort, s.admin2Port)
+	fmt.Fprintf(&b, "                 what envoy/monitoring's dashboard and alerts read)\n\n")
 	switch s.tokens {
 	case tokensGenerated:
 		fmt.Fprintf(&b, "Tokens (generated, kept in %s for the next runs). In another terminal:\n", s.tokenFile)

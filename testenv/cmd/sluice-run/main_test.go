@@ -83,3 +83,22 @@ func TestASecondRunIsRefusedItsRunDirectory(t *testing.T) {
 	}
 	again()
 }
+
+// Envoy's log as Envoy 1.40 writes it: the second bracket is the thread, one per
+// worker; the canary on the main thread never logs a version.
+func TestAllEnvoyWorkersAt(t *testing.T) {
+	log := []byte(`[2026-11-27 19:15:51.169][6318][info][wasm] [source/extensions/common/wasm/context.cc:1151] wasm log sluice sluice: sluice: policy default version 1 in use (8 rules)
+[2026-11-27 19:15:51.170][6319][info][wasm] [source/extensions/common/wasm/context.cc:1151] wasm log sluice sluice: sluice: policy default version 1 in use (8 rules)
+[2026-11-27 19:16:02.001][6318][info][wasm] [source/extensions/common/wasm/context.cc:1151] wasm log sluice sluice: sluice: policy default version 2 in use (8 rules)
+[2026-11-27 19:16:02.002][6318][info][wasm] [source/extensions/common/wasm/context.cc:1151] wasm log sluice sluice: sluice: policy other version 9 in use (1 rules)
+`)
+	for _, c := range []struct {
+		version uint64
+		workers int
+		want    bool
+	}{{1, 2, true}, {2, 2, false}, {2, 1, true}, {1, 3, false}, {9, 1, false}} {
+		if got := allEnvoyWorkersAt(log, "default", c.version, c.workers); got != c.want {
+			t.Errorf("version %d on %d workers: %v, want %v", c.version, c.workers, got, c.want)
+		}
+	}
+}

@@ -48,12 +48,12 @@ func Binary(t testing.TB, root string) string {
 
 // Options says which bootstrap to run and how.
 type Options struct {
-	Name    string   // for messages, e.g. "envoy-1"
-	Root    string   // the repository root: paths in the bootstrap resolve from here
-	Config  string   // the bootstrap, relative to Root (e.g. "envoy/envoy.yaml"), or an absolute path
+	Name    string            // for messages, e.g. "envoy-1"
+	Root    string            // the repository root: paths in the bootstrap resolve from here
+	Config  string            // the bootstrap, relative to Root (e.g. "envoy/envoy.yaml"), or an absolute path
 	Rewrite bootstrap.Rewrite // the test's addresses and files
-	Workers int      // worker threads (--concurrency); 0 means 2
-	Env     []string // "KEY=value" entries for Envoy's environment (host_env_keys reads them)
+	Workers int               // worker threads (--concurrency); 0 means 2
+	Env     []string          // "KEY=value" entries for Envoy's environment (host_env_keys reads them)
 }
 
 // Envoy is a running Envoy.
@@ -72,8 +72,8 @@ const ReadyTimeout = 60 * time.Second
 
 // Start rewrites opts.Config with opts.Rewrite into a temporary file, runs Envoy
 // on it and waits until its admin endpoint answers /ready with 200. Envoy runs
-// with --use-dynamic-base-id (several Envoys on one machine), file access logs
-// flushed every 100 ms, and Wasm logs at info. Rewrite.Admin and
+// with --use-dynamic-base-id (several Envoys on one machine), each access-log
+// line written at once (--file-flush-min-size-kb 0), and Wasm logs at info. Rewrite.Admin and
 // Rewrite.Listeners are required. The test fails if the bootstrap cannot be
 // rewritten or Envoy does not become ready.
 func Start(t testing.TB, opts Options) *Envoy {
@@ -108,7 +108,7 @@ func Start(t testing.TB, opts Options) *Envoy {
 		AccessLog: opts.Rewrite.AccessLog, Config: cfg}
 	e.Proc = proctest.Start(t, proctest.Spec{Name: opts.Name, Bin: bin, Dir: opts.Root, Env: opts.Env, Args: []string{
 		"-c", cfg, "--concurrency", strconv.Itoa(opts.Workers), "--use-dynamic-base-id",
-		"--file-flush-interval-msec", "100", "--log-level", "warn", "--component-log-level", "wasm:info"}})
+		"--file-flush-min-size-kb", "0", "--log-level", "warn", "--component-log-level", "wasm:info"}})
 	e.AwaitReady(t)
 	return e
 }
