@@ -54,7 +54,8 @@ envoy: wasm
 
 ## run: the whole stack on this machine with the demo policy, until Ctrl-C.
 ## Builds, then starts the control plane (127.0.0.1:$(CP_PORT)), the demo upstream
-## ($(UPSTREAM_PORT)) and two dev proxies ($(PROXY_PORT), $(PROXY2_PORT); Envoy's admin endpoints,
+## ($(UPSTREAM_PORT)) and two proxies, the real Envoy after make envoy (PROXY=devproxy: the
+## dev proxy) ($(PROXY_PORT), $(PROXY2_PORT); Envoy's admin endpoints,
 ## /stats/prometheus among them, on $(ADMIN_PORT) and $(ADMIN2_PORT)); Ctrl-C stops all.
 ## Redis instead of the embedded store: make run REDIS_URL=redis://127.0.0.1:6379
 CP_PORT       ?= 8080

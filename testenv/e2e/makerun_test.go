@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-proxy/sluice/testenv/internal/envoyproc"
 	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
 )
 
@@ -38,8 +39,19 @@ func walkthroughCommands(t *testing.T) []string {
 
 // TestMakeRun starts `make run` as a user would (on free ports), runs the
 // README's walkthrough commands against it, then stops it with SIGINT and
-// checks that no process is left behind.
+// checks that no process is left behind: once with the real Envoy (make envoy's
+// build/envoy, which make run prefers) and once with the dev proxy
+// (PROXY=devproxy). The walkthrough is the same on both.
 func TestMakeRun(t *testing.T) {
+	t.Run("envoy", func(t *testing.T) {
+		envoyproc.Binary(t, repo)
+		testMakeRun(t, "", "the real Envoy")
+	})
+	t.Run("devproxy", func(t *testing.T) { testMakeRun(t, "devproxy", "the dev proxy") })
+}
+
+// testMakeRun is TestMakeRun with PROXY=kind; make run must say it runs says.
+func testMakeRun(t *testing.T, kind, says string) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("make not found (Debian package make)")
 	}
@@ -56,7 +68,7 @@ func TestMakeRun(t *testing.T) {
 	out := &proctest.SyncBuffer{}
 	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "PROXY2_PORT="+port(proxy2), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
 	cmd.Dir = repo
-	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken)
+	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken, "PROXY="+kind, "ENVOY=")
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C reaches the terminal's process group
 	if err := cmd.Start(); err != nil {
@@ -76,7 +88,7 @@ func TestMakeRun(t *testing.T) {
 	if !proctest.WaitFor(5*time.Minute, func() bool { return strings.Contains(out.String(), "sluice is running.") }) {
 		t.Fatalf("make run not ready within 5 minutes")
 	}
-	for _, want := range []string{"export SLUICE_ADMIN_TOKEN=" + adminToken, "export SLUICE_SERVER=http://" + cp, "access.log", "access2.log"} {
+	for _, want := range []string{"export SLUICE_ADMIN_TOKEN=" + adminToken, "export SLUICE_SERVER=http://" + cp, "access.log", "access2.log", "proxies: " + says} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("make run output lacks %q", want)
 		}
