@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"strconv"
 	"sync"
@@ -325,7 +326,20 @@ func (s *Service) attempt(pending *[]group) error {
 	ops := make([]Op, 0, len(gs))
 	opOf := make([]int, len(gs)) // index in ops, -1 for an unchanged key
 	for j, g := range gs {
-		l := newLedger(g.f.load(snaps[j].Header))
+		opOf[j] = -1
+		h, err := g.f.load(snaps[j].Header)
+		if err != nil {
+			// Nothing is decided or written for the key: its asks fail as an
+			// outage of the store would (503), and the operator is told.
+			s.m.corrupt.Inc()
+			s.log.Error("quota: a counter key's stored header does not decode; its asks are answered 503 until it expires or is deleted",
+				"key", g.key, "bytes", len(snaps[j].Header))
+			for _, a := range g.asks {
+				a.err = fmt.Errorf("%w: key %s", err, g.key)
+			}
+			continue
+		}
+		l := newLedger(h)
 		l.maxEntries = uint32(min(s.o.MaxEntriesPerKey, 1<<31))
 		for i, f := range reads[j].Fields {
 			v := snaps[j].Fields[i]
@@ -371,7 +385,6 @@ func (s *Service) attempt(pending *[]group) error {
 			changed = changed || ch
 		}
 		s.sweeps.after(g.key, l.count, l.sweepSoon, snaps[j].Cursor, reads[j].Scan.Count > 0)
-		opOf[j] = -1
 		if changed {
 			// An unchanged key is not written: its value keeps its own expiry.
 			next, ttl := g.f.store(&l.header, now)

@@ -140,15 +140,19 @@ func (f *fleetLimiter) leaseEnd(tag uint64, now, start int64) int64 {
 	return now + int64(f.validity)
 }
 
-// load decodes a key's stored header; an absent or undecodable one is a fresh
-// key with no leases.
-func (f *fleetLimiter) load(old []byte) header {
+// load decodes a key's stored header; an absent one is a fresh key with no
+// leases. A header that is present and does not decode is errFormat: reading it
+// as fresh would grant the key's budget again over the leases already out.
+func (f *fleetLimiter) load(old []byte) (header, error) {
 	size := f.lim.StateSize()
 	h, err := decodeHeader(old, size)
-	if err != nil || h.state == nil {
+	if err != nil {
+		return header{}, err
+	}
+	if h.state == nil {
 		h = header{state: make([]byte, size)}
 	}
-	return h
+	return h, nil
 }
 
 // keyNow is the time a key is decided at by a replica whose clock says now.

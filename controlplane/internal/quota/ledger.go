@@ -30,21 +30,12 @@ const (
 //	[0]        2 (format)
 //	[1:3]      n, uint16: state length
 //	[3:3+n]    limiter state (limit.Limiter bytes)
-//	u64 total    units ever granted under this key (wrapping counter)
-//	i64 latest   Unix ns of the latest decision (keyNow)
-//	i64 maxExp   Unix ns of the latest lease end granted
-//	u64 writes   rounds written (every write changes the header)
-//	u32 count    ledger entries stored
-//	u64 heldSum  Σ held over the stored entries
-//	u64 winTag   the window or slot firstA counts in
-//	u64 firstA   Σ first of the assignment entries (RLQS streams) of winTag
-//	i64 ringAt   the ring's newest slot (Unix ns / ringSlot)
-//	u8 k, then k times: u8 age (ringAt − slot), u32 all, u32 assignment
-//	             entries whose last report fell in that slot (non-zero slots only)
+//	headerFixed  the aggregates, in its field order (headerFixedSize bytes)
+//	k times ringSlotFields, k = headerFixed.Slots: the activity ring's non-zero slots
 //
 // Only this code writes these values, under a key that names the rule's
-// fingerprint (so the state size always matches); a header that does not
-// decode reads as a fresh key.
+// fingerprint (so the state size always matches). A header that is absent is a
+// fresh key; one that is present and does not decode fails the round (load).
 type header struct {
 	state   []byte
 	total   uint64
@@ -58,16 +49,30 @@ type header struct {
 	ring    activity
 }
 
-// entry is one Envoy's lease on a key ("e:" + its name). Encoding: six
-// little-endian 64-bit fields, 48 bytes.
-//
-//	held   units granted and not returned
-//	exp    Unix ns the lease ends (service clock); 0 = none
-//	tag    window end (fixed_window) or slot (time_wheel) of the lease
-//	last   Unix ns of the Envoy's last report for this key
-//	seq    total just after the lease's first grant (token_bucket, gcra)
-//	first  token_bucket, gcra: units of that first grant not yet credited
-//	       back; fixed_window, time_wheel: units granted under tag (share)
+// headerFixed is the header's encoding after the limiter state and before the
+// ring's slots, field by field; its size and offsets come from this list alone
+// (binary.Size, binary.Append, binary.Decode).
+type headerFixed struct {
+	Total   uint64 // units ever granted under this key (wrapping counter)
+	Latest  int64  // Unix ns of the latest decision (keyNow)
+	MaxExp  int64  // Unix ns of the latest lease end granted
+	Writes  uint64 // rounds written (every write changes the header)
+	Count   uint32 // ledger entries stored
+	HeldSum uint64 // Σ held over the stored entries
+	WinTag  uint64 // the window or slot FirstA counts in
+	FirstA  uint64 // Σ first of the assignment entries (RLQS streams) of WinTag
+	RingAt  int64  // the ring's newest slot (Unix ns / ringSlot)
+	Slots   uint8  // how many ringSlotFields follow
+}
+
+// ringSlotFields is one non-zero slot of the activity ring: entries whose last
+// report fell in slot RingAt − Age, all of them and the assignment entries.
+type ringSlotFields struct {
+	Age      uint8
+	All, Asg uint32
+}
+
+// entry is one Envoy's lease on a key ("e:" + its name), encoded as entryFields.
 type entry struct {
 	held  uint64
 	exp   int64
@@ -77,9 +82,25 @@ type entry struct {
 	first uint64
 }
 
-const (
-	formatV2  = 2
-	entrySize = 48
+// entryFields is an entry's encoding, little-endian, field by field.
+type entryFields struct {
+	Held uint64 // units granted and not returned
+	Exp  int64  // Unix ns the lease ends (service clock); 0 = none
+	Tag  uint64 // window end (fixed_window) or slot (time_wheel) of the lease
+	Last int64  // Unix ns of the Envoy's last report for this key
+	Seq  uint64 // total just after the lease's first grant (token_bucket, gcra)
+	// First: token_bucket, gcra: units of that first grant not yet credited back;
+	// fixed_window, time_wheel: units granted under Tag (share).
+	First uint64
+}
+
+const formatV2 = 2
+
+// The encodings' sizes, in bytes, derived from their field lists.
+var (
+	headerFixedSize = binary.Size(headerFixed{})
+	ringSlotSize    = binary.Size(ringSlotFields{})
+	entrySize       = binary.Size(entryFields{})
 )
 
 var errFormat = errors.New("quota: stored value does not decode")
@@ -171,39 +192,29 @@ func decodeHeader(b []byte, stateSize int) (header, error) {
 		return header{}, errFormat
 	}
 	n := int(binary.LittleEndian.Uint16(b[1:3]))
-	if n != stateSize || len(b) < 3+n+77 {
+	if n != stateSize || len(b) < 3+n+headerFixedSize {
 		return header{}, errFormat
 	}
 	h.state = b[3 : 3+n]
-	p := b[3+n:]
-	u64 := func() uint64 { v := binary.LittleEndian.Uint64(p); p = p[8:]; return v }
-	h.total = u64()
-	h.latest = int64(u64())
-	h.maxExp = int64(u64())
-	h.writes = u64()
-	h.count = binary.LittleEndian.Uint32(p)
-	p = p[4:]
-	h.heldSum = u64()
-	h.winTag = u64()
-	h.firstA = u64()
-	h.ring.at = int64(u64())
-	if h.ring.at < 0 {
-		return header{}, errFormat // a slot index is never negative: it would index the ring below 0
-	}
-	k := int(p[0])
-	p = p[1:]
-	if len(p) != k*9 {
+	var f headerFixed
+	if _, err := binary.Decode(b[3+n:], binary.LittleEndian, &f); err != nil {
 		return header{}, errFormat
 	}
-	for range k {
-		age := int64(p[0])
-		if age >= ringSlots {
+	p := b[3+n+headerFixedSize:]
+	if f.RingAt < 0 || len(p) != int(f.Slots)*ringSlotSize {
+		// A negative slot index would index the ring below 0.
+		return header{}, errFormat
+	}
+	h.total, h.latest, h.maxExp, h.writes = f.Total, f.Latest, f.MaxExp, f.Writes
+	h.count, h.heldSum, h.winTag, h.firstA, h.ring.at = f.Count, f.HeldSum, f.WinTag, f.FirstA, f.RingAt
+	for range f.Slots {
+		var rs ringSlotFields
+		if _, err := binary.Decode(p, binary.LittleEndian, &rs); err != nil || rs.Age >= ringSlots {
 			return header{}, errFormat
 		}
-		i := (h.ring.at - age) % ringSlots
-		h.ring.all[i] = binary.LittleEndian.Uint32(p[1:])
-		h.ring.asg[i] = binary.LittleEndian.Uint32(p[5:])
-		p = p[9:]
+		i := (h.ring.at - int64(rs.Age)) % ringSlots
+		h.ring.all[i], h.ring.asg[i] = rs.All, rs.Asg
+		p = p[ringSlotSize:]
 	}
 	return h, nil
 }
@@ -212,54 +223,37 @@ func (h *header) encode(dst []byte) []byte {
 	dst = append(dst, formatV2)
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(h.state)))
 	dst = append(dst, h.state...)
-	dst = binary.LittleEndian.AppendUint64(dst, h.total)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.latest))
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.maxExp))
-	dst = binary.LittleEndian.AppendUint64(dst, h.writes)
-	dst = binary.LittleEndian.AppendUint32(dst, h.count)
-	dst = binary.LittleEndian.AppendUint64(dst, h.heldSum)
-	dst = binary.LittleEndian.AppendUint64(dst, h.winTag)
-	dst = binary.LittleEndian.AppendUint64(dst, h.firstA)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.ring.at))
-	kAt := len(dst)
-	dst = append(dst, 0)
-	k := 0
+	var slots []ringSlotFields
 	for age := int64(0); age < ringSlots && age <= h.ring.at; age++ {
 		i := (h.ring.at - age) % ringSlots
-		if h.ring.all[i] == 0 && h.ring.asg[i] == 0 {
-			continue
+		if h.ring.all[i] != 0 || h.ring.asg[i] != 0 {
+			slots = append(slots, ringSlotFields{Age: uint8(age), All: h.ring.all[i], Asg: h.ring.asg[i]})
 		}
-		dst = append(dst, byte(age))
-		dst = binary.LittleEndian.AppendUint32(dst, h.ring.all[i])
-		dst = binary.LittleEndian.AppendUint32(dst, h.ring.asg[i])
-		k++
 	}
-	dst[kAt] = byte(k)
+	dst, _ = binary.Append(dst, binary.LittleEndian, headerFixed{Total: h.total, Latest: h.latest, MaxExp: h.maxExp,
+		Writes: h.writes, Count: h.count, HeldSum: h.heldSum, WinTag: h.winTag, FirstA: h.firstA, RingAt: h.ring.at,
+		Slots: uint8(len(slots))})
+	for _, rs := range slots {
+		dst, _ = binary.Append(dst, binary.LittleEndian, rs)
+	}
 	return dst
 }
 
 func decodeEntry(b []byte) (entry, bool) {
+	var f entryFields
 	if len(b) != entrySize {
 		return entry{}, false
 	}
-	return entry{
-		held:  binary.LittleEndian.Uint64(b),
-		exp:   int64(binary.LittleEndian.Uint64(b[8:])),
-		tag:   binary.LittleEndian.Uint64(b[16:]),
-		last:  int64(binary.LittleEndian.Uint64(b[24:])),
-		seq:   binary.LittleEndian.Uint64(b[32:]),
-		first: binary.LittleEndian.Uint64(b[40:]),
-	}, true
+	if _, err := binary.Decode(b, binary.LittleEndian, &f); err != nil {
+		return entry{}, false
+	}
+	return entry{held: f.Held, exp: f.Exp, tag: f.Tag, last: f.Last, seq: f.Seq, first: f.First}, true
 }
 
 func (e *entry) encode() []byte {
-	b := make([]byte, 0, entrySize)
-	b = binary.LittleEndian.AppendUint64(b, e.held)
-	b = binary.LittleEndian.AppendUint64(b, uint64(e.exp))
-	b = binary.LittleEndian.AppendUint64(b, e.tag)
-	b = binary.LittleEndian.AppendUint64(b, uint64(e.last))
-	b = binary.LittleEndian.AppendUint64(b, e.seq)
-	return binary.LittleEndian.AppendUint64(b, e.first)
+	b, _ := binary.Append(make([]byte, 0, entrySize), binary.LittleEndian,
+		entryFields{Held: e.held, Exp: e.exp, Tag: e.tag, Last: e.last, Seq: e.seq, First: e.first})
+	return b
 }
 
 // TokenOwner is the ledger prefix of every caller the quota token alone

@@ -3,10 +3,15 @@ package quota
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluice-proxy/sluice/shared/quota"
 )
@@ -144,5 +149,92 @@ func TestHeaderRoundTrips(t *testing.T) {
 	binary.LittleEndian.PutUint64(neg[71:], uint64(1<<64-1))
 	if _, err := decodeHeader(neg, 8); err == nil {
 		t.Fatal("a header with a negative ring slot decoded")
+	}
+}
+
+// TestHeaderRoundTripsEveryRingState: a header decodes to what was encoded
+// whatever its activity ring holds (nothing, one slot, every slot) and whatever its
+// numbers (zero, the largest), and the fixed part after the limiter state is
+// exactly headerFixedSize bytes plus 9 per non-zero slot.
+func TestHeaderRoundTripsEveryRingState(t *testing.T) {
+	full := activity{at: 1000}
+	for i := range full.all {
+		full.all[i], full.asg[i] = uint32(i+1), uint32(i)
+	}
+	one := activity{at: 7}
+	one.add(int64(7*ringSlot), true)
+	cases := []struct {
+		name  string
+		h     header
+		slots int
+	}{
+		{"empty ring, zero values", header{state: make([]byte, 8)}, 0},
+		{"empty ring, ring advanced", header{state: make([]byte, 8), ring: activity{at: 5000}, count: 3, heldSum: 9}, 0},
+		{"one slot", header{state: []byte{1, 2, 3, 4, 5, 6, 7, 8}, ring: one, total: 1}, 1},
+		{"every slot", header{state: make([]byte, 8), ring: full}, ringSlots},
+		{"largest values", header{state: []byte{255, 255, 255, 255, 255, 255, 255, 255}, total: 1<<64 - 1, latest: 1<<63 - 1,
+			maxExp: 1<<63 - 1, writes: 1<<64 - 1, count: 1<<32 - 1, heldSum: 1<<64 - 1, winTag: 1<<64 - 1, firstA: 1<<64 - 1,
+			ring: activity{at: 1<<63 - 1}}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			enc := c.h.encode(nil)
+			if want := 3 + len(c.h.state) + headerFixedSize + 9*c.slots; len(enc) != want {
+				t.Fatalf("encoded %d bytes, want %d", len(enc), want)
+			}
+			got, err := decodeHeader(enc, len(c.h.state))
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			if !reflect.DeepEqual(got, c.h) {
+				t.Fatalf("decoded %+v\nwant    %+v", got, c.h)
+			}
+			for cut := 1; cut < len(enc); cut++ {
+				if _, err := decodeHeader(enc[:cut], len(c.h.state)); err == nil {
+					t.Fatalf("the first %d of %d bytes decoded", cut, len(enc))
+				}
+			}
+		})
+	}
+}
+
+// TestAHeaderThatDoesNotDecodeFailsTheRound: a key whose stored header is
+// present but does not decode is not read as a fresh key (that would grant its
+// limit again over the leases already out): the ask fails as the store's would
+// (ErrUnavailable, answered 503), nothing is granted or written, and it is counted.
+func TestAHeaderThatDoesNotDecodeFailsTheRound(t *testing.T) {
+	clk := &clock{}
+	clk.set(base() + int64(time.Second))
+	mem := NewMemory()
+	reg := prometheus.NewRegistry()
+	s := New(Options{Backend: mem, Policies: newPolicies(t), Open: true, Now: clk.Now, Registry: reg})
+	askFW := func(want uint64) (*quota.Response, error) {
+		return s.Handle(context.Background(), &quota.Request{Envoy: "e", Policy: "p", Version: 1, Env: testEnv, Interval: time.Second,
+			Keys: []quota.KeyRequest{{Rule: "fw", Key: globalKey("fw"), Want: want}}})
+	}
+	if resp, err := askFW(600); err != nil || resp.Keys[0].Granted == 0 {
+		t.Fatalf("first grant: %+v %v", resp, err)
+	}
+	if len(mem.m) != 1 {
+		t.Fatalf("%d keys stored, want 1", len(mem.m))
+	}
+	var stored []byte
+	for k, e := range mem.m {
+		h := e.fields[headerField]
+		stored = append([]byte(nil), h[:len(h)-1]...) // one byte short: it cannot decode
+		e.fields[headerField] = stored
+		mem.m[k] = e
+	}
+	_, err := askFW(1000)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("ask on a header that does not decode: %v, want ErrUnavailable", err)
+	}
+	for _, e := range mem.m {
+		if string(e.fields[headerField]) != string(stored) {
+			t.Fatal("the undecodable header was overwritten")
+		}
+	}
+	if n := testutil.ToFloat64(s.m.corrupt); n != 1 {
+		t.Fatalf("sluice_controlplane_quota_corrupt_headers_total = %v, want 1", n)
 	}
 }

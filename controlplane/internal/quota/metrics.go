@@ -29,6 +29,8 @@ import (
 //	sluice_controlplane_quota_ledger_full_total{scope}  newcomers answered retry because their identity
 //	                                                  (scope "identity") or the key (scope "key") holds
 //	                                                  its most entries
+//	sluice_controlplane_quota_corrupt_headers_total    rounds of a key whose stored header did not decode
+//	                                                  (answered 503, nothing granted or written)
 //	sluice_controlplane_quota_request_duration_seconds{code}  request latency (histogram)
 //	sluice_controlplane_quota_keys_active{policy,rule}         keys asked for in the last minute, per rule
 //
@@ -38,6 +40,7 @@ type metrics struct {
 	asked, granted, returned, casRetries prometheus.Counter
 	rounds, queueTimeouts, roundTimeouts prometheus.Counter
 	evictions, identityFull, keyFull     prometheus.Counter
+	corrupt                              prometheus.Counter
 	keys                                 *prometheus.CounterVec
 	duration                             *prometheus.HistogramVec
 	active                               *activeKeys
@@ -63,6 +66,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Read-decide-write rounds run on the backend, per key and attempt; asks per round shows how much contention was combined."}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_ledger_evictions_total",
 			Help: "Ledger entries forgotten by the sweep: Envoys that stopped reporting (2 min), or, while a newcomer finds a key or its identity full, entries without a live lease or whose Envoy stopped reporting."}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_corrupt_headers_total",
+			Help: "Rounds of a counter key whose stored header did not decode: nothing was granted (the asks were answered 503) and nothing written."}),
 		keys: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_quota_keys_total",
 			Help: "Keys answered, by status."}, []string{"status"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sluice_controlplane_quota_request_duration_seconds",
@@ -79,7 +84,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		[]string{"scope"})
 	m.identityFull, m.keyFull = full.WithLabelValues("identity"), full.WithLabelValues("key")
 	if reg != nil {
-		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, m.evictions, contended, full, m.keys, m.duration, m.active)
+		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, m.evictions, m.corrupt, contended, full, m.keys, m.duration, m.active)
 	}
 	return m
 }
