@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/filterstate"
 )
@@ -58,5 +59,43 @@ func TestEnvoyScopeWritesNoFleetState(t *testing.T) {
 				t.Fatalf("request %d: %s=%q on an envoy-scoped rule", i, k, v)
 			}
 		}
+	}
+}
+
+// TestACutOffEnvoyAdmitsItsLocalShareForEveryAlgorithm: with the quota service
+// unreachable, on_quota_failure "local" and local_share 0.25, an Envoy admits
+// about a quarter of the rule's limit whatever the algorithm, including a
+// token_bucket or gcra whose burst is smaller than the share's multiple of a
+// request's cost (each request counts 4 times its cost: a bucket of capacity 2
+// never holds 4). Requests come every 100 ms of a virtual clock for two
+// minutes; L = 100 a minute, so about 50 are admitted, plus the burst.
+func TestACutOffEnvoyAdmitsItsLocalShareForEveryAlgorithm(t *testing.T) {
+	buildWasm(t)
+	for _, tc := range []struct{ name, alg string }{
+		{"token_bucket burst 2", `"algorithm":"token_bucket","limit":100,"window":"1m","burst":2`},
+		{"gcra burst 1", `"algorithm":"gcra","limit":100,"window":"1m","burst":1`},
+		{"token_bucket", `"algorithm":"token_bucket","limit":100,"window":"1m"`},
+		{"fixed_window", `"algorithm":"fixed_window","limit":100,"window":"1m"`},
+		{"time_wheel", `"algorithm":"time_wheel","limit":100,"window":"1m","slots":6`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policy := `{"policy":"p","version":1,"rules":[{"id":"fleet","key":["client_ip"],` + tc.alg + `,"scope":"fleet","local_share":0.25}]}`
+			e := newEnv(t, `{"tick":"1m","policy":`+policy+`}`, 2)
+			admitted := 0
+			for i := 0; i < 1200; i++ {
+				r := e.do(i%2, req{path: "/x"})
+				if r.Status == 200 {
+					admitted++
+				}
+				e.clock.Advance(100 * time.Millisecond)
+			}
+			// Two minutes at a quarter of 100 a minute, plus at most the
+			// burst (100 for the whole-limit bucket, a window's share for the
+			// windows).
+			if admitted < 40 || admitted > 50+26 {
+				t.Fatalf("admitted %d of 1200 in two minutes, want about 50 (a quarter of the limit)", admitted)
+			}
+			t.Logf("admitted %d of 1200 in two minutes", admitted)
+		})
 	}
 }

@@ -284,6 +284,11 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Capacity returns the bucket size in cost units of a TokenBucket (Burst, default
+// Limit) or a GCRA (Burst+1, see tat.go), the most one request may cost; 0 for the
+// other algorithms.
+func (c Config) Capacity() uint64 { return c.capacity() }
+
 // capacity is the bucket size in cost units of a TokenBucket (Burst, default Limit)
 // or a GCRA (Burst+1, see gcra.go); 0 for the others.
 func (c Config) capacity() uint64 {

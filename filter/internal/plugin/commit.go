@@ -25,6 +25,12 @@ type eval struct {
 	written        bool
 	exhausted      bool      // denied for want of CAS retries (cas_fail_mode "closed")
 	fl             fleetEval // fleet rules (fleet.go)
+	// lim, when set, decides the request instead of the rule's own limiter:
+	// a degraded fleet request of a small bucket (ruleState.localLimiter).
+	lim limit.Limiter
+	// decideCost is the cost lim decides with (cost stays what the rule's own
+	// limiter was charged, for compensation).
+	decideCost uint64
 }
 
 // Fail-open reasons, the values of filter state reason.
@@ -131,9 +137,12 @@ func (p *pluginContext) readDecideLocal(ev *eval, now int64) bool {
 	if ev.slot.Overflow {
 		p.countOverflow(rs)
 	}
-	lim := rs.layout.Limiter()
+	lim, cost := rs.layout.Limiter(), ev.cost
+	if ev.lim != nil {
+		lim, cost = ev.lim, ev.decideCost
+	}
 	next := p.s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
-	ev.dec = lim.Decide(ev.slot.State, next, now, ev.cost)
+	ev.dec = lim.Decide(ev.slot.State, next, now, cost)
 	return true
 }
 

@@ -89,6 +89,10 @@ type ruleState struct {
 	concurrency bool
 	// fleet is the fleet part of a "scope": "fleet" rule (fleet.go).
 	fleet fleetRule
+	// local is the limiter of a degraded "local" request of a small bucket,
+	// built for the share localShareOf (localLimiter).
+	local        limit.Limiter
+	localShareOf uint64
 	// window is the rule's window in whole seconds, rounded up (0 for
 	// concurrency), for RateLimit-Policy's w parameter.
 	windowSeconds uint64

@@ -78,16 +78,51 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 	// Local: the rule's own counter holds the whole limit and every request
 	// costs share times its cost there, so this Envoy admits about 1/share of
 	// the limit and the n Envoys the service last saw on the key about the
-	// limit together.
+	// limit together. A token_bucket or gcra whose capacity is below that
+	// charge could never admit it: such a request is decided by the rule
+	// refilled share times slower, which moves the same state as the charge
+	// would (localLimiter), and leaves a burst of at least the request.
 	share := localShare(rs.cr.Rule.LocalSharePermille, p.fleet.client.Envoys(rs.cr.ID, p.fleet.client.Lookup(viewString(p.s.key[ev.keyOff:ev.keyEnd]))))
+	perRequest := false
 	if share > 1 {
-		ev.cost = min(satMul(ev.cost, share), max(rs.cr.Config.Limit, 1))
+		charge := satMul(ev.cost, share)
+		if c := rs.cr.Config.Capacity(); c != 0 && charge > c {
+			if lim := rs.localLimiter(share); lim != nil {
+				ev.lim, ev.decideCost, perRequest = lim, ev.cost, true
+			}
+		}
+		ev.cost = min(charge, max(rs.cr.Config.Limit, 1))
 	}
 	if !p.readDecideLocal(ev, now) {
 		return false
 	}
-	ev.dec.Remaining /= share
+	if !perRequest {
+		ev.dec.Remaining /= share
+	}
 	return true
+}
+
+// localLimiter returns rs's limiter with its Window share times longer (the same
+// Limit and Burst), or nil when rs is not a token_bucket or gcra, or that rule is
+// out of bounds. Its state is rs's (tat.go: the layout depends on Limit alone), and
+// a request of cost c there moves the theoretical arrival time by c·share·Window/Limit,
+// exactly what a charge of share·c moves it by in rs's own limiter, so the two can
+// take turns on one key as the share changes. The last one built is kept.
+func (rs *ruleState) localLimiter(share uint64) limit.Limiter {
+	if rs.localShareOf == share {
+		return rs.local
+	}
+	c := rs.cr.Config
+	if c.Capacity() == 0 || share > uint64(1<<62)/uint64(max(c.Window, 1)) {
+		return nil
+	}
+	c.Window *= time.Duration(share)
+	lim, err := limit.New(c)
+	if err != nil {
+		return nil
+	}
+	rs.local, rs.localShareOf = lim, share
+	return lim
 }
 
 // localShare returns the divisor of a fleet rule's limit an Envoy cut off from
