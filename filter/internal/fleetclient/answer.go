@@ -66,12 +66,23 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 		if pol != nil && pol.Rule != nil {
 			r, ok = pol.Rule(k.RuleID)
 		}
-		if resp != nil && resp.Keys[i].Status == quota.StatusRetry {
+		switch {
+		case resp != nil && resp.Keys[i].Status == quota.StatusRetry:
 			// Nothing was recorded for the key: what the report took goes back.
 			inc(c.m.Retried, 1)
 			if ok {
 				c.restore(k, r, cl.items[i], now)
 			}
+		case resp == nil && ok:
+			// The call failed (a non-200 status, no answer, an unreadable one):
+			// the service may or may not have recorded the report. The used
+			// units go into the next report (reported twice, they only lower
+			// what the service counts as held); the returned ones are not held
+			// again, since the service may have credited them already: they end
+			// with the lease.
+			it := cl.items[i]
+			it.back = 0
+			c.restore(k, r, it, now)
 		}
 		if resp != nil && resp.Keys[i].Envoys > 0 {
 			// Reports answer it too: every key of the call learns the fleet's size.
@@ -106,7 +117,8 @@ func (c *Client) resume(k *Key) {
 }
 
 // restore puts back into the lease what a report took out when the service
-// recorded nothing of it (quota.StatusRetry, or a call never sent): the used
+// recorded nothing of it (quota.StatusRetry, or a call never sent; after a failed
+// call, the used units alone): the used
 // units are reported again next time, and returned units are held again if the
 // very lease they were taken from is still live under the same rule (else they
 // end with it, as the service's ledger says: a newer lease never gets them).

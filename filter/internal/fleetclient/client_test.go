@@ -384,3 +384,34 @@ func TestANewAnswerNeverExtendsUnitsTheServiceNoLongerHolds(t *testing.T) {
 		t.Fatalf("after a top-up of 5 on 10: held %d, want 15", e.Held)
 	}
 }
+
+// TestAFailedCallReportsItsUsedUnitsAgain: a report whose call fails (the service
+// answers 503, or no answer comes: a timeout or a reset) loses nothing the service
+// needs: the used units it carried go into the next report. Its returned units are
+// not held again: the service may have credited them before the answer was lost,
+// and holding them again would spend them twice; they end with the lease.
+func TestAFailedCallReportsItsUsedUnitsAgain(t *testing.T) {
+	for _, failure := range []struct {
+		name   string
+		status string
+	}{{"503", "503"}, {"no answer", ""}} {
+		t.Run(failure.name, func(t *testing.T) {
+			f := newFixture(t)
+			k := f.key("rl:t:p/r:user=a:60s")
+			f.setLease(k, fleet.Entry{Held: 10, Used: 5, Expiry: f.h.now + int64(time.Minute), LastUse: f.h.now})
+			f.c.Done(f.h.now)
+			if kr := f.h.calls[0].req.Keys[0]; kr.Used != 5 || kr.Return != 10 {
+				t.Fatalf("report %+v, want used 5 and return 10", kr)
+			}
+			f.h.calls[0].onAnswer(failure.status, nil)
+			if e := f.lease(k); e.Used != 5 || e.Held != 0 {
+				t.Fatalf("lease after the failed call %+v, want used 5 again and nothing held", e)
+			}
+			f.h.now += int64(2 * interval)
+			f.c.Ask([]*Key{k}, f.h.now)
+			if got := f.h.calls[len(f.h.calls)-1].req.Keys[0].Used; got != 5 {
+				t.Fatalf("the next report carries used %d, want 5", got)
+			}
+		})
+	}
+}
