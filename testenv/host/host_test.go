@@ -340,10 +340,17 @@ func TestSharedQueue(t *testing.T) {
 	if got := resp.Upstream.Headers.Get("x-result"); got != "nil/proxywasm: not found (status 1)" {
 		t.Errorf("enqueue/resolve = %q", got)
 	}
-	// on_queue_ready was posted to the loop before the response phase.
-	if v, _, _ := h.SharedData("queue_last"); string(v) != "hello then proxywasm: empty (status 7)" {
-		t.Errorf("queue_last = %q", v)
+	// on_queue_ready is posted to the registrant's loop (Envoy: the registrant's
+	// dispatcher, cpp-host SharedQueue::enqueue), with no order against the
+	// stream's own phases: wait for it.
+	want := "hello then proxywasm: empty (status 7)"
+	var v []byte
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if v, _, _ = h.SharedData("queue_last"); string(v) == want {
+			return
+		}
 	}
+	t.Errorf("queue_last = %q after 10s, want %q", v, want)
 }
 
 func TestBodies(t *testing.T) {
