@@ -189,26 +189,33 @@ func readLine(br *bufio.Reader) ([]byte, int64, error) {
 	return buf, n, err
 }
 
-// quickTime finds a line's "timestamp" without decoding the line.
+// quickTime finds a line's "timestamp" member without decoding the line: the
+// first "timestamp" string followed by a colon. In valid JSON an unescaped string
+// followed by a colon is a member name, so a client-chosen value that is the
+// string "timestamp" (a query, a request id) is passed over.
 func quickTime(b []byte) (time.Time, bool) {
-	i := bytes.Index(b, []byte(`"timestamp"`))
-	if i < 0 {
-		return time.Time{}, false
+	const name = `"timestamp"`
+	for off := 0; ; {
+		i := bytes.Index(b[off:], []byte(name))
+		if i < 0 {
+			return time.Time{}, false
+		}
+		rest := bytes.TrimLeft(b[off+i+len(name):], " \t")
+		off += i + len(name)
+		if len(rest) == 0 || rest[0] != ':' {
+			continue // a value, not the member
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t")
+		if len(rest) == 0 || rest[0] != '"' {
+			return time.Time{}, false
+		}
+		end := bytes.IndexByte(rest[1:], '"')
+		if end < 0 {
+			return time.Time{}, false
+		}
+		t, err := time.Parse(time.RFC3339Nano, string(rest[1:1+end]))
+		return t, err == nil
 	}
-	rest := bytes.TrimLeft(b[i+len(`"timestamp"`):], " \t")
-	if len(rest) == 0 || rest[0] != ':' {
-		return time.Time{}, false
-	}
-	rest = bytes.TrimLeft(rest[1:], " \t")
-	if len(rest) == 0 || rest[0] != '"' {
-		return time.Time{}, false
-	}
-	end := bytes.IndexByte(rest[1:], '"')
-	if end < 0 {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339Nano, string(rest[1:1+end]))
-	return t, err == nil
 }
 
 // Runs returns how many runs the logs were cut into.

@@ -277,3 +277,50 @@ func TestLogReaderSkipsAnOverlongLine(t *testing.T) {
 		t.Errorf("skipped %d (%s)", lr.Skipped, lr.FirstSkip)
 	}
 }
+
+// TestTheTimeOfALineIsItsTimestampMember: a line whose client-chosen values come
+// before its "timestamp" member and are the string "timestamp" (a query, a request
+// id) is read at its own time: logged more than --reorder late, it still starts a
+// new run and is replayed in its place, never where it happens to stand.
+func TestTheTimeOfALineIsItsTimestampMember(t *testing.T) {
+	dir := t.TempDir()
+	line := func(ms int, path, query, id string) string {
+		return fmt.Sprintf(`{"path":%q,"query":%q,"request_id":%q,"timestamp":%q,"method":"GET"}`+"\n",
+			path, query, id, DefaultStart.Add(time.Duration(ms)*time.Millisecond).Format(time.RFC3339Nano))
+	}
+	content := line(0, "/a", "", "1") + line(1000, "/b", "", "2") + line(2000, "/c", "", "3") +
+		line(500, "/late", "timestamp", "timestamp") + line(3000, "/d", "", "5")
+	path := filepath.Join(dir, "access.log")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := ReadLog([]string{path}, nil, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	var got []string
+	for {
+		l, err := lr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l.Path)
+	}
+	if want := "/a /late /b /c /d"; strings.Join(got, " ") != want {
+		t.Fatalf("order %v, want %s", got, want)
+	}
+	for _, c := range []struct{ line, want string }{
+		{`{"q":"timestamp","timestamp":"2026-01-02T03:04:05Z"}`, "2026-01-02T03:04:05Z"},
+		{`{"q":"timestamp", "r" : "timestamp" ,"timestamp" : "2026-01-02T03:04:05Z"}`, "2026-01-02T03:04:05Z"},
+		{`{"q":"timestamp"}`, ""},
+	} {
+		tm, ok := quickTime([]byte(c.line))
+		if got := map[bool]string{true: tm.UTC().Format(time.RFC3339), false: ""}[ok]; got != c.want {
+			t.Errorf("quickTime(%s) = %q, want %q", c.line, got, c.want)
+		}
+	}
+}
