@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -177,19 +178,33 @@ func replaySVG(rep *lab.Report) []byte {
 	const width, panelH, left, right, top = 900, 120, 60, 20, 30
 	minutes := 1
 	for _, r := range rep.Rules {
-		minutes = max(minutes, len(r.PerMinute))
+		if n := len(r.PerMinute); n > 0 {
+			minutes = max(minutes, r.PerMinute[n-1].Minute+1)
+		}
 	}
+	// One point per column at most: a long log's minutes are summed per column.
+	cols := min(minutes, width-left-right)
 	height := top + len(rep.Rules)*(panelH+30) + 24
 	var b bytes.Buffer
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%d" y="18">requests per minute from %s (%d minutes): allowed in green, denied in red</text>`+"\n",
-		left, rep.From.UTC().Format(time.RFC3339), minutes)
+	unit := "minute"
+	if cols < minutes {
+		unit = strconv.Itoa((minutes+cols-1)/cols) + " minutes"
+	}
+	fmt.Fprintf(&b, `<text x="%d" y="18">requests per %s from %s (%d minutes): allowed in green, denied in red</text>`+"\n",
+		left, unit, rep.From.UTC().Format(time.RFC3339), minutes)
 	plotW := float64(width - left - right)
 	for i, r := range rep.Rules {
 		y0 := top + i*(panelH+30)
-		var peak int64 = 1
+		sum := make([]lab.MinuteCount, cols)
 		for _, m := range r.PerMinute {
+			c := &sum[m.Minute*cols/minutes]
+			c.Allowed += m.Allowed
+			c.Denied += m.Denied
+		}
+		var peak int64 = 1
+		for _, m := range sum {
 			peak = max(peak, m.Allowed, m.Denied)
 		}
 		fmt.Fprintf(&b, `<text x="%d" y="%d">%s (%s)</text>`+"\n", left, y0+12, html.EscapeString(r.ID), r.Scope)
@@ -201,12 +216,9 @@ func replaySVG(rep *lab.Report) []byte {
 			get   func(lab.MinuteCount) int64
 		}{{"#2a9d3a", func(m lab.MinuteCount) int64 { return m.Allowed }}, {"#d62728", func(m lab.MinuteCount) int64 { return m.Denied }}} {
 			var pts strings.Builder
-			for m := range minutes {
-				var v int64
-				if m < len(r.PerMinute) {
-					v = s.get(r.PerMinute[m])
-				}
-				x := float64(left) + plotW*(float64(m)+0.5)/float64(minutes)
+			for m := range cols {
+				v := s.get(sum[m])
+				x := float64(left) + plotW*(float64(m)+0.5)/float64(cols)
 				y := float64(y0+panelH) - float64(panelH-18)*float64(v)/float64(peak)
 				fmt.Fprintf(&pts, "%.1f,%.1f ", x, y)
 			}

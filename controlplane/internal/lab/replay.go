@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/netip"
 	"sort"
@@ -91,8 +92,9 @@ type RuleReport struct {
 	// candidate admits.
 	NewlyDenied  int64 `json:"newly_denied"`
 	NewlyAllowed int64 `json:"newly_allowed"`
-	// PerMinute is allowed and denied per minute from the log's first
-	// minute (for --plot); not in the JSON output.
+	// PerMinute is allowed and denied per minute that has requests of the
+	// rule, in order (for --plot): one entry per such minute, so its length
+	// follows the lines, not the log's span. Not in the JSON output.
 	PerMinute []MinuteCount `json:"-"`
 
 	keys map[string]int64
@@ -106,13 +108,23 @@ type KeyCount struct {
 
 // MinuteCount is one minute of a rule's decisions.
 type MinuteCount struct {
+	// Minute counts minutes from the log's first (0 is its first minute).
+	Minute          int
 	Allowed, Denied int64
 }
+
+// MaxGap is the longest a line's timestamp may be after the line before it, in
+// timestamp order: a year. Lines further apart are not one stretch of traffic
+// (a wrong clock, a stray line) and Replay refuses the run, naming the line;
+// within it, the replay skips idle stretches, so its time and memory follow the
+// lines, not the span.
+const MaxGap = 365 * 24 * time.Hour
 
 // Replay runs every request of lr, in timestamp order, through fresh Envoys
 // running policy, on a virtual clock that follows the log, and reports per
 // rule. The same logs and options give the same report. Errors: the filter
-// does not start or fails, or a log cannot be read.
+// does not start or fails, a log cannot be read, or a line is more than MaxGap
+// after the line before it.
 func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReader, o ReplayOptions) (*Report, error) {
 	o.Envoys = max(o.Envoys, 1)
 	if o.TopKeys <= 0 {
@@ -240,12 +252,17 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	ls := make([]*LogLine, 0, batch)
 	rs := make([]Request, 0, batch)
 	at := make([]time.Time, 0, batch)
+	prev := first
 	for l := first; l != nil; {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		ls, rs, at = ls[:0], rs[:0], at[:0]
 		for l != nil && len(ls) < batch {
+			if err := checkGap(prev, l); err != nil {
+				return nil, err
+			}
+			prev = l
 			ls = append(ls, l)
 			rs = append(rs, Request{Method: l.Method, Path: l.Path, Headers: l.Headers, ClientIP: validIP(l.ClientIP),
 				Envoy: int((rep.Requests + int64(len(ls)) - 1) % int64(o.Envoys))})
@@ -351,14 +368,23 @@ func (p *prefetched) next() (*LogLine, error) {
 	return l, nil
 }
 
-// minute returns the rule's count for minute m (from the log's first),
-// growing the series as needed.
+// minute returns the rule's count for minute m (from the log's first); minutes
+// come in order, so a new one is appended.
 func (r *RuleReport) minute(m int) *MinuteCount {
 	m = max(m, 0)
-	for len(r.PerMinute) <= m {
-		r.PerMinute = append(r.PerMinute, MinuteCount{})
+	if n := len(r.PerMinute); n == 0 || r.PerMinute[n-1].Minute < m {
+		r.PerMinute = append(r.PerMinute, MinuteCount{Minute: m})
 	}
-	return &r.PerMinute[m]
+	return &r.PerMinute[len(r.PerMinute)-1]
+}
+
+// checkGap refuses l when it is more than MaxGap after prev.
+func checkGap(prev, l *LogLine) error {
+	if gap := l.Time.Sub(prev.Time); gap > MaxGap {
+		return fmt.Errorf("lab: %s:%d: timestamp %s is more than a year after the line before it (%s:%d, %s): lines that far apart are not one stretch of traffic; remove the line or replay the parts apart",
+			l.File, l.Line, l.Time.UTC().Format(time.RFC3339), prev.File, prev.Line, prev.Time.UTC().Format(time.RFC3339))
+	}
+	return nil
 }
 
 func topKeys(m map[string]int64, n int) []KeyCount {

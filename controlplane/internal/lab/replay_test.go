@@ -324,3 +324,56 @@ func TestTheTimeOfALineIsItsTimestampMember(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayIsBoundedByTheLinesNotTheSpan: one far-off timestamp neither hangs nor
+// exhausts the replay. A line more than MaxGap after the one before it (a year: a
+// 9999 date among 2026 lines, a first line of 1970) refuses the run, naming the
+// line; lines within it but months apart keep one per-minute count per minute that
+// has lines, not one per minute of the span.
+func TestReplayIsBoundedByTheLinesNotTheSpan(t *testing.T) {
+	bin := testModule(t)
+	pol := mustPolicy(t, `{"policy":"p","identity":{"user_header":"x-user-id"},"rules":[
+ {"id":"per-user","key":["user"],"algorithm":"fixed_window","limit":3,"window":"1m"}]}`)
+	line := func(ts string) string {
+		return `{"timestamp":"` + ts + `","method":"GET","path":"/a","user_id":"u"}` + "\n"
+	}
+	near := line("2026-11-27T10:00:00Z") + line("2026-11-27T10:00:01Z") + line("2026-11-27T10:00:02Z")
+	replay := func(content string) (*Report, error) {
+		path := filepath.Join(t.TempDir(), "access.log")
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		lr, err := ReadLog([]string{path}, Fields{"x-user-id": "user_id"}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lr.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return Replay(ctx, bin, pol, lr, ReplayOptions{Workers: 1})
+	}
+	for name, content := range map[string]string{
+		"a line of 9999 last":  near + line("9999-01-01T00:00:00Z"),
+		"a line of 1970 first": line("1970-01-01T00:00:01Z") + near,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := replay(content)
+			if err == nil || !strings.Contains(err.Error(), "access.log:") || !strings.Contains(err.Error(), "after the line before") {
+				t.Fatalf("Replay: %v, want a refusal naming the line", err)
+			}
+			t.Log(err)
+		})
+	}
+	t.Run("months apart", func(t *testing.T) {
+		rep, err := replay(near + line("2027-05-01T10:00:00Z"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(rep.Rules[0].PerMinute); n != 2 {
+			t.Fatalf("%d per-minute counts for 2 minutes with lines five months apart, want 2", n)
+		}
+		if rep.Requests != 4 || rep.Denied != 0 {
+			t.Fatalf("requests %d, denied %d; want 4 and 0", rep.Requests, rep.Denied)
+		}
+	})
+}
