@@ -215,3 +215,34 @@ rules:
 		t.Errorf("table: exit %d\n%s%s", code, out, errs)
 	}
 }
+
+// TestReplayChecksItsOutputFilesBeforeTheRun: a --plot that cannot be written is
+// a usage error found before anything is replayed, not after the whole run; a
+// --junit of sluicectl test likewise.
+func TestReplayChecksItsOutputFilesBeforeTheRun(t *testing.T) {
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "p.yaml")
+	if err := os.WriteFile(pol, []byte("policy: p\nrules:\n  - {id: r, key: [client_ip], algorithm: fixed_window, limit: 3, window: 1m}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(dir, "access.log")
+	if err := os.WriteFile(log, []byte(`{"timestamp":"2026-05-01T10:00:00Z","method":"GET","path":"/x","client_ip":"192.0.2.1"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "no-such-dir", "plot.svg")
+	code, out, errs := runCtl("replay", "--wasm", labWasm(t), "--policy", pol, "--log", log, "-o", "json", "--plot", bad)
+	if code != ExitUsage || !strings.Contains(errs, "--plot") || strings.Contains(out, `"requests"`) {
+		t.Fatalf("replay --plot %s: exit %d, stderr %q, stdout %q; want exit 2 naming --plot before any report", bad, code, errs, out)
+	}
+}
+
+// TestTestHelpListsEveryExitCode: sluicectl test --help names the exit code of a
+// failed filter (3) beside the others.
+func TestTestHelpListsEveryExitCode(t *testing.T) {
+	_, out, _ := runCtl("test", "--help")
+	for _, want := range []string{"0 every test passed", "1 a test failed", "2 a file", "3 the filter failed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("sluicectl test --help lacks %q:\n%s", want, out)
+		}
+	}
+}

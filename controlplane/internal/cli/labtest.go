@@ -66,7 +66,8 @@ Every test starts from empty counters and runs through the filter module Envoy l
 "workers" VMs sharing data as an Envoy's workers do. Fleet rules count against their
 fleet limit as one budget, through an in-process quota service. See docs/lab.md.
 
-Exit codes: 0 every test passed; 1 a test failed; 2 a file is invalid (file:line named).`,
+Exit codes: 0 every test passed; 1 a test failed; 2 a file or flag is invalid (file:line
+named); 3 the filter failed.`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var files []*labFile
@@ -80,6 +81,11 @@ Exit codes: 0 every test passed; 1 a test failed; 2 a file is invalid (file:line
 			}
 			if len(probs) > 0 {
 				return withCode(ExitUsage, fmt.Errorf("invalid test file (nothing was run):\n%s", probs.Error()))
+			}
+			if junit != "" {
+				if err := checkWritable("--junit", junit); err != nil {
+					return err
+				}
 			}
 			bin, _, err := lab.Module(wasm)
 			if err != nil {
@@ -534,6 +540,18 @@ func writeJUnit(path string, suites []junitSuite) error {
 
 // writeFileAtomic writes data to path through a temporary file in the same
 // directory, so a reader never sees half a file.
+// checkWritable tells, before a run, whether path (given as flag) can be written
+// the way writeFileAtomic writes it: a file created beside it and renamed.
+// Errors: a usage error naming the flag.
+func checkWritable(flag, path string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return withCode(ExitUsage, fmt.Errorf("%s %s: cannot be written: %w", flag, path, err))
+	}
+	tmp.Close()
+	return os.Remove(tmp.Name())
+}
+
 func writeFileAtomic(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {

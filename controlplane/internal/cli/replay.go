@@ -51,6 +51,11 @@ Exit codes: 0 done; 2 a file or flag is invalid; 3 the filter failed.`,
 			if workers < 1 || workers > 64 {
 				return withCode(ExitUsage, fmt.Errorf("--workers %d: want 1..64", workers))
 			}
+			if plot != "" {
+				if err := checkWritable("--plot", plot); err != nil {
+					return err
+				}
+			}
 			pfs, err := loadFiles(env, []string{policyFile})
 			if err != nil {
 				return err
