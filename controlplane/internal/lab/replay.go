@@ -163,6 +163,8 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	startMinute := first.Time.Unix() / 60
 	matched := make([]int, 0, c.Len())
 	var req rules.Request
+	var keyBuf []byte
+	var ok bool
 	account := func(l *LogLine, d Decision) {
 		rep.Requests++
 		rep.To = l.Time
@@ -178,6 +180,15 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 			req.ClientIP, _ = netip.ParseAddr(ip)
 		}
 		matched = c.Match(&req, matched[:0])
+		// A rule that cannot form its key for the request (a per-user rule and
+		// no user) does not count it, in the filter as here.
+		kept := matched[:0]
+		for _, i := range matched {
+			if keyBuf, ok = c.AppendKey(keyBuf[:0], i, &req); ok {
+				kept = append(kept, i)
+			}
+		}
+		matched = kept
 		denied := d.RateLimit != nil && d.RateLimit.RateLimited
 		if denied {
 			rep.Denied++

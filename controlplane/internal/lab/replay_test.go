@@ -377,3 +377,30 @@ func TestReplayIsBoundedByTheLinesNotTheSpan(t *testing.T) {
 		}
 	})
 }
+
+// TestARequestARuleCannotKeyIsNotCountedUnderIt: a request a rule matches but
+// cannot form its key for (a per-user rule, no user id) is not counted by the
+// filter, so the report does not show it as matched or allowed under that rule.
+func TestARequestARuleCannotKeyIsNotCountedUnderIt(t *testing.T) {
+	bin := testModule(t)
+	pol := mustPolicy(t, `{"policy":"p","identity":{"user_header":"x-user-id"},"rules":[
+ {"id":"per-user","key":["user"],"algorithm":"fixed_window","limit":3,"window":"1m"}]}`)
+	content := `{"timestamp":"2026-11-27T10:00:00Z","method":"GET","path":"/a","user_id":"u"}` + "\n" +
+		`{"timestamp":"2026-11-27T10:00:01Z","method":"GET","path":"/a"}` + "\n"
+	path := filepath.Join(t.TempDir(), "access.log")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := ReadLog([]string{path}, Fields{"x-user-id": "user_id"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	rep, err := Replay(context.Background(), bin, pol, lr, ReplayOptions{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rep.Rules[0]; rep.Requests != 2 || r.Matched != 1 || r.Allowed != 1 {
+		t.Fatalf("requests %d; per-user matched %d allowed %d, want 2; 1 and 1 (the request without a user is not the rule's)", rep.Requests, r.Matched, r.Allowed)
+	}
+}
