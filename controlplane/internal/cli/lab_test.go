@@ -246,3 +246,27 @@ func TestTestHelpListsEveryExitCode(t *testing.T) {
 		}
 	}
 }
+
+// TestTestFilesMayReuseStepsWithAnchors: a step written once with an anchor
+// (&req) is reused by an alias (*req) or merged into another step (<<: *req,
+// the step's own keys winning), as YAML says.
+func TestTestFilesMayReuseStepsWithAnchors(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "anchors.test.yaml")
+	if err := os.WriteFile(file, []byte(`policy:
+  policy: p
+  identity: {user_header: x-user-id}
+  rules:
+    - {id: r, key: [user], algorithm: fixed_window, limit: 2, window: 1m}
+tests:
+  - name: anchors
+    steps:
+      - &req {at: 0s, path: /a, headers: {x-user-id: u}, expect: 200}
+      - *req
+      - {<<: *req, expect: 429}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errs := runCtl("test", "--wasm", labWasm(t), file); code != 0 || !strings.Contains(out, "1 passed, 0 failed") {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+}

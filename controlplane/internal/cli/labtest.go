@@ -248,6 +248,9 @@ func loadLabFile(file string) (*labFile, []Problem) {
 		line, col, msg := syntaxError(data, err)
 		return nil, []Problem{{File: file, Message: "not valid YAML: " + msg, Line: line, Column: col}}
 	}
+	if err := resolveAliases(&root, 0); err != nil {
+		return nil, []Problem{{File: file, Message: err.Error(), Line: max(root.Line, 1)}}
+	}
 	if len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
 		return nil, []Problem{{File: file, Message: `the document must be a mapping with "policy" and "tests"`, Line: max(root.Line, 1)}}
 	}
@@ -297,6 +300,67 @@ func loadLabFile(file string) (*labFile, []Problem) {
 type labParser struct {
 	file  string
 	probs []Problem
+}
+
+// maxAliasDepth bounds how deep resolveAliases follows nested aliases, so that
+// an alias of a node that holds itself ends with an error.
+const maxAliasDepth = 32
+
+// resolveAliases replaces every alias (*name) in n by a copy of what its anchor
+// (&name) names, and merges a mapping's "<<" keys (<<: *name, or a sequence of
+// them) into it, keys given in the mapping itself winning, as YAML 1.1's merge
+// key says (https://yaml.org/type/merge.html): a test file may write a step
+// once and reuse it.
+func resolveAliases(n *yaml.Node, depth int) error {
+	if depth > maxAliasDepth {
+		return fmt.Errorf("aliases nested more than %d deep (an anchor that holds its own alias?)", maxAliasDepth)
+	}
+	for i, c := range n.Content {
+		if c.Kind == yaml.AliasNode && c.Alias != nil {
+			cp := *c.Alias
+			cp.Content = append([]*yaml.Node(nil), c.Alias.Content...)
+			n.Content[i] = &cp
+		}
+		if err := resolveAliases(n.Content[i], depth+1); err != nil {
+			return err
+		}
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	var own, merged []*yaml.Node
+	has := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i]; k.Value != "<<" || k.Tag == "!!str" && k.Style != 0 {
+			own = append(own, k, n.Content[i+1])
+			has[k.Value] = true
+		}
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value != "<<" {
+			continue
+		}
+		v := n.Content[i+1]
+		sources := []*yaml.Node{v}
+		if v.Kind == yaml.SequenceNode {
+			sources = v.Content
+		}
+		for _, src := range sources {
+			if src.Kind != yaml.MappingNode {
+				return fmt.Errorf("line %d: a merge key (<<) takes a mapping or a list of mappings", src.Line)
+			}
+			for j := 0; j+1 < len(src.Content); j += 2 {
+				if k := src.Content[j].Value; !has[k] {
+					has[k] = true
+					merged = append(merged, src.Content[j], src.Content[j+1])
+				}
+			}
+		}
+	}
+	if len(merged) > 0 || len(own) != len(n.Content) {
+		n.Content = append(own, merged...)
+	}
+	return nil
 }
 
 func (p *labParser) add(line int, field, msg string) {
