@@ -354,13 +354,7 @@ func (s *Service) attempt(pending *[]group) error {
 		}
 		changed := false
 		if reads[j].Scan.Count > 0 {
-			// Under pressure (the key, or an asker's identity, at its most entries)
-			// every entry that can give way goes, not only the long gone.
-			pressure := l.count >= l.maxEntries
-			for _, a := range g.asks {
-				pressure = pressure || a.owner != "" && l.owners[a.owner] >= int64(s.o.MaxEntriesPerIdentity)
-			}
-			if n := l.sweep(snaps[j].Scanned, keyNow(&l.header, now), pressure); n > 0 {
+			if n := l.sweep(snaps[j].Scanned, keyNow(&l.header, now), s.pressure(l, g.asks)); n > 0 {
 				s.m.evictions.Add(float64(n))
 			}
 			changed = len(l.dirty) > 0 || len(l.removed) > 0
@@ -418,6 +412,30 @@ func (s *Service) attempt(pending *[]group) error {
 	}
 	*pending = next
 	return nil
+}
+
+// pressure says which entries a sweep may forget early, for the askers of a
+// round that need room: a newcomer to a key at its most entries makes room from
+// any entry that can give way (all), a newcomer whose identity is at its most
+// entries makes room from that identity's entries only (owners). An asker with
+// an entry, or with room, puts no pressure on anyone's entries.
+func (s *Service) pressure(l *ledger, asks []*keyAsk) sweepPressure {
+	var p sweepPressure
+	for _, a := range asks {
+		if l.entries[a.envoy] != nil {
+			continue
+		}
+		if l.count >= l.maxEntries {
+			p.all = true
+		}
+		if a.owner != "" && l.owners[a.owner] >= int64(s.o.MaxEntriesPerIdentity) {
+			if p.owners == nil {
+				p.owners = map[string]bool{}
+			}
+			p.owners[a.owner] = true
+		}
+	}
+	return p
 }
 
 // sweeper schedules the sweeps of this replica: a key holding more than

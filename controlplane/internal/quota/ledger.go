@@ -366,7 +366,19 @@ func (l *ledger) forget(name string, e *entry) {
 // what the live leases hold. Under pressure (a newcomer found the key or its
 // identity full) it also removes every entry that can give way (giveWay).
 // Entries this round already holds are skipped.
-func (l *ledger) sweep(scanned []Field, now int64, pressure bool) (forgotten int) {
+// sweepPressure is who may lose an entry early in a sweep (Service.pressure):
+// every entry (all), or the entries of these owners.
+type sweepPressure struct {
+	all    bool
+	owners map[string]bool
+}
+
+// on reports whether the entry name is under pressure.
+func (p sweepPressure) on(name string) bool {
+	return p.all || p.owners[ownerOf(name)]
+}
+
+func (l *ledger) sweep(scanned []Field, now int64, pressure sweepPressure) (forgotten int) {
 	for _, f := range scanned {
 		name, ok := cutPrefix(f.Name, entryPrefix)
 		if !ok || l.entries[name] != nil {
@@ -377,7 +389,7 @@ func (l *ledger) sweep(scanned []Field, now int64, pressure bool) (forgotten int
 			continue
 		}
 		switch {
-		case e.last+int64(forgetAfter) <= now, pressure && giveWay(&e, now, retainFor(0)) > 0:
+		case e.last+int64(forgetAfter) <= now, pressure.on(name) && giveWay(&e, now, retainFor(0)) > 0:
 			l.forget(name, &e)
 			forgotten++
 		case e.held > 0 && e.exp <= now:

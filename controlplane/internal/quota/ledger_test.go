@@ -238,3 +238,60 @@ func TestAHeaderThatDoesNotDecodeFailsTheRound(t *testing.T) {
 		t.Fatalf("sluice_controlplane_quota_corrupt_headers_total = %v, want 1", n)
 	}
 }
+
+// TestRoomForAnIdentityIsMadeFromItsOwnEntries: a newcomer of an identity at its
+// bound of entries makes the next sweep forget that identity's idle entries, and
+// only those: another identity's idle entries stay (a sweep under pressure is for
+// the asker that needs room, not for every entry of the key).
+func TestRoomForAnIdentityIsMadeFromItsOwnEntries(t *testing.T) {
+	clk := &clock{}
+	clk.set(base() + int64(time.Second))
+	mem := NewMemory()
+	p := newPolicies(t)
+	s := New(Options{Backend: mem, Policies: p, Open: true, Now: clk.Now, MaxEntriesPerIdentity: 2})
+	a, b := Owner("spiffe://t/a"), Owner("spiffe://t/b")
+	askAs := func(owner, envoy string, want, ret uint64) quota.KeyResult {
+		t.Helper()
+		resp, err := s.HandleFor(context.Background(), owner, &quota.Request{Envoy: envoy, Policy: "p", Version: 1, Env: testEnv,
+			Interval: time.Second, Keys: []quota.KeyRequest{{Rule: "fw", Key: globalKey("fw"), Want: want, Return: ret}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Keys[0]
+	}
+	entriesOf := func(owner string) int {
+		_, _ = keyLedger(t, s, mem, p, "fw", globalKey("fw"))
+		n := 0
+		for _, e := range mem.m {
+			for name := range e.fields {
+				if strings.HasPrefix(name, entryPrefix+owner) {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	// Two idle entries of each identity: granted, then everything returned.
+	for _, o := range []string{a, b} {
+		for _, e := range []string{"e1", "e2"} {
+			r := askAs(o, e, 1, 0)
+			askAs(o, e, 0, r.Held)
+		}
+	}
+	if entriesOf(a) != 2 || entriesOf(b) != 2 {
+		t.Fatalf("entries: a %d, b %d; want 2 and 2", entriesOf(a), entriesOf(b))
+	}
+	// A third Envoy of a: answered retry (its identity is full), then let in
+	// once a sweep has made room among a's idle entries.
+	clk.add(time.Second)
+	if r := askAs(a, "e3", 1, 0); r.Status != quota.StatusRetry {
+		t.Fatalf("a's third Envoy: %+v, want retry (its identity holds its most entries)", r)
+	}
+	clk.add(time.Second)
+	if r := askAs(a, "e3", 1, 0); r.Status != quota.StatusGranted && r.Status != quota.StatusPartial {
+		t.Fatalf("a's third Envoy after the sweep: %+v, want a grant", r)
+	}
+	if got := entriesOf(b); got != 2 {
+		t.Fatalf("b's idle entries after the sweep that made room for a: %d, want 2 (not a's to take)", got)
+	}
+}
