@@ -91,7 +91,14 @@ func TestAlgorithmsEndToEnd(t *testing.T) {
 func checkDecision(t *testing.T, i int, resp host.Response, cr *rules.CompiledRule, d limit.Decision, now time.Time) {
 	t.Helper()
 	reset := ceil(d.Reset)
-	window := strconv.FormatUint(cr.PeriodSeconds, 10)
+	period := strconv.FormatUint(cr.PeriodSeconds, 10) // the counter key's
+	window := period
+	if a := cr.Config.Algorithm; a == limit.TokenBucket || a == limit.GCRA {
+		// A bucket's policy window is the time to refill its capacity (d.Limit),
+		// in whole seconds rounded up.
+		ns := (d.Limit*uint64(cr.Config.Window) + cr.Config.Limit - 1) / cr.Config.Limit
+		window = strconv.FormatUint(max((ns+uint64(time.Second)-1)/uint64(time.Second), 1), 10)
+	}
 	want := map[string]string{
 		"x-ratelimit-limit":     strconv.FormatUint(d.Limit, 10),
 		"x-ratelimit-remaining": strconv.FormatUint(d.Remaining, 10),
@@ -103,7 +110,7 @@ func checkDecision(t *testing.T, i int, resp host.Response, cr *rules.CompiledRu
 		"sluice.rule": cr.ID, "sluice.limit": want["x-ratelimit-limit"],
 		"sluice.remaining": want["x-ratelimit-remaining"], "sluice.reset": want["x-ratelimit-reset"],
 		"sluice.shadow": "false", "sluice.policy_version": "3", "sluice.reason": "",
-		"sluice.key": "rl:test:p/" + cr.ID + ":ip=203.0.113.7:" + window + "s",
+		"sluice.key": "rl:test:p/" + cr.ID + ":ip=203.0.113.7:" + period + "s",
 	}
 	if d.Allowed {
 		if resp.Status != 200 || resp.LocalReply != nil {

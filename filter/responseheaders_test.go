@@ -67,3 +67,28 @@ func merge(a, b map[string]string) map[string]string {
 	maps.Copy(m, b)
 	return m
 }
+
+// TestABucketsRateLimitPolicyIsWhatAClientCanPaceBy: for a token_bucket or gcra,
+// RateLimit-Policy names the bucket's capacity as q and the whole seconds the
+// bucket takes to refill it as w (rounded up, so a client pacing by q per w never
+// outruns the refill), not the rule's window: a bucket of 10 refilled at 60 a
+// minute says q=10;w=10 (10 requests every 10 s: the whole allowance), where q=10
+// with the minute's w=60 would pace a client at a sixth of it
+// (draft-ietf-httpapi-ratelimit-headers-09, section 3: q, the quota, and w, the
+// time window in seconds, of a policy). A window algorithm keeps its window.
+func TestABucketsRateLimitPolicyIsWhatAClientCanPaceBy(t *testing.T) {
+	buildWasm(t)
+	for _, tc := range []struct{ name, alg, want string }{
+		{"token_bucket burst 10 of 60/min", `"algorithm":"token_bucket","limit":60,"window":"1m","burst":10`, `"r";q=10;w=10`},
+		{"token_bucket of 5/min", `"algorithm":"token_bucket","limit":5,"window":"1m"`, `"r";q=5;w=60`},
+		{"gcra 100/min burst 1", `"algorithm":"gcra","limit":100,"window":"1m","burst":1`, `"r";q=2;w=2`},
+		{"fixed_window", `"algorithm":"fixed_window","limit":2,"window":"10s"`, `"r";q=2;w=10`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rule := `{"id":"r","key":["user"],` + tc.alg + `}`
+			e := newEnv(t, `{"tick":"1m","policy":`+benchPolicyHeaders(`{"set":"ratelimit","on_allow":true}`, rule)+`}`, 1)
+			r := e.do(0, req{path: "/", headers: host.Headers{{"x-user-id", "u"}}})
+			wantHeaders(t, r.Headers, map[string]string{"ratelimit-policy": tc.want})
+		})
+	}
+}

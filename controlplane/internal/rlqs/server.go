@@ -132,11 +132,25 @@ func New(o Options) *Server {
 	return &Server{o: o, m: newMetrics(o.Registry), log: o.Logger, warned: make(map[string]int64), byOwner: make(map[string]int)}
 }
 
+// Flow-control windows of the gRPC server, bytes: what a client may send on a
+// stream (StreamWindowBytes) and on a connection (ConnWindowBytes) before the
+// server has read it. Fixed windows turn off grpc-go's estimate of the
+// bandwidth-delay product, which grows them to 16 MiB a stream and a connection,
+// so that a client flooding streams faster than the server reads makes it buffer
+// hundreds of MiB; with these, unread data stays under ConnWindowBytes a
+// connection (HTTP/2, RFC 9113 section 6.9).
+const (
+	StreamWindowBytes = 1 << 20
+	ConnWindowBytes   = 4 << 20
+)
+
 // NewGRPCServer returns a gRPC server serving s and the standard health service
 // (grpc.health.v1.Health: SERVING for "" and for the RLQS service), bounded to
-// MaxMessageBytes per received message. creds is nil for plaintext.
+// MaxMessageBytes per received message, 1,000 streams a connection and the
+// flow-control windows above. creds is nil for plaintext.
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(1000)}
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(1000),
+		grpc.InitialWindowSize(StreamWindowBytes), grpc.InitialConnWindowSize(ConnWindowBytes)}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}

@@ -2,8 +2,10 @@ package plugin
 
 import (
 	"errors"
+	"math/bits"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/sluice-proxy/sluice/filter/internal/config"
 	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
@@ -93,8 +95,9 @@ type ruleState struct {
 	// built for the share localShareOf (localLimiter).
 	local        limit.Limiter
 	localShareOf uint64
-	// window is the rule's window in whole seconds, rounded up (0 for
-	// concurrency), for RateLimit-Policy's w parameter.
+	// windowSeconds is RateLimit-Policy's w parameter (policyWindowSeconds):
+	// the window a client may pace the rule's limit header by, in whole
+	// seconds, rounded up (0 for concurrency).
 	windowSeconds uint64
 	// replyPrefix is the constant start of the rule's local-reply body
 	// (replyBodyPrefix); stateRule the filter state's rule member,
@@ -282,7 +285,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		case limit.SlidingLog:
 			rs.order = 2
 		}
-		rs.windowSeconds = cr.PeriodSeconds
+		rs.windowSeconds = policyWindowSeconds(cr)
 		msg := messageLimited
 		if rs.concurrency {
 			msg = messageConcurrency
@@ -356,4 +359,29 @@ func resolveTokens(cp *config.ControlPlane) error {
 		*t.token = v
 	}
 	return nil
+}
+
+// policyWindowSeconds is the w of a rule's RateLimit-Policy
+// (draft-ietf-httpapi-ratelimit-headers-09, section 3: a policy allows q units,
+// the limit header, per w seconds). For a window algorithm it is the rule's window;
+// for a token_bucket or gcra, whose limit header is the bucket's capacity, it is the
+// time the bucket takes to refill that capacity, capacity·window/limit, rounded up
+// to a whole second so that a client pacing q per w never outruns the refill
+// (rounded from nanoseconds: at most a second longer than exact). 0 for
+// concurrency, which has no window.
+func policyWindowSeconds(cr *rules.CompiledRule) uint64 {
+	c := cr.Config
+	capacity := c.Capacity()
+	if capacity == 0 || c.Limit == 0 {
+		return cr.PeriodSeconds
+	}
+	hi, lo := bits.Mul64(capacity, uint64(c.Window))
+	if hi >= c.Limit {
+		return cr.PeriodSeconds // beyond any client's interest: the window says it
+	}
+	ns, rem := bits.Div64(hi, lo, c.Limit)
+	if rem != 0 {
+		ns++
+	}
+	return max((ns+uint64(time.Second)-1)/uint64(time.Second), 1)
 }

@@ -202,6 +202,7 @@ func appendView(text []byte, v uint64) ([]byte, string) {
 //	x-ratelimit: X-RateLimit-Limit: <limit>, X-RateLimit-Remaining: <remaining>,
 //	             X-RateLimit-Reset: <seconds until reset, rounded up>
 //	ratelimit:   RateLimit-Policy: "<rule>";q=<limit>;w=<window seconds>
+//	             (a bucket: its capacity per its refill time, policyWindowSeconds)
 //	             RateLimit: "<rule>";r=<remaining>;t=<seconds until reset>
 //
 // The second form is draft-ietf-httpapi-ratelimit-headers-09 (§3, §4:
