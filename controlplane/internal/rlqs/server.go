@@ -140,8 +140,8 @@ func New(o Options) *Server {
 // hundreds of MiB; with these, unread data stays under ConnWindowBytes a
 // connection (HTTP/2, RFC 9113 section 6.9).
 const (
-	StreamWindowBytes = 1 << 20
-	ConnWindowBytes   = 4 << 20
+	StreamWindowBytes = 256 << 10
+	ConnWindowBytes   = 1 << 20
 )
 
 // NewGRPCServer returns a gRPC server serving s and the standard health service
