@@ -15,21 +15,8 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 )
 
-// rssBytes is the process's resident set (Linux /proc/self/status VmRSS), 0 when
-// it cannot be read.
-func rssBytes() uint64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			n, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n << 10
-		}
-	}
-	return 0
-}
+// rssBytes is this process's resident set (processRSS), 0 when it cannot be read.
+func rssBytes() uint64 { return processRSS(os.Getpid()) }
 
 // BenchmarkRLQSFloodMemory floods one replica (in-memory quota store, loopback
 // gRPC, the default bounds) from one identity: 16 streams × 10,000 buckets, each id
