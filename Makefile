@@ -136,7 +136,7 @@ push: image
 ## The Kubernetes, Istio and Envoy Gateway manifests of envoy/, the images under
 ## IMAGE_REPO at the digests just built (what make push, crane push or skopeo copy
 ## --preserve-digests publish), the plugin tokens from SLUICE_READ_TOKEN and
-## SLUICE_QUOTA_TOKEN when set.
+## SLUICE_QUOTA_TOKEN (required: unset, placeholder or shorter than 32 characters is refused).
 ##   make manifests IMAGE_REPO=registry.example.com/sluice
 manifests: image
 	@test -n "$(IMAGE_REPO)" || { echo "make manifests: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }

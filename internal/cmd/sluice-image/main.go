@@ -121,15 +121,20 @@ var placeholder = "@sha256:" + strings.Repeat("0", 64)
 // secretKind matches a YAML document that is a Kubernetes Secret.
 var secretKind = regexp.MustCompile(`(?m)^kind: Secret$`)
 
+// minTokenChars is the shortest token manifests accepts: 32 characters (128 bits
+// as hex; openssl rand -hex 32 gives 64).
+const minTokenChars = 32
+
 // exampleRepo is the repository prefix of the checked-in manifests.
 const exampleRepo = "registry.example.com/sluice"
 
 // manifests writes the Kubernetes, Istio and Envoy Gateway manifests of src into
 // dest with the images pinned by the digests of the layouts in out, under repo, and
-// the proxies' tokens from SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN, when set, into
-// the Secrets that hold them and nowhere else. It fails if a digest placeholder
-// would remain or a token placeholder sits outside a Secret; it warns of tokens
-// left to fill in.
+// the proxies' tokens from SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN into the
+// Secrets that hold them and nowhere else. It fails, writing nothing, when a token
+// variable is unset, a placeholder (change-me…) or shorter than minTokenChars,
+// naming each; and if a digest placeholder would remain or a token placeholder
+// sits outside a Secret.
 func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv func(string) string) error {
 	if repo == "" {
 		return errors.New("-repo: the registry repository the images are (or will be) pushed to, e.g. registry.example.com/sluice")
@@ -154,10 +159,22 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 		exampleRepo+"/"+ociimage.ControlPlaneName+placeholder, repo+"/"+ociimage.ControlPlaneName+"@"+digests[ociimage.ControlPlaneName],
 	)
 	var pairs []string
+	var bad []error
 	for _, t := range []struct{ env, placeholder string }{{"SLUICE_READ_TOKEN", "change-me-read-token"}, {"SLUICE_QUOTA_TOKEN", "change-me-quota-token"}} {
-		if v := getenv(t.env); v != "" {
+		v := getenv(t.env)
+		switch {
+		case v == "":
+			bad = append(bad, fmt.Errorf("%s is not set: the Secret would keep the placeholder %s", t.env, t.placeholder))
+		case strings.HasPrefix(v, "change-me"):
+			bad = append(bad, fmt.Errorf("%s is a placeholder (%s)", t.env, v))
+		case len(v) < minTokenChars:
+			bad = append(bad, fmt.Errorf("%s has %d characters: use at least %d", t.env, len(v), minTokenChars))
+		default:
 			pairs = append(pairs, t.placeholder, v)
 		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w\n(the proxies' tokens must be those of the control plane's Secret sluice-tokens; openssl rand -hex 32 makes one)", errors.Join(bad...))
 	}
 	tokens := strings.NewReplacer(pairs...)
 	// fill pins the images, and puts the tokens into Secret documents only: a
@@ -207,9 +224,6 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 				return err
 			}
 			fmt.Fprintln(stdout, to)
-			if strings.Contains(doc, "change-me-") {
-				fmt.Fprintf(stderr, "sluice-image: %s still has change-me- tokens in its Secret: set SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN to the read-token and quota-token of the control plane's Secret sluice-tokens\n", to)
-			}
 		}
 	}
 	return nil

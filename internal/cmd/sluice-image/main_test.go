@@ -84,7 +84,8 @@ func TestManifestsPinTheBuiltImages(t *testing.T) {
 		t.Fatalf("build printed %q", built.String())
 	}
 	dest := filepath.Join(dir, "manifests")
-	env := map[string]string{"SLUICE_READ_TOKEN": "rt-123", "SLUICE_QUOTA_TOKEN": "qt-456"}
+	rt, qt := "rt-"+strings.Repeat("1", 61), "qt-"+strings.Repeat("4", 61) // 64 characters, as openssl rand -hex 32
+	env := map[string]string{"SLUICE_READ_TOKEN": rt, "SLUICE_QUOTA_TOKEN": qt}
 	var out strings.Builder
 	errb.Reset()
 	if err := manifests(&out, &errb, oci, "reg.test/team/", "../../../envoy", dest, func(k string) string { return env[k] }); err != nil {
@@ -108,7 +109,7 @@ func TestManifestsPinTheBuiltImages(t *testing.T) {
 				secrets += doc
 				continue
 			}
-			for _, tok := range []string{"rt-123", "qt-456"} {
+			for _, tok := range []string{rt, qt} {
 				if strings.Contains(doc, tok) {
 					t.Errorf("%s: a token value outside a Secret:\n%s", f, doc)
 				}
@@ -120,7 +121,7 @@ func TestManifestsPinTheBuiltImages(t *testing.T) {
 			t.Errorf("the manifests lack %q", want)
 		}
 	}
-	for _, want := range []string{"read-token: rt-123", "quota-token: qt-456"} {
+	for _, want := range []string{"read-token: " + rt, "quota-token: " + qt} {
 		if !strings.Contains(secrets, want) {
 			t.Errorf("no Secret holds %q", want)
 		}
@@ -129,13 +130,26 @@ func TestManifestsPinTheBuiltImages(t *testing.T) {
 		t.Errorf("a placeholder is left (stderr %q)", errb.String())
 	}
 
-	// Without the tokens in the environment the Secrets keep placeholders, and
-	// the command says so.
-	errb.Reset()
-	if err := manifests(&out, &errb, oci, "reg.test/team", "../../../envoy", t.TempDir(), func(string) string { return "" }); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(errb.String(), "SLUICE_READ_TOKEN") {
-		t.Errorf("no warning of the placeholders left: %q", errb.String())
+	// Tokens unset, placeholders or short: refused, naming each variable,
+	// nothing written.
+	for name, env := range map[string]map[string]string{
+		"unset":       {},
+		"placeholder": {"SLUICE_READ_TOKEN": "change-me-read-token", "SLUICE_QUOTA_TOKEN": qt},
+		"short":       {"SLUICE_READ_TOKEN": rt, "SLUICE_QUOTA_TOKEN": "qt-456"},
+	} {
+		to := filepath.Join(t.TempDir(), "m")
+		err := manifests(&out, &errb, oci, "reg.test/team", "../../../envoy", to, func(k string) string { return env[k] })
+		if err == nil {
+			t.Errorf("%s tokens: accepted", name)
+			continue
+		}
+		for _, v := range []string{"SLUICE_READ_TOKEN", "SLUICE_QUOTA_TOKEN"} {
+			if bad := env[v] == "" || strings.HasPrefix(env[v], "change-me") || len(env[v]) < 32; bad != strings.Contains(err.Error(), v) {
+				t.Errorf("%s tokens: %v (naming %s: %t, want %t)", name, err, v, !bad, bad)
+			}
+		}
+		if _, serr := os.Stat(to); serr == nil {
+			t.Errorf("%s tokens: manifests written to %s", name, to)
+		}
 	}
 }
