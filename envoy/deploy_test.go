@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
@@ -150,6 +151,13 @@ func TestKubernetesControlPlane(t *testing.T) {
 	for _, peer := range np.Spec.Ingress[0].From {
 		if peer.IPBlock != nil || peer.NamespaceSelector == nil || (len(peer.NamespaceSelector.MatchExpressions) == 0 && peer.PodSelector == nil) {
 			t.Errorf("control plane NetworkPolicy: a peer open to any pod: %+v", peer)
+		}
+		// A pod label is set by whoever creates the pod: every peer names its
+		// namespaces by kubernetes.io/metadata.name, which only the API server
+		// sets (and only cluster admins create namespaces), so that no pod of
+		// another namespace lets itself in by labelling itself.
+		if !namesNamespaces(peer.NamespaceSelector) {
+			t.Errorf("control plane NetworkPolicy: a peer whose namespaces any label can join: %+v", peer.NamespaceSelector)
 		}
 	}
 	checkBootstrapPolicy(t, dep, boot)
@@ -710,4 +718,21 @@ func controlPlaneDeploymentAndService(t *testing.T) (*appsv1.Deployment, *corev1
 		t.Fatal("kubernetes/controlplane.yaml: want a Deployment and a Service")
 	}
 	return dep, svc
+}
+
+// namesNamespaces reports whether sel selects namespaces by name only: a
+// kubernetes.io/metadata.name In (or =) requirement with values, nothing else.
+func namesNamespaces(sel *metav1.LabelSelector) bool {
+	if sel == nil || len(sel.MatchLabels) > 1 {
+		return false
+	}
+	if v, ok := sel.MatchLabels["kubernetes.io/metadata.name"]; ok && v != "" && len(sel.MatchExpressions) == 0 {
+		return true
+	}
+	for _, r := range sel.MatchExpressions {
+		if r.Key != "kubernetes.io/metadata.name" || r.Operator != metav1.LabelSelectorOpIn || len(r.Values) == 0 {
+			return false
+		}
+	}
+	return len(sel.MatchExpressions) > 0 && len(sel.MatchLabels) == 0
 }
