@@ -757,3 +757,58 @@ func namesNamespaces(sel *metav1.LabelSelector) bool {
 	}
 	return len(sel.MatchExpressions) > 0 && len(sel.MatchLabels) == 0
 }
+
+// TestTheIstioInstallGivesTheControlPlaneASidecarAndTrustsItsXFCC applies, as
+// docs/install.md says, kubernetes/controlplane.yaml and then istio/controlplane.yaml
+// (a later document of the same kind and name replaces an earlier one, as kubectl
+// apply does) and checks what the control plane's pods would run with: an Istio
+// sidecar (the pod label Istio's injector selects on) and trust-xfcc "true" from the
+// ConfigMap the Deployment reads it from. Without the sidecar the STRICT
+// PeerAuthentication shuts the gateway out and the filter fails open; without
+// trust-xfcc the control plane refuses to start.
+func TestTheIstioInstallGivesTheControlPlaneASidecarAndTrustsItsXFCC(t *testing.T) {
+	configMaps := map[string]*corev1.ConfigMap{}
+	var dep *appsv1.Deployment
+	for _, file := range []string{"kubernetes/controlplane.yaml", "istio/controlplane.yaml"} {
+		for _, d := range documents(t, file) {
+			switch d.Kind {
+			case "ConfigMap":
+				cm := &corev1.ConfigMap{}
+				decodeStrict(t, d.Name, d.Doc, cm)
+				configMaps[cm.Namespace+"/"+cm.Name] = cm
+			case "Deployment":
+				dep = &appsv1.Deployment{}
+				decodeStrict(t, d.Name, d.Doc, dep)
+			}
+		}
+	}
+	if dep == nil {
+		t.Fatal("no control-plane Deployment")
+	}
+	pod := dep.Spec.Template
+	if pod.Labels["sidecar.istio.io/inject"] != "true" {
+		t.Errorf("the control plane's pods carry no sidecar.istio.io/inject \"true\": Istio injects no sidecar, %v", pod.Labels)
+	}
+	var trust string
+	for _, e := range pod.Spec.Containers[0].Env {
+		if e.Name == "SLUICE_TRUST_XFCC" && e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil {
+			ref := e.ValueFrom.ConfigMapKeyRef
+			if cm := configMaps[dep.Namespace+"/"+ref.Name]; cm != nil {
+				trust = cm.Data[ref.Key]
+			}
+		}
+	}
+	if trust != "true" {
+		t.Errorf("after the Istio install the control plane reads trust-xfcc %q, want \"true\"", trust)
+	}
+	// Without Istio (the base file alone) it stays "false".
+	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
+		cm := &corev1.ConfigMap{}
+		if d.Kind == "ConfigMap" {
+			decodeStrict(t, d.Name, d.Doc, cm)
+		}
+		if v, ok := cm.Data["trust-xfcc"]; ok && v != "false" {
+			t.Errorf("kubernetes/controlplane.yaml: ConfigMap %s sets trust-xfcc %q, want \"false\" without Istio", cm.Name, v)
+		}
+	}
+}
