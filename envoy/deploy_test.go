@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path"
 	"regexp"
@@ -244,7 +245,7 @@ func TestKubernetesControlPlane(t *testing.T) {
 	if r := env["SLUICE_REDIS_URL"].ValueFrom; r == nil || r.SecretKeyRef == nil || r.SecretKeyRef.Name != "sluice-redis" {
 		t.Errorf("SLUICE_REDIS_URL: want it from the Secret sluice-redis (it carries the password): %+v", r)
 	}
-	if len(svc.Spec.Ports) != 2 || svc.Spec.Ports[0].Port != ociimage.Port || svc.Spec.Ports[1].Name != "grpc" ||
+	if len(svc.Spec.Ports) != 3 || svc.Spec.Ports[0].Port != ociimage.Port || svc.Spec.Ports[1].Name != "grpc" || svc.Spec.Ports[2].Name != "metrics" ||
 		env["SLUICE_GRPC_LISTEN"].Value != "0.0.0.0:"+strconv.Itoa(int(svc.Spec.Ports[1].Port)) {
 		t.Errorf("service ports %+v, SLUICE_GRPC_LISTEN %q: want http on %d and grpc on the gRPC listener's port", svc.Spec.Ports, env["SLUICE_GRPC_LISTEN"].Value, ociimage.Port)
 	}
@@ -700,13 +701,14 @@ func TestPrometheusScrapesWhatTheDashboardReads(t *testing.T) {
 	}
 	dep, svc := controlPlaneDeploymentAndService(t)
 	sm := got["ServiceMonitor sluice-controlplane"]
-	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name || sm.Spec.Endpoints[0].Path != "/metrics" ||
+	// The metrics listener's port (TestTheControlPlaneIsScrapedOverPlainHTTPInEitherMode).
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" || sm.Spec.Endpoints[0].Path != "/metrics" ||
 		sm.Metadata.Namespace != svc.Namespace || sm.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != svc.Labels["app.kubernetes.io/name"] {
-		t.Errorf("ServiceMonitor %+v: want the control plane Service's %s port, /metrics", sm, svc.Spec.Ports[0].Name)
+		t.Errorf("ServiceMonitor %+v: want the control plane Service's metrics port, /metrics", sm)
 	}
 	a := dep.Spec.Template.Annotations
-	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/path"] != "/metrics" || a["prometheus.io/port"] != strconv.Itoa(ociimage.Port) {
-		t.Errorf("control plane pod annotations %v: want scrape on its HTTP port, /metrics", a)
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/path"] != "/metrics" || a["prometheus.io/port"] == "" {
+		t.Errorf("control plane pod annotations %v: want scrape on its metrics port, /metrics", a)
 	}
 	for _, name := range []string{"PodMonitor sluice-istio-gateway", "PodMonitor sluice-envoy-gateway"} {
 		pm, ok := got[name]
@@ -810,5 +812,74 @@ func TestTheIstioInstallGivesTheControlPlaneASidecarAndTrustsItsXFCC(t *testing.
 		if v, ok := cm.Data["trust-xfcc"]; ok && v != "false" {
 			t.Errorf("kubernetes/controlplane.yaml: ConfigMap %s sets trust-xfcc %q, want \"false\" without Istio", cm.Name, v)
 		}
+	}
+}
+
+// TestTheControlPlaneIsScrapedOverPlainHTTPInEitherMode: Prometheus scrapes the
+// control plane on its metrics listener (--metrics-listen), which serves plain
+// HTTP whether or not the mTLS patch makes the API HTTPS with client
+// certificates: the pods' prometheus.io annotations and the ServiceMonitor name
+// that port, the Service and the NetworkPolicy expose it, and the mTLS patch
+// leaves it alone. The alerts' up{job=...} series then stay present in both modes.
+func TestTheControlPlaneIsScrapedOverPlainHTTPInEitherMode(t *testing.T) {
+	dep, svc := controlPlaneDeploymentAndService(t)
+	c := dep.Spec.Template.Spec.Containers[0]
+	var listen string
+	for _, e := range c.Env {
+		if e.Name == "SLUICE_METRICS_LISTEN" {
+			listen = e.Value
+		}
+	}
+	_, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		t.Fatalf("SLUICE_METRICS_LISTEN %q: %v", listen, err)
+	}
+	var container int32
+	for _, p := range c.Ports {
+		if p.Name == "metrics" {
+			container = p.ContainerPort
+		}
+	}
+	if strconv.Itoa(int(container)) != port {
+		t.Errorf("container port \"metrics\" %d, the metrics listener's %s", container, port)
+	}
+	a := dep.Spec.Template.Annotations
+	if a["prometheus.io/port"] != port || a["prometheus.io/scheme"] == "https" {
+		t.Errorf("scrape annotations %v: want the metrics listener's port %s over http", a, port)
+	}
+	found := false
+	for _, p := range svc.Spec.Ports {
+		found = found || p.Name == "metrics" && p.TargetPort.String() == "metrics"
+	}
+	if !found {
+		t.Errorf("Service ports %+v: no \"metrics\" port", svc.Spec.Ports)
+	}
+	mon, err := os.ReadFile("monitoring/prometheus-operator.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm := strings.Split(string(mon), "\n---\n")[0]
+	if !strings.Contains(sm, "kind: ServiceMonitor") || !strings.Contains(sm, "- port: metrics") || strings.Contains(sm, "scheme: https") {
+		t.Errorf("the ServiceMonitor does not scrape the plain metrics port:\n%s", sm)
+	}
+	for _, d := range documents(t, "kubernetes/controlplane.yaml") {
+		if d.Kind != "NetworkPolicy" {
+			continue
+		}
+		np := &networkingv1.NetworkPolicy{}
+		decodeStrict(t, d.Name, d.Doc, np)
+		open := false
+		for _, p := range np.Spec.Ingress[0].Ports {
+			open = open || p.Port != nil && p.Port.String() == port
+		}
+		if !open {
+			t.Errorf("the NetworkPolicy does not open the metrics port %s", port)
+		}
+	}
+	// The mTLS patch changes neither (it sets the TLS files only:
+	// TestKubernetesControlPlaneMTLSPatch).
+	patch := documents(t, "kubernetes/controlplane-mtls.yaml")[0]
+	if strings.Contains(string(patch.Doc), "prometheus.io") || strings.Contains(string(patch.Doc), "METRICS_LISTEN") {
+		t.Error("the mTLS patch touches the scrape settings")
 	}
 }

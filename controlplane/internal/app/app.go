@@ -207,6 +207,14 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		go func() { _ = gs.Serve(gl) }()
 		defer gs.Stop()
 	}
+	if s.MetricsListen != "" {
+		ms, err := serveMetrics(s.MetricsListen, srv, log)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		defer ms.Close()
+	}
 	serveErr := make(chan error, 1)
 	go func() {
 		if tlsSrv != nil {
@@ -310,4 +318,22 @@ func identityMode(s config.Settings) quota.IdentityMode {
 		return quota.IdentityXFCC
 	}
 	return quota.IdentityBody
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz of api over plain HTTP on
+// addr (--metrics-listen), beside the main listener; the caller closes it.
+func serveMetrics(addr string, api http.Handler, log *slog.Logger) (*http.Server, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
+		mux.Handle(p, api)
+	}
+	ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	log.Info("metrics listening", "addr", l.Addr().String(), "scheme", "http", "paths", "/metrics /healthz /readyz")
+	go func() { _ = ms.Serve(l) }()
+	return ms, nil
 }

@@ -29,6 +29,11 @@ import (
 type Settings struct {
 	// Listen is the HTTP listen address, host:port (default 127.0.0.1:8080).
 	Listen string
+	// MetricsListen, when set, is a second listen address, host:port, that
+	// serves only /metrics, /healthz and /readyz, always over plain HTTP (even
+	// when Listen serves TLS), for a Prometheus that scrapes without the
+	// control plane's client certificates; "" (default) serves none.
+	MetricsListen string
 	// GRPCListen is the gRPC listen address, host:port, of the Rate Limit Quota
 	// Service (Envoy's rate_limit_quota filter) and gRPC health; "" (default)
 	// serves none. It takes the TLS and identity settings of Listen.
@@ -137,6 +142,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs := flag.NewFlagSet("sluice-controlplane", flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
+	fs.StringVar(&s.MetricsListen, "metrics-listen", "", "a second listen address host:port serving only /metrics, /healthz and /readyz over plain HTTP, even when --listen serves TLS (for Prometheus); empty: none")
 	fs.StringVar(&s.GRPCListen, "grpc-listen", "", "gRPC listen address host:port of the Rate Limit Quota Service for Envoy's rate_limit_quota filter (same TLS and identity as --listen); empty: none")
 	fs.IntVar(&s.RLQSMaxBuckets, "rlqs-max-buckets", 250000, "most Rate Limit Quota Service buckets tracked, all streams together (about 400 bytes each, whatever their ids); a further bucket is abandoned")
 	fs.IntVar(&s.RLQSMaxBucketsPerIdentity, "rlqs-max-buckets-per-identity", 50000, "most Rate Limit Quota Service buckets tracked for the streams of one identity (all token callers are one)")
@@ -248,6 +254,13 @@ func (s Settings) Check() error {
 			if h, _, err := net.SplitHostPort(addr); err == nil && !Loopback(h) {
 				return fmt.Errorf("config: --trust-xfcc without --quota-token on the non-loopback listener %s: anyone who reaches it directly can write x-forwarded-client-cert and pose as any Envoy; set --quota-token (SLUICE_QUOTA_TOKEN), or listen on loopback behind the sidecar", addr)
 			}
+		}
+	}
+	if s.MetricsListen != "" {
+		if _, mport, err := net.SplitHostPort(s.MetricsListen); err != nil {
+			return fmt.Errorf("config: --metrics-listen %q: want host:port: %v", s.MetricsListen, err)
+		} else if _, err := strconv.ParseUint(mport, 10, 16); err != nil {
+			return fmt.Errorf("config: --metrics-listen %q: bad port", s.MetricsListen)
 		}
 	}
 	if s.GRPCListen != "" {
