@@ -2,9 +2,6 @@ package realenvoy
 
 import (
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -48,20 +45,7 @@ func TestWasmAndRateLimitQuotaEnvoysShareOneLimit(t *testing.T) {
 	up := startUpstream(t)
 
 	// Envoy's own filter, configured as docs/rlqs.md says.
-	dir := t.TempDir()
-	polFile, cfgFile := filepath.Join(dir, "default.json"), filepath.Join(dir, "envoy-rlqs.yaml")
-	if err := os.WriteFile(polFile, []byte(mixedPolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), "envoy-config", "rlqs", "-f", polFile, "--env", "dev", "--grpc", grpcAddr, "--upstream", up)
-	cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("sluicectl envoy-config rlqs: %v", err)
-	}
-	if err := os.WriteFile(cfgFile, out, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfgFile := rlqsBootstrap(t, mixedPolicy, "dev", grpcAddr, up)
 	var rlqsAddrs, wasmAddrs []string
 	for i := 0; i < 2; i++ {
 		e := envoyproc.Start(t, envoyproc.Options{Name: "rlqs-" + strconv.Itoa(i), Root: repo, Config: cfgFile,

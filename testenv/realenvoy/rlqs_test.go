@@ -44,20 +44,7 @@ func TestEnvoysOwnRateLimitQuotaFilterNeverAdmitsPastTheLimit(t *testing.T) {
 	proctest.PutPolicy(t, cpAddr, "fleet", adminToken, rlqsPolicy)
 	up := startUpstream(t)
 
-	dir := t.TempDir()
-	polFile, cfgFile := filepath.Join(dir, "fleet.json"), filepath.Join(dir, "envoy-rlqs.yaml")
-	if err := os.WriteFile(polFile, []byte(rlqsPolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), "envoy-config", "rlqs", "-f", polFile, "--grpc", grpcAddr, "--upstream", up)
-	cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("sluicectl envoy-config rlqs: %v", err)
-	}
-	if err := os.WriteFile(cfgFile, out, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfgFile := rlqsBootstrap(t, rlqsPolicy, "default", grpcAddr, up)
 	var envoys []*envoyproc.Envoy
 	for i := 0; i < 4; i++ {
 		envoys = append(envoys, envoyproc.Start(t, envoyproc.Options{Name: "rlqs-" + strconv.Itoa(i), Root: repo, Config: cfgFile,
@@ -112,4 +99,27 @@ func TestEnvoysOwnRateLimitQuotaFilterNeverAdmitsPastTheLimit(t *testing.T) {
 	if total == 0 {
 		t.Error("nothing admitted in three windows: Envoy never got an assignment")
 	}
+}
+
+// rlqsBootstrap writes the bootstrap `sluicectl envoy-config rlqs` generates for
+// the policy doc (its counter keys in env, the quota service at grpcAddr, the
+// service at up), with the quota token in its environment as docs/rlqs.md says,
+// and returns its path.
+func rlqsBootstrap(t *testing.T, doc, env, grpcAddr, up string) string {
+	t.Helper()
+	dir := t.TempDir()
+	polFile, cfgFile := filepath.Join(dir, "policy.json"), filepath.Join(dir, "envoy-rlqs.yaml")
+	if err := os.WriteFile(polFile, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), "envoy-config", "rlqs", "-f", polFile, "--env", env, "--grpc", grpcAddr, "--upstream", up)
+	cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sluicectl envoy-config rlqs: %v", err)
+	}
+	if err := os.WriteFile(cfgFile, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfgFile
 }
