@@ -2,7 +2,7 @@
 // (make envoy's build/envoy, or the one ENVOY names), rewrites one of the
 // bootstraps shipped in envoy/ for a test's loopback ports and files (bootstrap.Rewrite,
 // the only change a test may make to a shipped bootstrap), starts Envoy as a
-// child process and reads what it serves: its admin endpoints and its access log.
+// child process and reads its access log.
 //
 // Without an Envoy binary a test skips, saying how to get one; with CI=true in
 // the environment it fails instead, so that a CI machine without Envoy never
@@ -13,8 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -118,57 +116,6 @@ func Start(t testing.TB, opts Options) *Envoy {
 func (e *Envoy) AwaitReady(t testing.TB) {
 	t.Helper()
 	proctest.AwaitHTTP(t, "http://"+e.Admin+"/ready", ReadyTimeout, e.Proc)
-}
-
-// Prometheus returns the admin endpoint's /stats/prometheus text.
-func (e *Envoy) Prometheus(t testing.TB) string {
-	t.Helper()
-	return e.adminGet(t, "/stats/prometheus")
-}
-
-// Stat returns the value of the counter or gauge named exactly name, in
-// Envoy's own naming (e.g. "wasmcustom.sluice.policy_version"), and whether
-// Envoy has it.
-func (e *Envoy) Stat(t testing.TB, name string) (uint64, bool) {
-	t.Helper()
-	var doc struct {
-		Stats []struct {
-			Name  string          `json:"name"`
-			Value json.RawMessage `json:"value"`
-		} `json:"stats"`
-	}
-	body := e.adminGet(t, "/stats?format=json&filter=^"+strings.ReplaceAll(name, ".", `\.`)+"$")
-	if err := json.Unmarshal([]byte(body), &doc); err != nil {
-		t.Fatalf("%s /stats: %v in %.200s", e.Name, err, body)
-	}
-	for _, s := range doc.Stats {
-		if s.Name == name {
-			v, err := strconv.ParseUint(string(s.Value), 10, 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
-}
-
-func (e *Envoy) adminGet(t testing.TB, path string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + e.Admin + path)
-	if err != nil {
-		t.Fatalf("%s admin %s: %v", e.Name, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("%s admin %s: %s %v: %.300s", e.Name, path, resp.Status, err, b)
-	}
-	return string(b)
-}
-
-// LogLines returns the access log's lines, each parsed as a JSON object. A
-// line that is not one fails the test.
-func (e *Envoy) LogLines(t testing.TB) []map[string]any {
-	t.Helper()
-	return ReadJSONLines(t, e.AccessLog)
 }
 
 // ReadJSONLines returns the lines of the file at path, each parsed as a JSON
