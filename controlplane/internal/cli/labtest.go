@@ -302,6 +302,10 @@ type labParser struct {
 	probs []Problem
 }
 
+// mergeTag is the tag the YAML parser gives a plain "<<" key, a merge key (a
+// quoted "<<" is an ordinary string key).
+const mergeTag = "!!merge"
+
 // maxAliasDepth bounds how deep resolveAliases follows nested aliases, so that
 // an alias of a node that holds itself ends with an error.
 const maxAliasDepth = 32
@@ -331,13 +335,13 @@ func resolveAliases(n *yaml.Node, depth int) error {
 	var own, merged []*yaml.Node
 	has := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		if k := n.Content[i]; k.Value != "<<" || k.Tag == "!!str" && k.Style != 0 {
+		if k := n.Content[i]; k.Tag != mergeTag {
 			own = append(own, k, n.Content[i+1])
 			has[k.Value] = true
 		}
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value != "<<" {
+		if n.Content[i].Tag != mergeTag {
 			continue
 		}
 		v := n.Content[i+1]
