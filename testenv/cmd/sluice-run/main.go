@@ -232,7 +232,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 		{n: 1, listen: proxy, admin: "127.0.0.1:" + s.adminPort, accessLog: accessLog, node: "sluice-dev"},
 		{n: 2, listen: proxy2, admin: "127.0.0.1:" + s.admin2Port, accessLog: accessLog2, node: "sluice-dev-2"},
 	} {
-		p.up, p.cp, p.config, p.binDir, p.runDir, p.w = up, cp, s.envoy, s.binDir, s.runDir, s.workers
+		p.up, p.cp, p.config, p.binDir, p.runDir, p.workers = up, cp, s.envoy, s.binDir, s.runDir, s.workers
 		if p.n == 1 {
 			step("starting %s on http://%s (%s, %s workers)", r.the(), proxy, s.envoy, s.workers)
 		} else {

@@ -76,7 +76,7 @@ type proxySpec struct {
 	listen, admin, up, cp string
 	accessLog, node       string
 	config, binDir        string
-	runDir, w             string // w: the workers
+	runDir, workers       string // workers: Envoy's --concurrency, the dev proxy's --workers
 }
 
 // command returns the binary and arguments that run p. For Envoy it writes
@@ -89,7 +89,7 @@ func (r proxyRunner) command(p proxySpec) (string, []string, error) {
 	}
 	if r.envoyBin == "" {
 		args := []string{"--config", p.config, "--wasm", wasm, "--listen", p.listen, "--upstream", p.up,
-			"--cluster", "control_plane=" + p.cp, "--access-log", p.accessLog, "--workers", p.w, "--admin", p.admin}
+			"--cluster", "control_plane=" + p.cp, "--access-log", p.accessLog, "--workers", p.workers, "--admin", p.admin}
 		if p.n > 1 {
 			args = append(args, "--service-node", p.node) // another Envoy: its own node id
 		}
@@ -115,7 +115,7 @@ func (r proxyRunner) command(p proxySpec) (string, []string, error) {
 	// --file-flush-min-size-kb 0: each access-log line is written at once, so
 	// `tail` right after a request shows it (the default buffers up to 64 KiB
 	// for up to a second).
-	return r.envoyBin, []string{"-c", cfg, "--concurrency", p.w, "--use-dynamic-base-id", "--service-node", p.node,
+	return r.envoyBin, []string{"-c", cfg, "--concurrency", p.workers, "--use-dynamic-base-id", "--service-node", p.node,
 		"--file-flush-min-size-kb", "0", "--log-level", "warn", "--component-log-level", "wasm:info"}, nil
 }
 
