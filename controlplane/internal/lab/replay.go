@@ -164,7 +164,6 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	matched := make([]int, 0, c.Len())
 	var req rules.Request
 	var keyBuf []byte
-	var ok bool
 	account := func(l *LogLine, d Decision) {
 		rep.Requests++
 		rep.To = l.Time
@@ -179,16 +178,7 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 		if ip := validIP(l.ClientIP); ip != "" {
 			req.ClientIP, _ = netip.ParseAddr(ip)
 		}
-		matched = c.Match(&req, matched[:0])
-		// A rule that cannot form its key for the request (a per-user rule and
-		// no user) does not count it, in the filter as here.
-		kept := matched[:0]
-		for _, i := range matched {
-			if keyBuf, ok = c.AppendKey(keyBuf[:0], i, &req); ok {
-				kept = append(kept, i)
-			}
-		}
-		matched = kept
+		matched, keyBuf = counting(c, &req, c.Match(&req, matched[:0]), keyBuf)
 		denied := d.RateLimit != nil && d.RateLimit.RateLimited
 		if denied {
 			rep.Denied++
@@ -387,6 +377,21 @@ func (r *RuleReport) minute(m int) *MinuteCount {
 		r.PerMinute = append(r.PerMinute, MinuteCount{Minute: m})
 	}
 	return &r.PerMinute[len(r.PerMinute)-1]
+}
+
+// counting keeps, of the rules matched (indices into c), those that count req:
+// a rule that cannot form its key for the request (a per-user rule and no user)
+// does not count it, in the filter as here. buf is scratch for the keys, returned
+// for reuse.
+func counting(c *rules.Compiled, req *rules.Request, matched []int, buf []byte) ([]int, []byte) {
+	kept := matched[:0]
+	for _, i := range matched {
+		var ok bool
+		if buf, ok = c.AppendKey(buf[:0], i, req); ok {
+			kept = append(kept, i)
+		}
+	}
+	return kept, buf
 }
 
 // checkGap refuses l when it is more than MaxGap after prev.
