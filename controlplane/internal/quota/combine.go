@@ -329,14 +329,7 @@ func (s *Service) attempt(pending *[]group) error {
 		opOf[j] = -1
 		h, err := g.f.load(snaps[j].Header)
 		if err != nil {
-			// Nothing is decided or written for the key: its asks fail as an
-			// outage of the store would (503), and the operator is told.
-			s.m.corrupt.Inc()
-			s.log.Error("quota: a counter key's stored header does not decode; its asks are answered 503 until it expires or is deleted",
-				"key", g.key, "bytes", len(snaps[j].Header))
-			for _, a := range g.asks {
-				a.err = fmt.Errorf("%w: key %s", err, g.key)
-			}
+			s.failUndecodable(g, len(snaps[j].Header), err)
 			continue
 		}
 		l := newLedger(h)
@@ -412,6 +405,22 @@ func (s *Service) attempt(pending *[]group) error {
 	}
 	*pending = next
 	return nil
+}
+
+// failUndecodable fails the asks of g, whose stored header of size bytes does
+// not decode (err): nothing is decided or written for the key, its asks fail as an
+// outage of the store would (503), each round is counted, and the operator is
+// told at most every 10 s (a fleet asks about a key many times a second).
+func (s *Service) failUndecodable(g group, size int, err error) {
+	s.m.corrupt.Inc()
+	if now := time.Now().UnixNano(); now-s.lastCorruptLog.Load() >= int64(10*time.Second) {
+		s.lastCorruptLog.Store(now)
+		s.log.Error("quota: a counter key's stored header does not decode; its asks are answered 503 until it expires or is deleted",
+			"key", g.key, "bytes", size)
+	}
+	for _, a := range g.asks {
+		a.err = fmt.Errorf("%w: key %s", err, g.key)
+	}
 }
 
 // pressure says which entries a sweep may forget early, for the askers of a

@@ -102,6 +102,8 @@ type Service struct {
 	mu       sync.Mutex
 	cache    map[cacheKey]*compiled
 	lastWarn atomic.Int64
+	// lastCorruptLog is when failUndecodable last logged, Unix ns.
+	lastCorruptLog atomic.Int64
 }
 
 // cacheKey identifies a compiled policy. A version number alone is not enough: a
