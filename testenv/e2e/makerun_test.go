@@ -44,14 +44,14 @@ func walkthroughCommands(t *testing.T) []string {
 // (PROXY=devproxy). The walkthrough is the same on both.
 func TestMakeRun(t *testing.T) {
 	t.Run("envoy", func(t *testing.T) {
-		envoyproc.Binary(t, repo)
-		testMakeRun(t, "", "the real Envoy")
+		testMakeRun(t, "", envoyproc.Binary(t, repo), "the real Envoy")
 	})
-	t.Run("devproxy", func(t *testing.T) { testMakeRun(t, "devproxy", "the dev proxy") })
+	t.Run("devproxy", func(t *testing.T) { testMakeRun(t, "devproxy", "", "the dev proxy") })
 }
 
-// testMakeRun is TestMakeRun with PROXY=kind; make run must say it runs says.
-func testMakeRun(t *testing.T, kind, says string) {
+// testMakeRun is TestMakeRun with PROXY=kind and ENVOY=envoy; make run must say
+// it runs says.
+func testMakeRun(t *testing.T, kind, envoy, says string) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("make not found (Debian package make)")
 	}
@@ -68,7 +68,7 @@ func testMakeRun(t *testing.T, kind, says string) {
 	out := &proctest.SyncBuffer{}
 	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "PROXY2_PORT="+port(proxy2), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
 	cmd.Dir = repo
-	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken, "PROXY="+kind, "ENVOY=")
+	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken, "PROXY="+kind, "ENVOY="+envoy)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C reaches the terminal's process group
 	if err := cmd.Start(); err != nil {
