@@ -21,8 +21,8 @@ type Rewrite struct {
 	// Listeners are the listeners' socket addresses ("127.0.0.1:port"), in the
 	// bootstrap's order; there must be exactly one per listener.
 	Listeners []string
-	// Admin is the admin endpoint's address; a bootstrap without an admin
-	// endpoint gets one.
+	// Admin is the admin endpoint's address, required; a bootstrap without an
+	// admin endpoint gets one.
 	Admin string
 	// Clusters maps a cluster name to the address every endpoint of that
 	// cluster gets; each name must be a cluster of the bootstrap.
@@ -38,9 +38,10 @@ type Rewrite struct {
 const fileAccessLogType = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 
 // Apply returns the bootstrap src (YAML) with r applied, as YAML.
-// It fails when r names a cluster or file the bootstrap does not have, or
-// gives a different number of listeners, so a rename in envoy/ breaks the test
-// instead of being silently run with the shipped address.
+// It fails when src is not YAML, an address is not host:port (Admin missing
+// included), or r names a cluster or file the bootstrap does not have, or gives a
+// different number of listeners, so that a rename in envoy/ breaks the test or
+// make run instead of being silently run with the shipped address.
 func Apply(src []byte, r Rewrite) ([]byte, error) {
 	var root map[string]any
 	if err := yaml.Unmarshal(src, &root); err != nil {
