@@ -50,18 +50,7 @@ func BenchmarkRLQSFloodMemory(b *testing.B) {
 							return
 						}
 						for batch := 0; batch < 50; batch++ {
-							r := &rlqsv3.RateLimitQuotaUsageReports{Domain: "bench"}
-							for i := 0; i < 200; i++ {
-								id := map[string]string{"policy": "p", "rule": "fw", "user": strconv.Itoa(s) + "-" + strconv.Itoa(batch*200+i)}
-								if kind == "keyed" {
-									id["user"] += pad
-								} else {
-									id["header:x-pad"] = pad
-								}
-								r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
-									BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: 1})
-							}
-							if err := st.Send(r); err != nil {
+							if err := st.Send(floodReport(s, batch, pad, kind == "keyed")); err != nil {
 								b.Error(err)
 								return
 							}
@@ -106,4 +95,22 @@ func BenchmarkRLQSFloodMemory(b *testing.B) {
 			b.ReportMetric(float64(kept), "buckets")
 		})
 	}
+}
+
+// floodReport is report batch of flood stream s: 200 buckets of one request each,
+// whose ids carry pad (4 KiB) in the user id the rule keys on (keyed) or in an
+// entry it does not key on, so the server abandons the bucket.
+func floodReport(s, batch int, pad string, keyed bool) *rlqsv3.RateLimitQuotaUsageReports {
+	r := &rlqsv3.RateLimitQuotaUsageReports{Domain: "bench"}
+	for i := 0; i < 200; i++ {
+		id := map[string]string{"policy": "p", "rule": "fw", "user": strconv.Itoa(s) + "-" + strconv.Itoa(batch*200+i)}
+		if keyed {
+			id["user"] += pad
+		} else {
+			id["header:x-pad"] = pad
+		}
+		r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: 1})
+	}
+	return r
 }

@@ -167,13 +167,7 @@ func floodFor(b *testing.B, addr string, pid int) uint64 {
 				}
 			}()
 			for batch := 0; batch < 50; batch++ {
-				r := &rlqsv3.RateLimitQuotaUsageReports{Domain: "bench"}
-				for i := 0; i < 200; i++ {
-					id := map[string]string{"policy": "p", "rule": "fw", "user": strconv.Itoa(s) + "-" + strconv.Itoa(batch*200+i), "header:x-pad": pad}
-					r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
-						BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: 1})
-				}
-				if err := st.Send(r); err != nil {
+				if err := st.Send(floodReport(s, batch, pad, false)); err != nil {
 					b.Error(err)
 					return
 				}
