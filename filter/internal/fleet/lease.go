@@ -11,7 +11,7 @@
 // plugin uses entries_per_bucket). A bucket's value is its entries back to
 // back, EntrySize bytes each, little-endian:
 //
-//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64
+//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64 | debt u64 | debt_until i64
 //
 // A value whose length is not a multiple of EntrySize is corrupt and read as
 // empty. An entry is found by the key's hash (the same SipHash the counter
@@ -21,8 +21,8 @@ package fleet
 
 import "encoding/binary"
 
-// EntrySize is the encoded size of an Entry in bytes.
-const EntrySize = 64
+// EntrySize is the encoded size of an Entry in bytes: ten 8-byte fields.
+const EntrySize = 10 * 8
 
 // Entry is the lease an Envoy holds for one counter key of a fleet rule.
 type Entry struct {
@@ -46,6 +46,37 @@ type Entry struct {
 	// Claim is until when, Unix ns, one worker is asking the quota service for this
 	// key on the Envoy's behalf; the others do not ask meanwhile.
 	Claim int64
+	// Debt is the units this Envoy admitted by itself (on_quota_failure "local")
+	// for the key while the quota service could not be asked, which the service
+	// never counted. Units granted later are spent on it first (Pay), until
+	// DebtUntil.
+	Debt uint64
+	// DebtUntil is when Debt lapses, Unix ns: the end of the fixed window the
+	// units were admitted in, or a window of the rule after the first of them for
+	// the other algorithms (by then they no longer weigh in the service's count).
+	DebtUntil int64
+}
+
+// Owe adds units admitted without the quota service to e's debt at now; until
+// is when the debt lapses if this starts a new one (the previous one lapsed).
+func (e *Entry) Owe(units uint64, now, until int64) {
+	if now >= e.DebtUntil {
+		e.Debt, e.DebtUntil = 0, until
+	}
+	e.Debt += min(units, ^uint64(0)-e.Debt)
+}
+
+// Pay spends up to units of a grant on e's debt at now and returns what is
+// left of them for the lease. The units paid count as used (they are reported
+// to the service as spent, which they were).
+func (e *Entry) Pay(units uint64, now int64) uint64 {
+	if now >= e.DebtUntil {
+		e.Debt, e.DebtUntil = 0, 0
+	}
+	paid := min(units, e.Debt)
+	e.Debt -= paid
+	e.Used += paid
+	return units - paid
 }
 
 // Usable reports whether the lease holds at least cost units at now under
@@ -140,6 +171,7 @@ func decode(b []byte) Entry {
 		Hash: le.Uint64(b), Held: le.Uint64(b[8:]), Used: le.Uint64(b[16:]),
 		Expiry: int64(le.Uint64(b[24:])), Sent: int64(le.Uint64(b[32:])),
 		Fingerprint: le.Uint64(b[40:]), LastUse: int64(le.Uint64(b[48:])), Claim: int64(le.Uint64(b[56:])),
+		Debt: le.Uint64(b[64:]), DebtUntil: int64(le.Uint64(b[72:])),
 	}
 }
 
@@ -156,4 +188,6 @@ func encode(b []byte, e Entry) {
 	le.PutUint64(b[40:], e.Fingerprint)
 	le.PutUint64(b[48:], uint64(e.LastUse))
 	le.PutUint64(b[56:], uint64(e.Claim))
+	le.PutUint64(b[64:], e.Debt)
+	le.PutUint64(b[72:], uint64(e.DebtUntil))
 }

@@ -212,12 +212,16 @@ func (c *Client) applyGrant(k *Key, r Rule, now int64) {
 	fp := r.Fingerprint
 	ok := c.ModifyLease(r.LeaseKeys[k.Bucket], k.Hash, now, func(e *fleet.Entry, found bool) bool {
 		e.Claim = 0
-		if !found || e.Fingerprint != fp || now >= e.Expiry || g.fresh && g.sent >= e.Sent {
+		if !found || e.Fingerprint != fp {
 			*e = fleet.Entry{Hash: k.Hash, Fingerprint: fp, Used: e.Used, LastUse: e.LastUse}
-			e.Held, e.Expiry, e.Sent = g.units, expiry, g.sent
+		}
+		// Units the Envoy admitted by itself meanwhile are paid first.
+		units := e.Pay(g.units, now)
+		if now >= e.Expiry || g.fresh && g.sent >= e.Sent {
+			e.Held, e.Expiry, e.Sent = units, expiry, g.sent
 			return true
 		}
-		e.Held += g.units
+		e.Held += units
 		if g.sent >= e.Sent {
 			e.Expiry, e.Sent = expiry, g.sent
 		} else {

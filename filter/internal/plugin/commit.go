@@ -218,6 +218,7 @@ func (h *httpContext) commit(now int64) outcome {
 			}
 		}
 	}
+	p.oweLocal(now)
 	h.finishAllowed()
 	return outcome{}
 }

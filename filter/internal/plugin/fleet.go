@@ -55,6 +55,9 @@ type fleetEval struct {
 	skip     bool // nothing to write (pass, or a shadow rule without quota)
 	pending  bool // no quota: the request waits for the service
 	degraded bool // decided by on_quota_failure
+	// owe is the units a degraded "local" decision admits by itself: once the
+	// request is admitted they become the lease entry's debt (oweLocal).
+	owe uint64
 	read     bool // readDecideFleet ran for this eval
 	entry    fleet.Entry
 }
@@ -159,9 +162,12 @@ func printableID(b []byte) bool {
 
 // leaseKeyPrefix is the shared-data key of a fleet rule's lease buckets up
 // to the bucket number: lease bucket n's key is
-// "sluice/<policy>/<rule id>/<layout>/q/<n>" (see bucketKeyPrefix).
+// "sluice/<policy>/<rule id>/<layout>/q<entry size>/<n>" (see bucketKeyPrefix).
+// The entry size is part of the key, so a module whose lease entries are
+// another size (one still draining after an upgrade, sharing the vm_id) never
+// reads this one's buckets.
 func leaseKeyPrefix(policy, rule, layout string) string {
-	return bucketKeyPrefix(policy, rule, layout) + "q/"
+	return bucketKeyPrefix(policy, rule, layout) + "q" + strconv.Itoa(fleet.EntrySize) + "/"
 }
 
 // initFleetRule sets rs's fleet part.

@@ -93,6 +93,11 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 		}
 		ev.cost = min(charge, max(rs.cr.Config.Limit, 1))
 	}
+	if !rs.cr.Shadow {
+		// What the local counter is charged, share times the cost: the Envoy's
+		// estimate of what the fleet admits meanwhile (oweLocal).
+		ev.fl.owe = ev.cost
+	}
 	if !p.readDecideLocal(ev, now) {
 		return false
 	}
@@ -100,6 +105,41 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 		ev.dec.Remaining /= share
 	}
 	return true
+}
+
+// oweLocal records, once the request is admitted, what its degraded "local"
+// decisions charged their local counters as debt in their keys' lease entries:
+// share times the request's cost, this Envoy's estimate of what the n Envoys
+// cut off with it admitted meanwhile (each admits about 1/n of the limit). The
+// quota service never counted those units, so the first units it grants the key
+// afterwards are spent on the debt (fleet.Entry.Pay) rather than admitted again.
+// Without it, a counter the service lost mid-window (Redis restarted empty)
+// would grant its whole limit afresh on top of the window's local admissions;
+// with it, the fleet admits about L after the outage began, local admissions
+// included (exactly when the Envoys' demand is even). A debt lapses at
+// the end of the fixed window it was made in (a window of the rule after it
+// began, for the other algorithms). An edit that fails loses the debt (counted
+// as a CAS exhaustion).
+func (p *pluginContext) oweLocal(now int64) {
+	for k := range p.s.evals {
+		ev := &p.s.evals[k]
+		if ev.fl.owe == 0 || !ev.written {
+			continue
+		}
+		rs := ev.rule
+		until := now + int64(rs.cr.Config.Window)
+		if rs.cr.Config.Algorithm == limit.FixedWindow && ev.lim == nil {
+			until = now + int64(ev.dec.Reset) // the window's end
+		}
+		fp, units := rs.cr.Fingerprint, ev.fl.owe
+		p.fleet.client.ModifyLease(rs.fleet.leaseKeys[ev.bucket], ev.hash, now, func(e *fleet.Entry, found bool) bool {
+			if !found || e.Fingerprint != fp {
+				*e = fleet.Entry{Hash: ev.hash, Fingerprint: fp}
+			}
+			e.Owe(units, now, until)
+			return true
+		})
+	}
 }
 
 // localLimiter returns rs's limiter with its Window share times longer (the same
