@@ -57,9 +57,9 @@ type fleetEval struct {
 	degraded bool // decided by on_quota_failure
 	// owe is the units a degraded "local" decision admits by itself: once the
 	// request is admitted they become the lease entry's debt (oweLocal).
-	owe uint64
-	read     bool // readDecideFleet ran for this eval
-	entry    fleet.Entry
+	owe   uint64
+	read  bool // readDecideFleet ran for this eval
+	entry fleet.Entry
 }
 
 // fleetReq is an httpContext's fleet part: the request's own state of its
