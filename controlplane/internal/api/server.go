@@ -56,6 +56,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/registry"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // Options configure New.
@@ -97,6 +98,11 @@ type Options struct {
 	// StaleAfter is how long after it was last seen an Envoy that is not
 	// polling counts as STALE; 0 means MaxWait + DefaultStaleMargin.
 	StaleAfter time.Duration
+	// Warnings, when set, names what in a valid policy about to be written will
+	// work poorly (one sentence each). A write answers each as a Warning header
+	// (warn-code 299, RFC 7234 section 5.5, as the Kubernetes API does), and
+	// still writes.
+	Warnings func(p *rules.Policy) []string
 }
 
 // DefaultStaleMargin is added to MaxWait for the default StaleAfter: an

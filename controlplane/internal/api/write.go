@@ -134,6 +134,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 				invalid(err).write(w)
 				return
 			}
+			s.warn(w, next)
 			if o.op == store.OpPutPolicy && rec.Exists() && bytes.Equal(rules.EncodePolicy(next), rec.Doc) {
 				// Declarative apply of what is already there: no new version.
 				if o.dryRun {
@@ -447,4 +448,17 @@ func (s *Server) answerDryRun(w http.ResponseWriter, rec store.Record, doc []byt
 		return
 	}
 	writeRaw(w, status, doc)
+}
+
+// warn sets a Warning header (RFC 7234 section 5.5: warn-code 299, "-" for the
+// agent, the text quoted) for each of Options.Warnings about p, replacing those
+// of an earlier attempt of the same write.
+func (s *Server) warn(w http.ResponseWriter, p *rules.Policy) {
+	w.Header().Del("Warning")
+	if s.o.Warnings == nil {
+		return
+	}
+	for _, text := range s.o.Warnings(p) {
+		w.Header().Add("Warning", "299 - "+strconv.Quote(text))
+	}
 }

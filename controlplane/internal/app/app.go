@@ -35,6 +35,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/controlplane/internal/tlsconf"
+	"github.com/sluice-proxy/sluice/shared/rules"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -121,11 +122,16 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	if mode := identityMode(s); mode != quota.IdentityBody {
 		readIdentity = func(r *http.Request) (string, bool) { return quota.RequestIdentity(mode, r) }
 	}
+	var warnings func(*rules.Policy) []string
+	if s.GRPCListen != "" {
+		warnings = rlqs.Warnings // rules served to Envoy's own quota filter
+	}
 	srv := api.New(api.Options{
 		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken, ReadIdentity: readIdentity,
 		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
 		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
 		Envoys: registry.New(registry.Options{ExpireAfter: s.EnvoyExpireAfter}), StaleAfter: s.EnvoyStaleAfter,
+		Warnings: warnings,
 	})
 	if s.BootstrapPolicy != "" {
 		doc, err := readBootstrap(s.BootstrapPolicy)

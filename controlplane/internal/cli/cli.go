@@ -140,7 +140,7 @@ func (g *globals) client(env *Env) (*client, error) {
 		return nil, withCode(ExitUsage, fmt.Errorf("--server %q: want an http:// or https:// URL", g.server))
 	}
 	return &client{base: base, adminTok: g.token, readTok: g.readToken, actor: g.actor,
-		http: &http.Client{Timeout: g.timeout}}, nil
+		http: &http.Client{Timeout: g.timeout}, warn: env.Stderr}, nil
 }
 
 func newRoot(env *Env) *cobra.Command {

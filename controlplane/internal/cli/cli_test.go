@@ -25,11 +25,11 @@ const (
 )
 
 // startControlPlane runs the real control plane (app.Run, embedded store)
-// on a free loopback port and returns its URL.
-func startControlPlane(t *testing.T) string {
+// on a free loopback port, with extra flags, and returns its URL.
+func startControlPlane(t *testing.T, extra ...string) string {
 	t.Helper()
-	s, err := config.Parse([]string{"--listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
-		"--admin-token", adminTok, "--read-token", readTok}, func(string) string { return "" }, nil, io.Discard)
+	s, err := config.Parse(append([]string{"--listen", "127.0.0.1:0", "--data-dir", t.TempDir(),
+		"--admin-token", adminTok, "--read-token", readTok}, extra...), func(string) string { return "" }, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,4 +353,37 @@ func TestVersionNamesTheRelease(t *testing.T) {
 	c := &ctl{t: t, server: "http://127.0.0.1:1"}
 	r := c.must(0, "--version")
 	mustContain(t, "sluicectl --version", r.stdout, "sluicectl ", "go1.")
+}
+
+// TestApplyShowsWhatTheServerWarnsOf: a control plane serving Envoy's own
+// quota filter (gRPC listener) accepts a fleet rule whose fixed window is
+// shorter than two of that filter's report intervals, and says it will serve it
+// poorly; sluicectl prints that warning and succeeds. A rule with a minute's
+// window, or a control plane without the gRPC listener, draws none.
+func TestApplyShowsWhatTheServerWarnsOf(t *testing.T) {
+	short := `policy: fleet
+identity: {user_header: x-user-id}
+rules:
+  - {id: per-tenant, key: [user], algorithm: fixed_window, limit: 100, window: 5s, scope: fleet}
+`
+	long := strings.Replace(short, "window: 5s", "window: 1m", 1)
+	dir := t.TempDir()
+	l := net.ListenConfig{}
+	ln, err := l.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr := ln.Addr().String()
+	ln.Close()
+	c := &ctl{t: t, server: startControlPlane(t, "--grpc-listen", grpcAddr, "--quota-token", "quota-token-for-tests")}
+	r := c.must(0, "apply", "-f", writeFile(t, dir, "short.yaml", short))
+	mustContain(t, "stderr", r.stderr, "Warning: rule per-tenant: its fixed window of 5s is shorter than two report intervals of Envoy's rate_limit_quota filter (10s)")
+	r = c.must(0, "apply", "-f", writeFile(t, dir, "long.yaml", long))
+	if strings.Contains(r.stderr, "Warning") {
+		t.Errorf("a minute's window drew a warning:\n%s", r.stderr)
+	}
+	plain := &ctl{t: t, server: startControlPlane(t)}
+	if r := plain.must(0, "apply", "-f", writeFile(t, dir, "short2.yaml", short)); strings.Contains(r.stderr, "Warning") {
+		t.Errorf("a control plane without Envoy's quota filter to serve warned:\n%s", r.stderr)
+	}
 }

@@ -20,6 +20,8 @@ type client struct {
 	adminTok, readTok string
 	http              *http.Client
 	actor             string
+	// warn receives the server's warnings, a line "Warning: text" each.
+	warn io.Writer
 }
 
 // response is an HTTP response read in full.
@@ -144,7 +146,30 @@ func (c *client) do(ctx context.Context, method, path string, body []byte, write
 			return nil, &foreignError{c.base, fmt.Sprintf("%s %s answered %d with Content-Type %q", method, path, resp.StatusCode, resp.Header.Get("Content-Type"))}
 		}
 	}
+	c.printWarnings(resp.Header)
 	return &response{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// printWarnings writes each Warning header of an answer ("299 - \"text\"",
+// RFC 7234 section 5.5) to c.warn as "Warning: text", as kubectl does.
+func (c *client) printWarnings(h http.Header) {
+	if c.warn == nil {
+		return
+	}
+	for _, v := range h.Values("Warning") {
+		text := v
+		if rest, ok := strings.CutPrefix(v, "299 - "); ok {
+			if u, err := strconv.Unquote(rest); err == nil {
+				text = u
+			}
+		}
+		for _, tok := range []string{c.adminTok, c.readTok} {
+			if tok != "" {
+				text = strings.ReplaceAll(text, tok, "[token]")
+			}
+		}
+		fmt.Fprintln(c.warn, "Warning:", text)
+	}
 }
 
 // policyETag checks that a policy answer carries the API's entity tag

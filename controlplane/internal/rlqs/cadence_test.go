@@ -26,6 +26,7 @@ func (s *sim) runOffered(d, w time.Duration, offered int, phase []time.Duration,
 				next[i] += each
 				if c.Decide(id) {
 					s.admitted = append(s.admitted, s.unix())
+					s.by = append(s.by, i)
 				}
 			}
 		}
@@ -68,7 +69,8 @@ func TestAdmittedPerWindowAtEnvoysCadence(t *testing.T) {
 					if full := slices.Min(ws[1:]); w.asserted && full < 95 {
 						t.Errorf("%s N=%d every %v %s: full windows admitted %v of 100: want at least 95 in every one", w.rule, n, every, layout, ws[1:])
 					}
-					t.Logf("%s N=%d reports every %v, phases %s: admitted per window %v (limit 100, offered 200)", w.rule, n, every, layout, ws)
+					t.Logf("%s N=%d reports every %v, phases %s: admitted per window %v (limit 100, offered 200); fewest by one Envoy %v",
+						w.rule, n, every, layout, ws, s.fewestPerWindow(w.window, s.unix()))
 				}
 			}
 		}

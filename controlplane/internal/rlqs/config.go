@@ -230,6 +230,33 @@ func ExpiredDenyFor(interval time.Duration) time.Duration {
 	return (3*max(interval, EnvoyReportInterval) + time.Second - 1).Truncate(time.Second)
 }
 
+// Warnings names the fleet rules of p that Envoy's rate_limit_quota filter is
+// served poorly: a fixed window (or time-wheel slot) shorter than two of its
+// report intervals (2 × EnvoyReportInterval). Such a window sees one report of
+// each Envoy, and an Envoy whose report falls late in the window gets an
+// assignment too short to grant, in every window while the reports keep their
+// phase, however much budget the others leave (docs/rlqs.md, "At Envoy's
+// cadence"). One sentence per rule; none when no rule is concerned.
+func Warnings(p *rules.Policy) []string {
+	var out []string
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if !r.IsFleet() {
+			continue
+		}
+		if ml := maxLease(r); ml > 0 && ml < 2*EnvoyReportInterval {
+			what := "fixed window"
+			if r.Algorithm == "time_wheel" {
+				what = "time-wheel slot"
+			}
+			out = append(out, "rule "+r.ID+": its "+what+" of "+ml.String()+" is shorter than two report intervals of Envoy's rate_limit_quota filter ("+
+				(2*EnvoyReportInterval).String()+"): an Envoy of that kind whose report falls late in a window may be admitted nothing in every window; "+
+				"give rules served to it a window of a minute or more")
+		}
+	}
+	return out
+}
+
 // maxLease is FleetRule.MaxLease from the rule alone, 0 when unknown.
 func maxLease(r *rules.Rule) time.Duration {
 	switch r.Algorithm {

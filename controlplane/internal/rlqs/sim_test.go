@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -74,6 +75,8 @@ type sim struct {
 	envoys []*rlqsclient.Client
 	// admitted holds the Unix ns of every allowed request.
 	admitted []int64
+	// by holds, where recorded (runOffered), the Envoy of each admitted request.
+	by []int
 }
 
 const simUptime = time.Hour
@@ -157,6 +160,22 @@ func (s *sim) perWindow(w time.Duration, until int64) []int {
 			}
 		}
 		out = append(out, n)
+	}
+	return out
+}
+
+// fewestPerWindow returns, for each whole window of w from the start, the
+// fewest requests one Envoy had admitted in it (by runOffered's record).
+func (s *sim) fewestPerWindow(w time.Duration, until int64) []int {
+	var out []int
+	for start := s.base; start+int64(w) <= until; start += int64(w) {
+		per := make([]int, len(s.envoys))
+		for k, at := range s.admitted {
+			if at >= start && at < start+int64(w) {
+				per[s.by[k]]++
+			}
+		}
+		out = append(out, slices.Min(per))
 	}
 	return out
 }
