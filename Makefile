@@ -6,7 +6,7 @@ GOTESTFLAGS ?= -race -count=1 -timeout 30m
 # VERSION is the release every binary reports with --version and the images carry
 # as org.opencontainers.image.version.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-VERSION_LDFLAGS := -X github.com/sluice-proxy/sluice/internal/version.Version=$(VERSION)
+VERSION_LDFLAGS := -X github.com/sluice-proxy/sluice/controlplane/version.Version=$(VERSION)
 
 .PHONY: all help wasm build envoy run test bench check lint clean
 
@@ -105,7 +105,7 @@ lint:
 	GOOS=wasip1 GOARCH=wasm $(BUILD)/staticcheck -checks inherit,-U1000 ./filter/... ./shared/...
 
 ## image: the release images as OCI image layouts in build/oci, with no Docker daemon.
-## Written by internal/ociimage: $(OCI)/sluice-wasm (the filter, Wasm "compat" image) and
+## Written by envoy/ociimage: $(OCI)/sluice-wasm (the filter, Wasm "compat" image) and
 ## $(OCI)/sluice-controlplane (static control plane for $(IMAGE_PLATFORMS), non-root,
 ## no shell). Reproducible: every timestamp is SOURCE_DATE_EPOCH (default: the commit time).
 OCI             ?= $(BUILD)/oci
@@ -120,7 +120,7 @@ image: wasm
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags='-s -w $(VERSION_LDFLAGS)' -o $$out ./controlplane/cmd/sluice-controlplane || exit 1; \
 		bins=$$bins$${bins:+,}$$p=$$out; done; \
 	echo "==> writing $(OCI)/sluice-wasm and $(OCI)/sluice-controlplane"; \
-	$(GO) run ./internal/cmd/sluice-image build -out $(OCI) -wasm $(WASM) -controlplane $$bins \
+	$(GO) run ./envoy/cmd/sluice-image build -out $(OCI) -wasm $(WASM) -controlplane $$bins \
 		-version '$(VERSION)' -source '$(IMAGE_SOURCE)' -revision '$(REVISION)' -epoch '$(SOURCE_DATE_EPOCH)'
 
 ## push: make image, then push both images to IMAGE_REPO (make push IMAGE_REPO=…).
@@ -130,7 +130,7 @@ image: wasm
 ##   make push IMAGE_REPO=registry.example.com/sluice VERSION=v0.1.0
 push: image
 	@test -n "$(IMAGE_REPO)" || { echo "make push: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }
-	$(GO) run ./internal/cmd/sluice-image push -out $(OCI) -repo '$(IMAGE_REPO)' -version '$(VERSION)'
+	$(GO) run ./envoy/cmd/sluice-image push -out $(OCI) -repo '$(IMAGE_REPO)' -version '$(VERSION)'
 
 ## manifests: make image, then write build/manifests with the images pinned by digest.
 ## The Kubernetes, Istio and Envoy Gateway manifests of envoy/, the images under
@@ -140,7 +140,7 @@ push: image
 ##   make manifests IMAGE_REPO=registry.example.com/sluice
 manifests: image
 	@test -n "$(IMAGE_REPO)" || { echo "make manifests: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }
-	$(GO) run ./internal/cmd/sluice-image manifests -out $(OCI) -repo '$(IMAGE_REPO)' -dest $(BUILD)/manifests
+	$(GO) run ./envoy/cmd/sluice-image manifests -out $(OCI) -repo '$(IMAGE_REPO)' -dest $(BUILD)/manifests
 
 ## clean: remove build/ (binaries, images, make run's state and tokens).
 clean:

@@ -28,7 +28,7 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"github.com/sluice-proxy/sluice/internal/ociimage"
+	"github.com/sluice-proxy/sluice/envoy/ociimage"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 

@@ -23,7 +23,7 @@
 //     a Grafana dashboard and Prometheus alert rules for the filter's and the
 //     control plane's metrics (monitoring_test.go checks every filter metric
 //     they name against what the real filter defines; the control plane's
-//     tests check theirs against its /metrics; testenv/e2e checks every series
+//     tests check theirs against its /metrics; testenv/suites/e2e checks every series
 //     is served after a demo); monitoring/prometheus-operator.yaml scrapes
 //     them (a ServiceMonitor and PodMonitors), and package
 //     envoy/monitoring reads their PromQL for those tests;

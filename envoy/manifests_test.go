@@ -13,7 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 
-	"github.com/sluice-proxy/sluice/internal/ociimage"
+	"github.com/sluice-proxy/sluice/envoy/ociimage"
 )
 
 // TestTheGeneratedManifestsDecodeStrictly runs what make manifests runs
@@ -35,7 +35,7 @@ func TestTheGeneratedManifestsDecodeStrictly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command("go", "run", "../internal/cmd/sluice-image", "manifests", "-out", oci, "-repo", "reg.test/sluice", "-src", ".", "-dest", dest)
+	cmd := exec.Command("go", "run", "./cmd/sluice-image", "manifests", "-out", oci, "-repo", "reg.test/sluice", "-src", ".", "-dest", dest)
 	cmd.Env = append(os.Environ(), "SLUICE_READ_TOKEN="+strings.Repeat("r", 64), "SLUICE_QUOTA_TOKEN="+strings.Repeat("q", 64))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("sluice-image manifests: %v\n%s", err, out)

@@ -7,7 +7,7 @@
 // encoding/json): JSON goes through package strictjson. The IANA time zone database
 // is embedded, since a wasm guest has no /usr/share/zoneinfo: Go's, each zone cut
 // down to the rules in force from 2025 on ([LoadZone]; zones_gen.go, written by
-// internal/cmd/tzslim).
+// shared/rules/gen_zones.go).
 //
 // # Documents
 //

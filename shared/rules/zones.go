@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-//go:generate go run ../../internal/cmd/tzslim
+//go:generate go run gen_zones.go
 
 // LoadZone returns the IANA time zone name ("Europe/Berlin", "UTC") from the time
 // zone database embedded in this package, which a wasm guest needs (it has no

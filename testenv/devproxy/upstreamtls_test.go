@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-proxy/sluice/internal/testpki"
+	"github.com/sluice-proxy/sluice/testenv/testkit/testpki"
 )
 
 // mtlsConfig is envoy/envoy-mtls.yaml with its certificate files in dir.

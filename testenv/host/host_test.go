@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/host"
-	"github.com/sluice-proxy/sluice/testenv/internal/proctest"
+	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
 )
 
 func TestHeadersReadAndWritten(t *testing.T) {

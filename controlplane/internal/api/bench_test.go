@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 // The benchmarks measure the service on loopback with a real Redis (started

@@ -8,7 +8,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/api"
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 func waitStatus(t *testing.T, c *apitest.Client, path string, status int) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/api"
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 // guard bounds how long a test waits for something that should happen

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
 	"github.com/sluice-proxy/sluice/controlplane/internal/config"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 func TestMainRefusesToStartWithoutTokens(t *testing.T) {

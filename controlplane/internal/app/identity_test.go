@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-proxy/sluice/internal/testpki"
+	"github.com/sluice-proxy/sluice/testenv/testkit/testpki"
 )
 
 const (

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/rlqs"
-	"github.com/sluice-proxy/sluice/internal/testpki"
 	"github.com/sluice-proxy/sluice/shared/rules"
-	"github.com/sluice-proxy/sluice/testenv/rlqsclient"
+	"github.com/sluice-proxy/sluice/testenv/testkit/rlqsclient"
+	"github.com/sluice-proxy/sluice/testenv/testkit/testpki"
 )
 
 // freeAddr returns a loopback address no one listens on now.

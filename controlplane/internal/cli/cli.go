@@ -24,7 +24,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-proxy/sluice/internal/version"
+	"github.com/sluice-proxy/sluice/controlplane/version"
 )
 
 // Exit codes of Main.

@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-proxy/sluice/internal/version"
+	"github.com/sluice-proxy/sluice/controlplane/version"
 )
 
 // Settings is every setting of the control plane.

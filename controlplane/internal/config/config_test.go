@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-proxy/sluice/internal/version"
+	"github.com/sluice-proxy/sluice/controlplane/version"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }

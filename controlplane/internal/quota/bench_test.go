@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/tlsconf"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
-	"github.com/sluice-proxy/sluice/internal/testpki"
 	"github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/testpki"
 )
 
 // redisCalls sums the calls of every command in INFO commandstats but INFO itself.

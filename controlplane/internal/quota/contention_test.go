@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 // hotPolicyDoc has one fleet key whose budget many Envoys share and never spend.

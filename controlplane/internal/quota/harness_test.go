@@ -11,9 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 // testPolicyDoc has one fleet rule per fleet-capable algorithm, all with limit 1000

@@ -13,8 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 type errBody struct {

@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
 	"github.com/sluice-proxy/sluice/shared/quota"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 // post sends a quota request over real HTTP and decodes the answer.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store/storetest"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 func TestConformance(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 // benchPolicy never refuses: any denial would be a false one.

@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
-	"github.com/sluice-proxy/sluice/testenv/rlqsclient"
+	"github.com/sluice-proxy/sluice/testenv/testkit/rlqsclient"
 )
 
 // policies is a fixed set of policy records.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
-	"github.com/sluice-proxy/sluice/internal/redisproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
 // TestOtherEpochReplacesUnlessOlderRead: a record of another epoch replaces

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sluice-proxy/sluice/internal/testpki"
+	"github.com/sluice-proxy/sluice/testenv/testkit/testpki"
 )
 
 func serverFiles(t testing.TB) (*testpki.CA, Files) {

@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluice-proxy/sluice/internal/version"
+	"github.com/sluice-proxy/sluice/controlplane/version"
 	"github.com/sluice-proxy/sluice/testenv/devproxy"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
