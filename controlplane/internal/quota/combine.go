@@ -304,18 +304,7 @@ func (s *Service) attempt(pending *[]group) error {
 	defer cancel()
 	reads := make([]Read, len(gs))
 	for j, g := range gs {
-		fields := make([]string, 0, len(g.asks)+1)
-		seen := map[string]bool{}
-		for _, a := range g.asks {
-			fields = append(fields, entryPrefix+a.envoy)
-		}
-		for _, a := range g.asks {
-			if a.owner != "" && !seen[a.owner] {
-				seen[a.owner] = true
-				fields = append(fields, ownerPrefix+a.owner)
-			}
-		}
-		reads[j] = Read{Key: g.key, Fields: fields, Scan: s.sweeps.due(g.key)}
+		reads[j] = s.readOf(g)
 	}
 	snaps, err := s.o.Backend.Load(ctx, reads)
 	if err != nil {
@@ -327,66 +316,7 @@ func (s *Service) attempt(pending *[]group) error {
 	opOf := make([]int, len(gs)) // index in ops, -1 for an unchanged key
 	for j, g := range gs {
 		opOf[j] = -1
-		h, err := g.f.load(snaps[j].Header)
-		if err != nil {
-			s.failUndecodable(g, len(snaps[j].Header), err)
-			continue
-		}
-		l := newLedger(h)
-		l.maxEntries = uint32(min(s.o.MaxEntriesPerKey, 1<<31))
-		for i, f := range reads[j].Fields {
-			v := snaps[j].Fields[i]
-			if name, ok := cutPrefix(f, entryPrefix); ok {
-				if e, ok := decodeEntry(v); ok {
-					l.entries[name] = &e
-				}
-			} else if o, ok := cutPrefix(f, ownerPrefix); ok {
-				n, _ := strconv.ParseInt(string(v), 10, 64)
-				l.owners[o] = n
-			}
-		}
-		changed := false
-		if reads[j].Scan.Count > 0 {
-			if n := l.sweep(snaps[j].Scanned, keyNow(&l.header, now), s.pressure(l, g.asks)); n > 0 {
-				s.m.evictions.Add(float64(n))
-			}
-			changed = len(l.dirty) > 0 || len(l.removed) > 0
-		}
-		for _, a := range g.asks {
-			var ch bool
-			if a.owner != "" && l.entries[a.envoy] == nil && l.owners[a.owner] >= int64(s.o.MaxEntriesPerIdentity) {
-				// The identity holds its most entries on the key: the newcomer waits
-				// for the sweep to forget one whose Envoy stopped reporting; no lease
-				// in use is cut.
-				a.res = quota.KeyResult{Key: a.k.Key, Status: quota.StatusRetry, RetryAfter: max(a.interval, time.Second)}
-				a.at, a.tag = now, g.f.tag(l.state)
-				l.sweepSoon = true
-				s.m.identityFull.Inc()
-				continue
-			}
-			a.res, ch = g.f.decide(l, now, a.envoy, a.k, a.interval, a.ao)
-			if a.res.Status == quota.StatusRetry {
-				s.m.keyFull.Inc() // decide answers retry only for a ledger full of entries
-			}
-			a.at, a.tag = now, g.f.tag(l.state)
-			changed = changed || ch
-		}
-		s.sweeps.after(g.key, l.count, l.sweepSoon, snaps[j].Cursor, reads[j].Scan.Count > 0)
-		if changed {
-			// An unchanged key is not written: its value keeps its own expiry.
-			next, ttl := g.f.store(&l.header, now)
-			op := Op{Key: g.key, Old: snaps[j].Header, New: next, TTL: ttl, Del: make([]string, 0, len(l.removed))}
-			for name := range l.dirty {
-				op.Set = append(op.Set, Field{Name: entryPrefix + name, Value: l.entries[name].encode()})
-			}
-			for _, name := range l.removed {
-				op.Del = append(op.Del, entryPrefix+name)
-			}
-			for o, by := range l.adds {
-				if by != 0 {
-					op.Add = append(op.Add, Delta{Name: ownerPrefix + o, By: by})
-				}
-			}
+		if op, changed := s.decideKey(g, reads[j], snaps[j], now); changed {
 			opOf[j] = len(ops)
 			ops = append(ops, op)
 		}
@@ -405,6 +335,106 @@ func (s *Service) attempt(pending *[]group) error {
 	}
 	*pending = next
 	return nil
+}
+
+// readOf is what a round reads of g's key: the header, the entry of every
+// asking Envoy and the count of every asking identity, and a page of entries
+// for the sweep when one is due.
+func (s *Service) readOf(g group) Read {
+	fields := make([]string, 0, len(g.asks)+1)
+	seen := map[string]bool{}
+	for _, a := range g.asks {
+		fields = append(fields, entryPrefix+a.envoy)
+	}
+	for _, a := range g.asks {
+		if a.owner != "" && !seen[a.owner] {
+			seen[a.owner] = true
+			fields = append(fields, ownerPrefix+a.owner)
+		}
+	}
+	return Read{Key: g.key, Fields: fields, Scan: s.sweeps.due(g.key)}
+}
+
+// decideKey decides every ask of g on the ledger read (rd, snap) at now: the
+// due sweep, then each ask in turn. It returns the write of the key, and false
+// when nothing changed (an unchanged key is not written: its value keeps its
+// own expiry) or the header does not decode (the asks fail: failUndecodable).
+func (s *Service) decideKey(g group, rd Read, snap Snapshot, now int64) (Op, bool) {
+	h, err := g.f.load(snap.Header)
+	if err != nil {
+		s.failUndecodable(g, len(snap.Header), err)
+		return Op{}, false
+	}
+	l := newLedger(h)
+	l.maxEntries = uint32(min(s.o.MaxEntriesPerKey, 1<<31))
+	for i, f := range rd.Fields {
+		v := snap.Fields[i]
+		if name, ok := cutPrefix(f, entryPrefix); ok {
+			if e, ok := decodeEntry(v); ok {
+				l.entries[name] = &e
+			}
+		} else if o, ok := cutPrefix(f, ownerPrefix); ok {
+			n, _ := strconv.ParseInt(string(v), 10, 64)
+			l.owners[o] = n
+		}
+	}
+	changed := false
+	if rd.Scan.Count > 0 {
+		if n := l.sweep(snap.Scanned, keyNow(&l.header, now), s.pressure(l, g.asks)); n > 0 {
+			s.m.evictions.Add(float64(n))
+		}
+		changed = len(l.dirty) > 0 || len(l.removed) > 0
+	}
+	for _, a := range g.asks {
+		changed = s.decideAsk(g, l, a, now) || changed
+	}
+	s.sweeps.after(g.key, l.count, l.sweepSoon, snap.Cursor, rd.Scan.Count > 0)
+	if !changed {
+		return Op{}, false
+	}
+	return s.writeOf(g, l, snap.Header, now), true
+}
+
+// decideAsk decides one ask a of g on l at now into a.res, and reports
+// whether l changed.
+func (s *Service) decideAsk(g group, l *ledger, a *keyAsk, now int64) bool {
+	if a.owner != "" && l.entries[a.envoy] == nil && l.owners[a.owner] >= int64(s.o.MaxEntriesPerIdentity) {
+		// The identity holds its most entries on the key: the newcomer waits
+		// for the sweep to forget one whose Envoy stopped reporting; no lease
+		// in use is cut.
+		a.res = quota.KeyResult{Key: a.k.Key, Status: quota.StatusRetry, RetryAfter: max(a.interval, time.Second)}
+		a.at, a.tag = now, g.f.tag(l.state)
+		l.sweepSoon = true
+		s.m.identityFull.Inc()
+		return false
+	}
+	res, changed := g.f.decide(l, now, a.envoy, a.k, a.interval, a.ao)
+	a.res = res
+	if a.res.Status == quota.StatusRetry {
+		s.m.keyFull.Inc() // decide answers retry only for a ledger full of entries
+	}
+	a.at, a.tag = now, g.f.tag(l.state)
+	return changed
+}
+
+// writeOf is the write of g's key after a round changed l: the header (old,
+// the one read, is the compare-and-swap's witness), the changed and removed
+// entries, and the identities' count changes.
+func (s *Service) writeOf(g group, l *ledger, old []byte, now int64) Op {
+	next, ttl := g.f.store(&l.header, now)
+	op := Op{Key: g.key, Old: old, New: next, TTL: ttl, Del: make([]string, 0, len(l.removed))}
+	for name := range l.dirty {
+		op.Set = append(op.Set, Field{Name: entryPrefix + name, Value: l.entries[name].encode()})
+	}
+	for _, name := range l.removed {
+		op.Del = append(op.Del, entryPrefix+name)
+	}
+	for o, by := range l.adds {
+		if by != 0 {
+			op.Add = append(op.Add, Delta{Name: ownerPrefix + o, By: by})
+		}
+	}
+	return op
 }
 
 // failUndecodable fails the asks of g, whose stored header of size bytes does

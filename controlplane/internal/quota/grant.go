@@ -221,9 +221,10 @@ func retainFor(interval time.Duration) int64 {
 // Envoy reports at least once while its share is kept.
 const reserveBefore = 5 * time.Second
 
-// share is the most one ask of me (whose stored value was old) may be granted,
-// with others other active entries (a report within retain) in l, assignment
-// clients (RLQS streams) among them, and remaining units left at now.
+// share is the most one ask of d.me (whose stored value was d.old) may be
+// granted, with d.others other active entries (a report within retain) in d.l,
+// d.assignments assignment clients (RLQS streams) among them, and
+// d.probe.Remaining units left at d.now.
 //
 // Fixed windows are shared per window: each of the n active Envoys has a fair
 // share of the window's limit, ⌈L/n⌉, and may take what is left of its own
@@ -245,7 +246,11 @@ const reserveBefore = 5 * time.Second
 // and a newcomer, or the Envoy's equal share of the budget in play (what remains
 // and what the entries hold, the header's heldSum) less what it holds (nothing
 // for an assignment, which replaces it), whichever is more.
-func (f *fleetLimiter) share(l *ledger, name string, me, old *entry, others, assignments uint64, remaining, lim, tag uint64, now int64, assignment bool) uint64 {
+func (f *fleetLimiter) share(d *decision) uint64 {
+	l, name, me, old := d.l, d.envoy, d.me, &d.old
+	others, assignments := d.others, d.assignments
+	remaining, lim, tag, now := d.probe.Remaining, d.probe.Limit, d.tag, d.now
+	assignment := d.ao != nil
 	held := me.held
 	if assignment {
 		held = 0
@@ -287,52 +292,97 @@ func (f *fleetLimiter) share(l *ledger, name string, me, old *entry, others, ass
 	return max(1, remaining/(others+2), fair-min(fair, held))
 }
 
+// decision is one ask being decided on a ledger (decide): the ask, the key's
+// state as it is changed, and the asker's entry.
+type decision struct {
+	l        *ledger
+	now      int64 // the key's clock (keyNow)
+	envoy    string
+	k        *quota.KeyRequest
+	interval time.Duration
+	ao       *assignOpts // nil for the filter's leases
+
+	cur, tmp []byte         // the limiter state as changed so far, and scratch
+	probe    limit.Decision // the state at now, asking nothing
+	tag      uint64         // the window or slot now is in (fleetLimiter.tag)
+
+	me    *entry
+	old   entry // me as stored
+	fresh bool  // me was created by this ask
+	// others active entries besides me, assignments of them assignment clients.
+	others, assignments uint64
+	res                 quota.KeyResult
+}
+
 // decide applies one Envoy's report and ask for one key to the ledger l at now
 // (service clock, Unix ns), sizing the grant for a report interval of interval,
 // and reports whether l changed. Several asks decided one after another on one l
 // are what a round records with one write; the asker's entry is in l.entries
-// when it is stored. ao is nil for the filter's leases.
+// when it is stored. ao is nil for the filter's leases. The steps: find the
+// asker's entry (begin), apply its report (settle), size the grant (size) and
+// record it (record).
 func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRequest, interval time.Duration, ao *assignOpts) (quota.KeyResult, bool) {
-	size := f.lim.StateSize()
-	now = keyNow(&l.header, now)
-	cur := make([]byte, size)
-	tmp := make([]byte, size)
-	// Normalise the state at now (a probe decides nothing).
-	probe := f.lim.Decide(l.state, cur, now, 0)
-	tag := f.tag(cur)
-	l.ring.advance(slotOf(now))
+	d := &decision{l: l, envoy: envoy, k: k, interval: interval, ao: ao}
+	if !f.begin(d, now) {
+		return d.res, false
+	}
+	f.settle(d)
+	granted := f.size(d)
+	f.record(d, granted)
+	return d.res, true
+}
 
-	retain := retainFor(interval)
-	var res quota.KeyResult
-	res.Key = k.Key
-	me, fresh := l.entries[envoy], false
-	if me == nil {
+// begin normalises the key's state at now, finds or creates the asker's entry,
+// ends a lease that is over and counts the other active entries. False, with
+// d.res a retry, when the ledger has no room for a newcomer.
+func (f *fleetLimiter) begin(d *decision, now int64) bool {
+	l := d.l
+	size := f.lim.StateSize()
+	d.now = keyNow(&l.header, now)
+	now = d.now
+	d.cur, d.tmp = make([]byte, size), make([]byte, size)
+	// Normalise the state at now (a probe decides nothing).
+	d.probe = f.lim.Decide(l.state, d.cur, now, 0)
+	d.tag = f.tag(d.cur)
+	l.ring.advance(slotOf(now))
+	d.res.Key = d.k.Key
+	d.me = l.entries[d.envoy]
+	if d.me == nil {
 		if l.count >= l.maxEntries {
 			// Every slot is taken: the newcomer is answered retry (the key's budget
 			// may well remain), and comes in when the sweep has forgotten an Envoy
 			// that stopped reporting.
 			l.sweepSoon = true
-			res.Status = quota.StatusRetry
-			res.RetryAfter = max(interval, time.Second)
-			return res, false
+			d.res.Status = quota.StatusRetry
+			d.res.RetryAfter = max(d.interval, time.Second)
+			return false
 		}
-		me, fresh = l.create(envoy), true
+		d.me, d.fresh = l.create(d.envoy), true
 	}
-	old := *me
+	d.old = *d.me
+	me := d.me
 	// A lease that ended or belongs to another window/slot is over; its units are
 	// never credited back (they were counted where they were granted).
-	if me.held > 0 && (me.exp <= now || me.tag != tag) {
+	if me.held > 0 && (me.exp <= now || me.tag != d.tag) {
 		me.held, me.exp = 0, 0
 	}
+	retain := retainFor(d.interval)
 	all, assignments := l.ring.active(now, retain)
-	if !fresh && l.ring.counts(old.last, now, retain) {
+	if !d.fresh && l.ring.counts(d.old.last, now, retain) {
 		all--
-		if assignmentEntry(envoy) {
+		if assignmentEntry(d.envoy) {
 			assignments--
 		}
 	}
-	others := all
+	d.others, d.assignments = all, assignments
+	return true
+}
 
+// settle applies the asker's report: used units are no longer held, returned
+// ones are credited back (within the rules below), and units an assignment
+// client admitted without a lease are charged.
+func (f *fleetLimiter) settle(d *decision) {
+	me, k, now := d.me, d.k, d.now
 	// Units the Envoy reports used were spent: they are no longer held, neither for
 	// sizing (a steadily used key would otherwise be sized down to single units once
 	// its grants add up to more than its demand) nor as returnable. The lease keeps
@@ -353,103 +403,116 @@ func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRe
 			// never takes the debt below what the grants made after that one
 			// (total-seq units) can account for: then the bucket is never emptier
 			// than if the first grant had been smaller by the credit.
-			since := l.total - me.seq
-			debt := f.debtUnits(cur, now)
+			since := d.l.total - me.seq
+			debt := f.debtUnits(d.cur, now)
 			if debt > since {
 				returned = min(returned, debt-since, me.first)
 			} else {
 				returned = 0
 			}
 			me.first -= returned
-		} else if me.tag == tag {
+		} else if me.tag == d.tag {
 			me.first -= min(returned, me.first) // back in the window's budget: its share again
 		}
 		me.held -= min(k.Return, me.held)
-		f.lim.Adjust(cur, tmp, now, -int64(returned))
-		copy(cur, tmp)
+		f.lim.Adjust(d.cur, d.tmp, now, -int64(returned))
+		copy(d.cur, d.tmp)
 		if me.held == 0 {
 			me.exp = 0
 		}
-		probe = f.lim.Decide(cur, tmp, now, 0)
+		d.probe = f.lim.Decide(d.cur, d.tmp, now, 0)
 	}
-	res.Returned = returned
+	d.res.Returned = returned
 
 	// Units admitted without a lease are spent: they count, even past the limit.
-	if ao != nil && ao.charge > 0 {
-		f.lim.Adjust(cur, tmp, now, int64(min(ao.charge, limit.MaxLimit)))
-		copy(cur, tmp)
-		probe = f.lim.Decide(cur, tmp, now, 0)
+	if d.ao != nil && d.ao.charge > 0 {
+		f.lim.Adjust(d.cur, d.tmp, now, int64(min(d.ao.charge, limit.MaxLimit)))
+		copy(d.cur, d.tmp)
+		d.probe = f.lim.Decide(d.cur, d.tmp, now, 0)
 	}
+}
 
-	// Sizing.
+// size decides how many units to grant: what the Envoy asks for, cut to its
+// demand (its reported use over the time since its last ask, with headroom)
+// and to its share, and what the limiter then allows; it sets d.res.RetryAfter
+// when less than asked is granted.
+func (f *fleetLimiter) size(d *decision) uint64 {
+	k, ao, me, now := d.k, d.ao, d.me, d.now
 	var granted uint64
 	tooShort := false
 	var life int64
 	if ao != nil && k.Want > 0 {
-		if life = f.leaseEnd(tag, now, 0) - now; life < ao.minLife {
+		if life = f.leaseEnd(d.tag, now, 0) - now; life < ao.minLife {
 			tooShort = true
-			res.RetryAfter = time.Duration(max(life, 0))
+			d.res.RetryAfter = time.Duration(max(life, 0))
 		}
 	}
-	if k.Want > 0 && !tooShort {
-		want := k.Want
-		if ao == nil && me.last > 0 && me.last < now && k.Used > 0 {
-			elapsed := uint64(now - me.last)
-			hi, lo := bits.Mul64(k.Used, uint64(interval)*headroomNum)
-			var demand uint64
-			d := elapsed * headroomDen
-			if hi >= d {
-				demand = want
-			} else {
-				demand, _ = bits.Div64(hi, lo, d)
-				demand++
-			}
-			if demand > me.held {
-				want = min(want, demand-me.held)
-			} else {
-				want = 1
-			}
+	if k.Want == 0 || tooShort {
+		return 0
+	}
+	want := k.Want
+	if ao == nil && me.last > 0 && me.last < now && k.Used > 0 {
+		elapsed := uint64(now - me.last)
+		hi, lo := bits.Mul64(k.Used, uint64(d.interval)*headroomNum)
+		var demand uint64
+		dd := elapsed * headroomDen
+		if hi >= dd {
+			demand = want
+		} else {
+			demand, _ = bits.Div64(hi, lo, dd)
+			demand++
 		}
-		want = min(want, f.share(l, envoy, me, &old, others, assignments, probe.Remaining, probe.Limit, tag, now, ao != nil))
+		if demand > me.held {
+			want = min(want, demand-me.held)
+		} else {
+			want = 1
+		}
+	}
+	want = min(want, f.share(d))
+	fit := func() {
 		if ao != nil && ao.fit != nil {
 			if fit := ao.fit(want, time.Duration(life)); fit > 0 {
 				want = fit
 			}
 		}
-		if ao != nil && want <= ao.keep {
-			want = 0 // the caller keeps its live assignment (Assignment.Keep)
-		}
-		d := f.lim.Decide(cur, tmp, now, want)
-		if !d.Allowed && d.Remaining > 0 {
-			want = min(want, d.Remaining)
-			if ao != nil && ao.fit != nil {
-				if fit := ao.fit(want, time.Duration(life)); fit > 0 {
-					want = fit
-				}
-			}
-			d = f.lim.Decide(cur, tmp, now, want)
-		}
-		if d.Allowed {
-			granted = want
-			copy(cur, tmp)
-		}
-		if granted < k.Want {
-			more := f.lim.Decide(cur, tmp, now, 1)
-			res.RetryAfter = more.RetryAfter
-			if want == 0 && more.Allowed {
-				// Held back for the assignment clients (share): until their
-				// shares stop being kept.
-				res.RetryAfter = max(res.RetryAfter, time.Duration(int64(tag)-int64(reserveBefore)-now))
-			}
+	}
+	fit()
+	if ao != nil && want <= ao.keep {
+		want = 0 // the caller keeps its live assignment (Assignment.Keep)
+	}
+	dec := f.lim.Decide(d.cur, d.tmp, now, want)
+	if !dec.Allowed && dec.Remaining > 0 {
+		want = min(want, dec.Remaining)
+		fit()
+		dec = f.lim.Decide(d.cur, d.tmp, now, want)
+	}
+	if dec.Allowed {
+		granted = want
+		copy(d.cur, d.tmp)
+	}
+	if granted < k.Want {
+		more := f.lim.Decide(d.cur, d.tmp, now, 1)
+		d.res.RetryAfter = more.RetryAfter
+		if want == 0 && more.Allowed {
+			// Held back for the assignment clients (share): until their
+			// shares stop being kept.
+			d.res.RetryAfter = max(d.res.RetryAfter, time.Duration(int64(d.tag)-int64(reserveBefore)-now))
 		}
 	}
+	return granted
+}
+
+// record answers the ask with granted units: its status, the lease (its units,
+// end and window) and the ledger's totals, and the key's new state.
+func (f *fleetLimiter) record(d *decision, granted uint64) {
+	l, me, k, now, tag := d.l, d.me, d.k, d.now, d.tag
 	switch {
 	case granted == 0 && k.Want > 0:
-		res.Status = quota.StatusRefused
+		d.res.Status = quota.StatusRefused
 	case granted < k.Want:
-		res.Status = quota.StatusPartial
+		d.res.Status = quota.StatusPartial
 	default:
-		res.Status = quota.StatusGranted
+		d.res.Status = quota.StatusGranted
 	}
 	if granted > 0 {
 		l.total += granted
@@ -465,7 +528,7 @@ func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRe
 			me.seq, me.first = l.total, granted
 		}
 		start := me.exp
-		if ao != nil {
+		if d.ao != nil {
 			start = 0 // every assignment is a lease of its own, from now
 		}
 		me.exp = f.leaseEnd(tag, now, start)
@@ -473,14 +536,13 @@ func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRe
 		me.held += granted
 	}
 	me.last = now
-	l.update(envoy, old, fresh, me, tag)
-	res.Granted, res.Held = granted, me.held
-	res.Envoys = uint32(min(others+1, 1<<32-1))
+	l.update(d.envoy, d.old, d.fresh, me, tag)
+	d.res.Granted, d.res.Held = granted, me.held
+	d.res.Envoys = uint32(min(d.others+1, 1<<32-1))
 	if me.held > 0 {
-		res.ExpiresIn = time.Duration(me.exp - now)
+		d.res.ExpiresIn = time.Duration(me.exp - now)
 	}
-	l.state = cur
-	return res, true
+	l.state = d.cur
 }
 
 // debtUnits returns ⌊D/Window⌋, the whole units a token_bucket or gcra state lacks
