@@ -137,11 +137,7 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	lines := prefetch(ctx, lr)
 	first, err := lines.next()
 	if err == io.EOF {
-		rep := &Report{Envoys: o.Envoys, LocalRules: localRules(o.Envoys), Skipped: lr.Skipped, FirstSkip: lr.FirstSkip, Rules: []RuleReport{}}
-		for _, r := range policy.Rules {
-			rep.Rules = append(rep.Rules, RuleReport{ID: r.ID, Scope: scopeOf(r), Shadow: r.Shadow, TopKeys: []KeyCount{}})
-		}
-		return rep, nil
+		return emptyReport(policy, lr, o), nil
 	}
 	if err != nil {
 		return nil, err
@@ -153,99 +149,28 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 		return nil, err
 	}
 	defer f.Close()
-	c := f.Compiled()
-	rep := &Report{Envoys: o.Envoys, LocalRules: localRules(o.Envoys), From: first.Time}
-	index := map[string]int{}
-	for i, r := range f.Policy().Rules {
-		rep.Rules = append(rep.Rules, RuleReport{ID: r.ID, Scope: scopeOf(r), Shadow: r.Shadow, keys: map[string]int64{}})
-		index[r.ID] = i
+	a := newAccountant(f, first, o)
+	if err := replayLines(ctx, f, lines, first, a); err != nil {
+		return nil, err
 	}
-	startMinute := first.Time.Unix() / 60
-	matched := make([]int, 0, c.Len())
-	var req rules.Request
-	var keyBuf []byte
-	account := func(l *LogLine, d Decision) {
-		rep.Requests++
-		rep.To = l.Time
-		if o.OnDecision != nil {
-			o.OnDecision(l, d)
-		}
-		// Which rules apply, with the filter's own matching code.
-		req = rules.Request{Method: l.Method, Path: rules.PathOnly(l.Path), Headers: req.Headers[:0]}
-		for _, h := range l.Headers {
-			req.Headers = append(req.Headers, rules.Header{Name: h[0], Value: h[1]})
-		}
-		if ip := validIP(l.ClientIP); ip != "" {
-			req.ClientIP, _ = netip.ParseAddr(ip)
-		}
-		matched, keyBuf = counting(c, &req, c.Match(&req, matched[:0]), keyBuf)
-		denied := d.RateLimit != nil && d.RateLimit.RateLimited
-		if denied {
-			rep.Denied++
-		} else {
-			rep.Allowed++
-		}
-		minute := int(l.Time.Unix()/60 - startMinute)
-		for _, i := range matched {
-			r := &rep.Rules[i]
-			r.Matched++
-			if !denied {
-				r.Allowed++
-				r.minute(minute).Allowed++
-			}
-		}
-		if rl := d.RateLimit; rl != nil && (rl.RateLimited || rl.Shadow) {
-			i, ok := index[rl.Rule]
-			if ok && !rl.RateLimited && !rep.Rules[i].Shadow {
-				// The record names an enforced rule; the shadow rule that would
-				// have denied is the first matching one (the record names one rule).
-				ok = false
-				for _, m := range matched {
-					if rep.Rules[m].Shadow {
-						i, ok = m, true
-						break
-					}
-				}
-			}
-			if ok {
-				r := &rep.Rules[i]
-				if rl.RateLimited {
-					r.Denied++
-					r.minute(minute).Denied++
-				} else {
-					r.ShadowDenied++
-				}
-				if r.FirstDenial == nil {
-					t := l.Time
-					r.FirstDenial = &t
-				}
-				if rl.Rule == r.ID {
-					r.keys[rl.Key]++
-				}
-			}
-		}
-		if lg := l.Logged; l.HasLogged {
-			rep.Logged.Compared++
-			wasDenied := lg != nil && lg.RateLimited
-			switch {
-			case denied && !wasDenied:
-				rep.Logged.NewlyDenied++
-				if i, ok := index[d.RateLimit.Rule]; ok {
-					rep.Rules[i].NewlyDenied++
-				}
-			case !denied && wasDenied:
-				rep.Logged.NewlyAllowed++
-				if i, ok := index[lg.Rule]; ok {
-					rep.Rules[i].NewlyAllowed++
-				}
-			}
-		}
-		if o.Progress != nil && rep.Requests&0xffff == 0 {
-			o.Progress(rep.Requests)
-		}
+	return a.finish(f, lr)
+}
+
+// emptyReport is the report of a log without a request: every rule, nothing
+// counted.
+func emptyReport(policy *rules.Policy, lr *LogReader, o ReplayOptions) *Report {
+	rep := &Report{Envoys: o.Envoys, LocalRules: localRules(o.Envoys), Skipped: lr.Skipped, FirstSkip: lr.FirstSkip, Rules: []RuleReport{}}
+	for _, r := range policy.Rules {
+		rep.Rules = append(rep.Rules, RuleReport{ID: r.ID, Scope: scopeOf(r), Shadow: r.Shadow, TopKeys: []KeyCount{}})
 	}
-	// One Envoy of one worker without fleet rules runs the log in batches,
-	// many requests to a visit of the VM; otherwise request by request.
+	return rep
+}
+
+// replayLines sends every line from first on to f at its time, request by
+// request or, where f can (one Envoy of one worker without fleet rules), in
+// batches of many requests to a visit of the VM, and hands each decision to a.
+// It refuses a line more than MaxGap after the one before it.
+func replayLines(ctx context.Context, f *Fleet, lines *prefetched, first *LogLine, a *accountant) error {
 	batch := 1
 	if f.CanBatch() {
 		batch = 256
@@ -254,49 +179,191 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	rs := make([]Request, 0, batch)
 	at := make([]time.Time, 0, batch)
 	prev := first
+	var err error
 	for l := first; l != nil; {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		ls, rs, at = ls[:0], rs[:0], at[:0]
 		for l != nil && len(ls) < batch {
 			if err := checkGap(prev, l); err != nil {
-				return nil, err
+				return err
 			}
 			prev = l
 			ls = append(ls, l)
 			rs = append(rs, Request{Method: l.Method, Path: l.Path, Headers: l.Headers, ClientIP: validIP(l.ClientIP),
-				Envoy: int((rep.Requests + int64(len(ls)) - 1) % int64(o.Envoys))})
+				Envoy: int((a.rep.Requests + int64(len(ls)) - 1) % int64(a.o.Envoys))})
 			at = append(at, l.Time)
 			if l, err = lines.next(); err == io.EOF {
 				l = nil
 			} else if err != nil {
-				return nil, err
+				return err
 			}
 		}
 		if batch > 1 {
 			ds, err := f.DoAt(rs, at)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			for i, d := range ds {
-				account(ls[i], d)
+				a.account(ls[i], d)
 			}
 			continue
 		}
 		if err := f.AdvanceTo(at[0]); err != nil {
-			return nil, err
+			return err
 		}
 		d, err := f.Do(rs[0])
 		if err != nil {
-			return nil, err
+			return err
 		}
-		account(ls[0], d)
+		a.account(ls[0], d)
 	}
+	return nil
+}
+
+// accountant builds a replay's report from the lines and their decisions.
+type accountant struct {
+	o           ReplayOptions
+	rep         *Report
+	c           *rules.Compiled
+	index       map[string]int // rule id → index in rep.Rules
+	startMinute int64          // the first line's minute since the Unix epoch
+	// Scratch, reused line after line.
+	matched []int
+	req     rules.Request
+	keyBuf  []byte
+}
+
+func newAccountant(f *Fleet, first *LogLine, o ReplayOptions) *accountant {
+	c := f.Compiled()
+	a := &accountant{o: o, c: c, index: map[string]int{}, startMinute: first.Time.Unix() / 60,
+		rep:     &Report{Envoys: o.Envoys, LocalRules: localRules(o.Envoys), From: first.Time},
+		matched: make([]int, 0, c.Len())}
+	for i, r := range f.Policy().Rules {
+		a.rep.Rules = append(a.rep.Rules, RuleReport{ID: r.ID, Scope: scopeOf(r), Shadow: r.Shadow, keys: map[string]int64{}})
+		a.index[r.ID] = i
+	}
+	return a
+}
+
+// account counts line l, decided d: the request, the rules that count it, the
+// rule that denied it (or would have, in shadow mode), and the difference from
+// the decision logged with it.
+func (a *accountant) account(l *LogLine, d Decision) {
+	rep := a.rep
+	rep.Requests++
+	rep.To = l.Time
+	if a.o.OnDecision != nil {
+		a.o.OnDecision(l, d)
+	}
+	matched := a.match(l)
+	denied := d.RateLimit != nil && d.RateLimit.RateLimited
+	if denied {
+		rep.Denied++
+	} else {
+		rep.Allowed++
+	}
+	minute := int(l.Time.Unix()/60 - a.startMinute)
+	for _, i := range matched {
+		r := &rep.Rules[i]
+		r.Matched++
+		if !denied {
+			r.Allowed++
+			r.minute(minute).Allowed++
+		}
+	}
+	a.countDenial(l, d, matched, minute)
+	a.compare(l, d, denied)
+	if a.o.Progress != nil && rep.Requests&0xffff == 0 {
+		a.o.Progress(rep.Requests)
+	}
+}
+
+// match returns the rules that count l, with the filter's own matching code
+// (a rule whose key cannot be formed for l does not count it).
+func (a *accountant) match(l *LogLine) []int {
+	a.req = rules.Request{Method: l.Method, Path: rules.PathOnly(l.Path), Headers: a.req.Headers[:0]}
+	for _, h := range l.Headers {
+		a.req.Headers = append(a.req.Headers, rules.Header{Name: h[0], Value: h[1]})
+	}
+	if ip := validIP(l.ClientIP); ip != "" {
+		a.req.ClientIP, _ = netip.ParseAddr(ip)
+	}
+	a.matched, a.keyBuf = counting(a.c, &a.req, a.c.Match(&a.req, a.matched[:0]), a.keyBuf)
+	return a.matched
+}
+
+// countDenial counts d's denial, or a shadow rule's that would have denied,
+// against the rule its record names.
+func (a *accountant) countDenial(l *LogLine, d Decision, matched []int, minute int) {
+	rl := d.RateLimit
+	if rl == nil || !rl.RateLimited && !rl.Shadow {
+		return
+	}
+	rep := a.rep
+	i, ok := a.index[rl.Rule]
+	if ok && !rl.RateLimited && !rep.Rules[i].Shadow {
+		// The record names an enforced rule; the shadow rule that would
+		// have denied is the first matching one (the record names one rule).
+		ok = false
+		for _, m := range matched {
+			if rep.Rules[m].Shadow {
+				i, ok = m, true
+				break
+			}
+		}
+	}
+	if !ok {
+		return
+	}
+	r := &rep.Rules[i]
+	if rl.RateLimited {
+		r.Denied++
+		r.minute(minute).Denied++
+	} else {
+		r.ShadowDenied++
+	}
+	if r.FirstDenial == nil {
+		t := l.Time
+		r.FirstDenial = &t
+	}
+	if rl.Rule == r.ID {
+		r.keys[rl.Key]++
+	}
+}
+
+// compare counts where d differs from the decision logged with l.
+func (a *accountant) compare(l *LogLine, d Decision, denied bool) {
+	lg := l.Logged
+	if !l.HasLogged {
+		return
+	}
+	rep := a.rep
+	rep.Logged.Compared++
+	wasDenied := lg != nil && lg.RateLimited
+	switch {
+	case denied && !wasDenied:
+		rep.Logged.NewlyDenied++
+		if i, ok := a.index[d.RateLimit.Rule]; ok {
+			rep.Rules[i].NewlyDenied++
+		}
+	case !denied && wasDenied:
+		rep.Logged.NewlyAllowed++
+		if i, ok := a.index[lg.Rule]; ok {
+			rep.Rules[i].NewlyAllowed++
+		}
+	}
+}
+
+// finish completes the report from the filter's metrics and the reader's
+// skipped lines.
+func (a *accountant) finish(f *Fleet, lr *LogReader) (*Report, error) {
 	// Flush the filter's metrics (they go out on its tick) before reading them.
 	if err := f.FlushMetrics(); err != nil {
 		return nil, err
 	}
+	rep := a.rep
 	rep.Overflows = f.Metric("sluice.bucket_overflow")
 	for i := range rep.Rules {
 		if r := &rep.Rules[i]; r.Shadow {
@@ -307,7 +374,7 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 	}
 	rep.Skipped, rep.FirstSkip = lr.Skipped, lr.FirstSkip
 	for i := range rep.Rules {
-		rep.Rules[i].TopKeys = topKeys(rep.Rules[i].keys, o.TopKeys)
+		rep.Rules[i].TopKeys = topKeys(rep.Rules[i].keys, a.o.TopKeys)
 	}
 	return rep, nil
 }
