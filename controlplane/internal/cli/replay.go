@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"html"
@@ -14,13 +15,19 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/lab"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
+// replayFlags are replay's flags.
+type replayFlags struct {
+	policyFile, wasm, output, plot string
+	logs, fields                   []string
+	envoys, workers, top           int
+	reorder                        time.Duration
+}
+
 func replayCmd(env *Env) *cobra.Command {
-	var policyFile, wasm, output, plot string
-	var logs, fields []string
-	var envoys, workers, top int
-	var reorder time.Duration
+	var f replayFlags
 	cmd := &cobra.Command{
 		Use:   "replay --policy FILE --log ACCESS_LOG...",
 		Short: "Replay an Envoy access log against a candidate policy, offline",
@@ -38,94 +45,121 @@ the reverse.
 
 Exit codes: 0 done; 2 a file or flag is invalid; 3 the filter failed.`,
 		Args: usageArgs(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if output != "table" && output != "json" {
-				return withCode(ExitUsage, fmt.Errorf("-o %q: want table or json", output))
-			}
-			if policyFile == "" || len(logs) == 0 {
-				return withCode(ExitUsage, fmt.Errorf("--policy and --log are required"))
-			}
-			if envoys < 1 || envoys > 1024 {
-				return withCode(ExitUsage, fmt.Errorf("--envoys %d: want 1..1024", envoys))
-			}
-			if workers < 1 || workers > 64 {
-				return withCode(ExitUsage, fmt.Errorf("--workers %d: want 1..64", workers))
-			}
-			if plot != "" {
-				if err := checkWritable("--plot", plot); err != nil {
-					return err
-				}
-			}
-			pfs, err := loadFiles(env, []string{policyFile})
-			if err != nil {
-				return err
-			}
-			pol := pfs[0].Policy
-			fm := lab.DefaultFields(pol.Identity.UserHeader, pol.Identity.TenantHeader)
-			for _, f := range fields {
-				h, member, ok := strings.Cut(f, "=")
-				if !ok || h == "" || member == "" || strings.ContainsAny(h, " \t:") {
-					return withCode(ExitUsage, fmt.Errorf("--field %q: want header=log_field, such as x-api-key=api_key", f))
-				}
-				fm[strings.ToLower(h)] = member
-			}
-			bin, _, err := lab.Module(wasm)
-			if err != nil {
-				return withCode(ExitUsage, err)
-			}
-			lab.CacheCompiled()
-			lr, err := lab.ReadLog(logs, fm, reorder)
-			if err != nil {
-				return withCode(ExitUsage, err)
-			}
-			defer lr.Close()
-			began := time.Now()
-			last := began
-			rep, err := lab.Replay(ctxOf(cmd), bin, pol, lr, lab.ReplayOptions{Envoys: envoys, Workers: workers, TopKeys: top,
-				Progress: func(n int64) {
-					if now := time.Now(); now.Sub(last) >= time.Second {
-						last = now
-						fmt.Fprintf(env.Stderr, "replay: %d requests, %.0f a second\r", n, float64(n)/now.Sub(began).Seconds())
-					}
-				}})
-			if last != began {
-				fmt.Fprintln(env.Stderr)
-			}
-			if err != nil {
-				return withCode(ExitServer, err)
-			}
-			if rep.Skipped > 0 {
-				fmt.Fprintf(env.Stderr, "replay: skipped %d line(s) that are not requests; the first: %s\n", rep.Skipped, rep.FirstSkip)
-			}
-			if plot != "" {
-				if err := writeFileAtomic(plot, replaySVG(rep)); err != nil {
-					return withCode(ExitUsage, err)
-				}
-			}
-			if output == "json" {
-				b, err := json.MarshalIndent(rep, "", "  ")
-				if err != nil {
-					return err
-				}
-				_, err = fmt.Fprintf(env.Stdout, "%s\n", b)
-				return err
-			}
-			printReplay(env.Stdout, rep)
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(ctxOf(cmd), env) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&policyFile, "policy", "", "the candidate policy file (as apply takes it)")
-	fl.StringArrayVar(&logs, "log", nil, "access log file, JSON lines (repeatable; logs of several Envoys may also be concatenated)")
-	fl.StringArrayVar(&fields, "field", nil, "read request header from a log member: header=log_field (repeatable; the policy's identity headers come from user_id and tenant_id unless given)")
-	fl.IntVar(&envoys, "envoys", 1, "deal the requests to this many Envoys in turn: envoy-scoped rules count per Envoy (1: the whole log as one Envoy)")
-	fl.IntVar(&workers, "workers", 1, "worker VMs per Envoy (Envoy's --concurrency)")
-	fl.IntVar(&top, "top", 10, "keys listed per rule, by denials")
-	fl.DurationVar(&reorder, "reorder", time.Minute, "how far out of order the lines of one log may be (Envoy logs a request when it ends)")
-	fl.StringVar(&wasm, "wasm", "", "filter module to run (default: the one built into sluicectl)")
-	fl.StringVar(&plot, "plot", "", "also draw allowed and denied per minute per rule into this SVG file")
-	fl.StringVarP(&output, "output", "o", "table", "output format: table or json")
+	fl.StringVar(&f.policyFile, "policy", "", "the candidate policy file (as apply takes it)")
+	fl.StringArrayVar(&f.logs, "log", nil, "access log file, JSON lines (repeatable; logs of several Envoys may also be concatenated)")
+	fl.StringArrayVar(&f.fields, "field", nil, "read request header from a log member: header=log_field (repeatable; the policy's identity headers come from user_id and tenant_id unless given)")
+	fl.IntVar(&f.envoys, "envoys", 1, "deal the requests to this many Envoys in turn: envoy-scoped rules count per Envoy (1: the whole log as one Envoy)")
+	fl.IntVar(&f.workers, "workers", 1, "worker VMs per Envoy (Envoy's --concurrency)")
+	fl.IntVar(&f.top, "top", 10, "keys listed per rule, by denials")
+	fl.DurationVar(&f.reorder, "reorder", time.Minute, "how far out of order the lines of one log may be (Envoy logs a request when it ends)")
+	fl.StringVar(&f.wasm, "wasm", "", "filter module to run (default: the one built into sluicectl)")
+	fl.StringVar(&f.plot, "plot", "", "also draw allowed and denied per minute per rule into this SVG file")
+	fl.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
 	return cmd
+}
+
+// check refuses flags out of range before anything runs, the --plot path
+// included (a run may be long).
+func (f *replayFlags) check() error {
+	if f.output != "table" && f.output != "json" {
+		return withCode(ExitUsage, fmt.Errorf("-o %q: want table or json", f.output))
+	}
+	if f.policyFile == "" || len(f.logs) == 0 {
+		return withCode(ExitUsage, fmt.Errorf("--policy and --log are required"))
+	}
+	if f.envoys < 1 || f.envoys > 1024 {
+		return withCode(ExitUsage, fmt.Errorf("--envoys %d: want 1..1024", f.envoys))
+	}
+	if f.workers < 1 || f.workers > 64 {
+		return withCode(ExitUsage, fmt.Errorf("--workers %d: want 1..64", f.workers))
+	}
+	if f.plot != "" {
+		return checkWritable("--plot", f.plot)
+	}
+	return nil
+}
+
+// fieldMap is which log member each request header is read from: the
+// policy's identity headers from user_id and tenant_id, and every --field.
+func (f *replayFlags) fieldMap(pol *rules.Policy) (map[string]string, error) {
+	fm := lab.DefaultFields(pol.Identity.UserHeader, pol.Identity.TenantHeader)
+	for _, fd := range f.fields {
+		h, member, ok := strings.Cut(fd, "=")
+		if !ok || h == "" || member == "" || strings.ContainsAny(h, " \t:") {
+			return nil, withCode(ExitUsage, fmt.Errorf("--field %q: want header=log_field, such as x-api-key=api_key", fd))
+		}
+		fm[strings.ToLower(h)] = member
+	}
+	return fm, nil
+}
+
+// run replays the logs and writes the report (and the plot).
+func (f *replayFlags) run(ctx context.Context, env *Env) error {
+	if err := f.check(); err != nil {
+		return err
+	}
+	pfs, err := loadFiles(env, []string{f.policyFile})
+	if err != nil {
+		return err
+	}
+	pol := pfs[0].Policy
+	fm, err := f.fieldMap(pol)
+	if err != nil {
+		return err
+	}
+	bin, _, err := lab.Module(f.wasm)
+	if err != nil {
+		return withCode(ExitUsage, err)
+	}
+	lab.CacheCompiled()
+	lr, err := lab.ReadLog(f.logs, fm, f.reorder)
+	if err != nil {
+		return withCode(ExitUsage, err)
+	}
+	defer lr.Close()
+	rep, err := f.replay(ctx, env, bin, pol, lr)
+	if err != nil {
+		return withCode(ExitServer, err)
+	}
+	if rep.Skipped > 0 {
+		fmt.Fprintf(env.Stderr, "replay: skipped %d line(s) that are not requests; the first: %s\n", rep.Skipped, rep.FirstSkip)
+	}
+	if f.plot != "" {
+		if err := writeFileAtomic(f.plot, replaySVG(rep)); err != nil {
+			return withCode(ExitUsage, err)
+		}
+	}
+	if f.output == "json" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(env.Stdout, "%s\n", b)
+		return err
+	}
+	printReplay(env.Stdout, rep)
+	return nil
+}
+
+// replay runs lab.Replay, showing its progress on standard error once a
+// second.
+func (f *replayFlags) replay(ctx context.Context, env *Env, bin []byte, pol *rules.Policy, lr *lab.LogReader) (*lab.Report, error) {
+	began := time.Now()
+	last := began
+	rep, err := lab.Replay(ctx, bin, pol, lr, lab.ReplayOptions{Envoys: f.envoys, Workers: f.workers, TopKeys: f.top,
+		Progress: func(n int64) {
+			if now := time.Now(); now.Sub(last) >= time.Second {
+				last = now
+				fmt.Fprintf(env.Stderr, "replay: %d requests, %.0f a second\r", n, float64(n)/now.Sub(began).Seconds())
+			}
+		}})
+	if last != began {
+		fmt.Fprintln(env.Stderr)
+	}
+	return rep, err
 }
 
 // printReplay writes the report as tables for people.
