@@ -97,111 +97,155 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 		writeError(w, http.StatusBadRequest, "invalid_header", "If-None-Match on a write: only * is supported, and only on PUT of a whole policy", nil)
 		return
 	}
-	id := newWriteID()
+	wr := &writeReq{w: w, r: r, who: who, name: name, o: o, m: m, ifMatch: ifMatch, inm: inm, id: newWriteID()}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
-		rec, err := s.o.Store.Get(ctx, name)
-		cancel()
-		if err != nil {
-			s.unavailable(w, err)
+		rec, cur, ok := s.readForWrite(wr)
+		if !ok {
 			return
 		}
-		if ifMatch.present && !ifMatch.matchStrong(rec) {
-			s.preconditionFailed(w, rec)
+		ch, ok := s.change(wr, rec, cur)
+		if !ok {
 			return
-		}
-		if inm.any && rec.Exists() {
-			s.preconditionFailed(w, rec)
-			return
-		}
-		var cur *rules.Policy
-		if rec.Exists() {
-			if cur, err = rules.ParsePolicy(rec.Doc); err != nil {
-				s.log.Error("api: stored policy does not parse", "policy", name, "version", rec.Version, "err", err)
-				writeError(w, http.StatusInternalServerError, "internal", "the stored policy does not parse", nil)
-				return
-			}
-		}
-		next, detail, aerr := m(cur, rec)
-		if aerr != nil {
-			aerr.write(w)
-			return
-		}
-		ch := store.Change{Name: name, Base: rec.Version, Op: o.op, Actor: actor(who, r), Detail: detail, Time: s.o.Now().UTC(), ID: id}
-		if next != nil {
-			next.Name, next.Version = name, rec.Version
-			if err := next.Validate(); err != nil {
-				invalid(err).write(w)
-				return
-			}
-			s.warn(w, next)
-			if o.op == store.OpPutPolicy && rec.Exists() && bytes.Equal(rules.EncodePolicy(next), rec.Doc) {
-				// Declarative apply of what is already there: no new version.
-				if o.dryRun {
-					w.Header().Set("X-Sluice-Dry-Run", "true")
-				}
-				w.Header().Set("ETag", etag(rec))
-				writeRaw(w, o.ok, rec.Doc)
-				return
-			}
-			if !rec.Exists() {
-				if aerr := s.checkPolicyCount(r); aerr != nil {
-					aerr.write(w)
-					return
-				}
-			}
-			next.Version = rec.Version + 1
-			ch.Doc = rules.EncodePolicy(next)
-			if len(ch.Doc) > rules.MaxPolicyBytes {
-				// Rules added one by one can outgrow what ParsePolicy (the
-				// filter's and every later write's) accepts.
-				e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
-				e.details = []Detail{{Field: "", Message: "the resulting policy would be " + strconv.Itoa(len(ch.Doc)) +
-					" bytes, more than the maximum of " + strconv.Itoa(rules.MaxPolicyBytes)}}
-				e.write(w)
-				return
-			}
 		}
 		if o.dryRun {
 			s.answerDryRun(w, rec, ch.Doc, o)
 			return
 		}
-		ctx, cancel = context.WithTimeout(r.Context(), s.o.StoreTimeout)
-		ticket := s.o.Snapshot.Ticket()
-		nrec, err := s.o.Store.Commit(ctx, ch)
-		cancel()
-		if errors.Is(err, store.ErrConflict) {
-			if ifMatch.present || inm.any {
-				gctx, gcancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
-				cur, _ := s.o.Store.Get(gctx, name)
-				gcancel()
-				s.preconditionFailed(w, cur)
-				return
-			}
-			continue
+		if !s.commitWrite(wr, rec, ch) {
+			continue // lost a race without a condition: read again
 		}
-		if err != nil {
-			s.unavailable(w, err)
-			return
-		}
-		s.o.Snapshot.ApplyRead(nrec, ticket)
-		s.log.Info("api: policy changed", "policy", name, "version", nrec.Version, "op", o.op, "actor", ch.Actor, "detail", detail)
-		w.Header().Set("ETag", etag(nrec))
-		if o.location != "" {
-			w.Header().Set("Location", o.location)
-		}
-		status := o.ok
-		if !rec.Exists() {
-			status = o.created
-		}
-		if nrec.Doc == nil {
-			writeJSON(w, status, deleted{Policy: name, Version: nrec.Version, Deleted: true})
-			return
-		}
-		writeRaw(w, status, nrec.Doc)
 		return
 	}
 	writeError(w, http.StatusConflict, "conflict", "too many concurrent writers to policy "+strconv.Quote(name)+"; retry", nil)
+}
+
+// writeReq is one write request being served (write).
+type writeReq struct {
+	w            http.ResponseWriter
+	r            *http.Request
+	who          role
+	name         string
+	o            writeOpts
+	m            mutation
+	ifMatch, inm condition
+	id           string // the change's id, the same on every attempt
+}
+
+// readForWrite reads the current record of the policy and parses it, and
+// checks the request's conditions against it. False when it answered (a
+// precondition failed, the store is unavailable, the stored policy is broken).
+func (s *Server) readForWrite(wr *writeReq) (store.Record, *rules.Policy, bool) {
+	ctx, cancel := context.WithTimeout(wr.r.Context(), s.o.StoreTimeout)
+	rec, err := s.o.Store.Get(ctx, wr.name)
+	cancel()
+	if err != nil {
+		s.unavailable(wr.w, err)
+		return rec, nil, false
+	}
+	if wr.ifMatch.present && !wr.ifMatch.matchStrong(rec) || wr.inm.any && rec.Exists() {
+		s.preconditionFailed(wr.w, rec)
+		return rec, nil, false
+	}
+	var cur *rules.Policy
+	if rec.Exists() {
+		if cur, err = rules.ParsePolicy(rec.Doc); err != nil {
+			s.log.Error("api: stored policy does not parse", "policy", wr.name, "version", rec.Version, "err", err)
+			writeError(wr.w, http.StatusInternalServerError, "internal", "the stored policy does not parse", nil)
+			return rec, nil, false
+		}
+	}
+	return rec, cur, true
+}
+
+// change applies the mutation to cur and checks the result: valid (with the
+// warnings it draws), within the policy cap and the document size. False when
+// it answered: an error, or the declarative apply of what is already stored
+// (no new version).
+func (s *Server) change(wr *writeReq, rec store.Record, cur *rules.Policy) (store.Change, bool) {
+	w, o := wr.w, wr.o
+	next, detail, aerr := wr.m(cur, rec)
+	if aerr != nil {
+		aerr.write(w)
+		return store.Change{}, false
+	}
+	ch := store.Change{Name: wr.name, Base: rec.Version, Op: o.op, Actor: actor(wr.who, wr.r), Detail: detail, Time: s.o.Now().UTC(), ID: wr.id}
+	if next == nil {
+		return ch, true
+	}
+	next.Name, next.Version = wr.name, rec.Version
+	if err := next.Validate(); err != nil {
+		invalid(err).write(w)
+		return ch, false
+	}
+	s.warn(w, next)
+	if o.op == store.OpPutPolicy && rec.Exists() && bytes.Equal(rules.EncodePolicy(next), rec.Doc) {
+		// Declarative apply of what is already there: no new version.
+		if o.dryRun {
+			w.Header().Set("X-Sluice-Dry-Run", "true")
+		}
+		w.Header().Set("ETag", etag(rec))
+		writeRaw(w, o.ok, rec.Doc)
+		return ch, false
+	}
+	if !rec.Exists() {
+		if aerr := s.checkPolicyCount(wr.r); aerr != nil {
+			aerr.write(w)
+			return ch, false
+		}
+	}
+	next.Version = rec.Version + 1
+	ch.Doc = rules.EncodePolicy(next)
+	if len(ch.Doc) > rules.MaxPolicyBytes {
+		// Rules added one by one can outgrow what ParsePolicy (the
+		// filter's and every later write's) accepts.
+		e := errf(http.StatusBadRequest, "invalid_document", "the document is invalid: 1 problem(s)")
+		e.details = []Detail{{Field: "", Message: "the resulting policy would be " + strconv.Itoa(len(ch.Doc)) +
+			" bytes, more than the maximum of " + strconv.Itoa(rules.MaxPolicyBytes)}}
+		e.write(w)
+		return ch, false
+	}
+	return ch, true
+}
+
+// commitWrite commits ch on the record read (rec) and answers it. False, with
+// nothing answered, when another write won the race and the request had no
+// condition: the caller reads again.
+func (s *Server) commitWrite(wr *writeReq, rec store.Record, ch store.Change) bool {
+	w, r, o := wr.w, wr.r, wr.o
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+	ticket := s.o.Snapshot.Ticket()
+	nrec, err := s.o.Store.Commit(ctx, ch)
+	cancel()
+	if errors.Is(err, store.ErrConflict) {
+		if !wr.ifMatch.present && !wr.inm.any {
+			return false
+		}
+		gctx, gcancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+		cur, _ := s.o.Store.Get(gctx, wr.name)
+		gcancel()
+		s.preconditionFailed(w, cur)
+		return true
+	}
+	if err != nil {
+		s.unavailable(w, err)
+		return true
+	}
+	s.o.Snapshot.ApplyRead(nrec, ticket)
+	s.log.Info("api: policy changed", "policy", wr.name, "version", nrec.Version, "op", o.op, "actor", ch.Actor, "detail", ch.Detail)
+	w.Header().Set("ETag", etag(nrec))
+	if o.location != "" {
+		w.Header().Set("Location", o.location)
+	}
+	status := o.ok
+	if !rec.Exists() {
+		status = o.created
+	}
+	if nrec.Doc == nil {
+		writeJSON(w, status, deleted{Policy: wr.name, Version: nrec.Version, Deleted: true})
+		return true
+	}
+	writeRaw(w, status, nrec.Doc)
+	return true
 }
 
 // checkPolicyCount refuses the creation of a policy when MaxPolicies live
