@@ -271,134 +271,25 @@ func DecodeRequest(data []byte, lim Limits) (*Request, error) {
 	if len(data) > lim.MaxBytes {
 		return nil, &TooLargeError{Message: "request is " + strconv.Itoa(len(data)) + " bytes, more than the limit of " + strconv.Itoa(lim.MaxBytes)}
 	}
-	d := strictjson.NewDecoder(data, strictjson.Limits{MaxBytes: lim.MaxBytes, MaxDepth: maxDepth})
-	r := &Request{}
-	var seen [4]bool // envoy, policy, version, keys
-	var tooMany bool
-	var present [][2]bool // per key: rule, key
-	_ = d.Object(func(key string) error {
-		switch key {
-		case "envoy":
-			seen[0] = true
-			if s, err := d.String(); err == nil {
-				if !validEnvoy(s) {
-					d.Fail("must be 1 to " + strconv.Itoa(MaxEnvoyBytes) + " printable ASCII bytes without spaces")
-				}
-				r.Envoy = s
-			}
-		case "policy":
-			seen[1] = true
-			if s, err := d.String(); err == nil {
-				if !rules.ValidName(s) {
-					d.Fail("must be a valid policy name")
-				}
-				r.Policy = s
-			}
-		case "version":
-			seen[2] = true
-			if v, err := d.Uint64(); err == nil {
-				if v == 0 {
-					d.Fail("must be >= 1")
-				}
-				r.Version = v
-			}
-		case "env":
-			if s, err := d.String(); err == nil {
-				if !rules.ValidName(s) {
-					d.Fail("must be a valid environment name")
-				}
-				r.Env = s
-			}
-		case "interval":
-			if v, err := d.Duration(); err == nil {
-				if v < MinInterval || v > MaxInterval {
-					d.Fail("must be between " + MinInterval.String() + " and " + MaxInterval.String())
-				}
-				r.Interval = v
-			}
-		case "keys":
-			seen[3] = true
-			return d.Array(func(i int) error {
-				if i >= lim.MaxKeys {
-					tooMany = true
-					return errStop
-				}
-				r.Keys = append(r.Keys, KeyRequest{})
-				present = append(present, [2]bool{})
-				k := &r.Keys[i]
-				p := &present[i]
-				return d.Object(func(name string) error {
-					switch name {
-					case "rule":
-						p[0] = true
-						if s, err := d.String(); err == nil {
-							if !rules.ValidID(s) {
-								d.Fail("must be a valid rule id")
-							}
-							k.Rule = s
-						}
-					case "key":
-						p[1] = true
-						if s, err := d.String(); err == nil {
-							if len(s) == 0 || len(s) > MaxKeyBytes {
-								d.Fail("must be 1 to " + strconv.Itoa(MaxKeyBytes) + " bytes")
-							}
-							k.Key = s
-						}
-					case "used":
-						k.Used = units(d)
-					case "return":
-						k.Return = units(d)
-					case "want":
-						k.Want = units(d)
-					default:
-						return d.UnknownField()
-					}
-					return nil
-				})
-			})
-		default:
-			return d.UnknownField()
-		}
-		return nil
-	})
-	if tooMany {
+	rd := &requestDecoder{d: strictjson.NewDecoder(data, strictjson.Limits{MaxBytes: lim.MaxBytes, MaxDepth: maxDepth}), r: &Request{}, maxKeys: lim.MaxKeys}
+	_ = rd.d.Object(rd.member)
+	if rd.tooMany {
 		return nil, &TooLargeError{Field: "keys", Message: "keys: more than the limit of " + strconv.Itoa(lim.MaxKeys) + " keys in one request"}
 	}
-	_ = d.End()
+	_ = rd.d.End()
 	var errs Errors
 	syntax := false
-	for _, e := range d.Errors() {
+	for _, e := range rd.d.Errors() {
 		errs = append(errs, FieldError{Field: e.Path, Message: e.Message})
 		syntax = syntax || e.Syntax
 	}
 	if !syntax {
-		for i, name := range [...]string{"envoy", "policy", "version", "keys"} {
-			if !seen[i] {
-				errs = append(errs, FieldError{Field: name, Message: "required"})
-			}
-		}
-		if seen[3] && len(r.Keys) == 0 {
-			errs = append(errs, FieldError{Field: "keys", Message: "must hold at least one key"})
-		}
-		dup := make(map[string]int, len(r.Keys))
-		for i := range r.Keys {
-			f := "keys[" + strconv.Itoa(i) + "]"
-			if !present[i][0] {
-				errs = append(errs, FieldError{Field: f + ".rule", Message: "required"})
-			}
-			if !present[i][1] {
-				errs = append(errs, FieldError{Field: f + ".key", Message: "required"})
-			} else if j, ok := dup[r.Keys[i].Key]; ok {
-				errs = append(errs, FieldError{Field: f + ".key", Message: "duplicate of keys[" + strconv.Itoa(j) + "].key"})
-			} else {
-				dup[r.Keys[i].Key] = i
-			}
-		}
+		errs = append(errs, rd.missing()...)
 	}
 	if errs != nil {
 		return nil, errs
 	}
+	r := rd.r
 	if r.Env == "" {
 		r.Env = "default"
 	}
@@ -406,6 +297,138 @@ func DecodeRequest(data []byte, lim Limits) (*Request, error) {
 		r.Interval = DefaultInterval
 	}
 	return r, nil
+}
+
+// requestDecoder is DecodeRequest's state: the request as decoded so far and
+// which required members were seen.
+type requestDecoder struct {
+	d       *strictjson.Decoder
+	r       *Request
+	maxKeys int
+	seen    [4]bool   // envoy, policy, version, keys
+	present [][2]bool // per key: rule, key
+	tooMany bool      // more than maxKeys keys
+}
+
+// member decodes one member of the request object.
+func (rd *requestDecoder) member(key string) error {
+	d, r := rd.d, rd.r
+	switch key {
+	case "envoy":
+		rd.seen[0] = true
+		if s, err := d.String(); err == nil {
+			if !validEnvoy(s) {
+				d.Fail("must be 1 to " + strconv.Itoa(MaxEnvoyBytes) + " printable ASCII bytes without spaces")
+			}
+			r.Envoy = s
+		}
+	case "policy":
+		rd.seen[1] = true
+		if s, err := d.String(); err == nil {
+			if !rules.ValidName(s) {
+				d.Fail("must be a valid policy name")
+			}
+			r.Policy = s
+		}
+	case "version":
+		rd.seen[2] = true
+		if v, err := d.Uint64(); err == nil {
+			if v == 0 {
+				d.Fail("must be >= 1")
+			}
+			r.Version = v
+		}
+	case "env":
+		if s, err := d.String(); err == nil {
+			if !rules.ValidName(s) {
+				d.Fail("must be a valid environment name")
+			}
+			r.Env = s
+		}
+	case "interval":
+		if v, err := d.Duration(); err == nil {
+			if v < MinInterval || v > MaxInterval {
+				d.Fail("must be between " + MinInterval.String() + " and " + MaxInterval.String())
+			}
+			r.Interval = v
+		}
+	case "keys":
+		rd.seen[3] = true
+		return d.Array(rd.key)
+	default:
+		return d.UnknownField()
+	}
+	return nil
+}
+
+// key decodes keys[i], stopping the document past maxKeys.
+func (rd *requestDecoder) key(i int) error {
+	if i >= rd.maxKeys {
+		rd.tooMany = true
+		return errStop
+	}
+	rd.r.Keys = append(rd.r.Keys, KeyRequest{})
+	rd.present = append(rd.present, [2]bool{})
+	k, p, d := &rd.r.Keys[i], &rd.present[i], rd.d
+	return d.Object(func(name string) error {
+		switch name {
+		case "rule":
+			p[0] = true
+			if s, err := d.String(); err == nil {
+				if !rules.ValidID(s) {
+					d.Fail("must be a valid rule id")
+				}
+				k.Rule = s
+			}
+		case "key":
+			p[1] = true
+			if s, err := d.String(); err == nil {
+				if len(s) == 0 || len(s) > MaxKeyBytes {
+					d.Fail("must be 1 to " + strconv.Itoa(MaxKeyBytes) + " bytes")
+				}
+				k.Key = s
+			}
+		case "used":
+			k.Used = units(d)
+		case "return":
+			k.Return = units(d)
+		case "want":
+			k.Want = units(d)
+		default:
+			return d.UnknownField()
+		}
+		return nil
+	})
+}
+
+// missing names the required members the document lacked, an empty key list
+// and duplicate keys.
+func (rd *requestDecoder) missing() Errors {
+	var errs Errors
+	r := rd.r
+	for i, name := range [...]string{"envoy", "policy", "version", "keys"} {
+		if !rd.seen[i] {
+			errs = append(errs, FieldError{Field: name, Message: "required"})
+		}
+	}
+	if rd.seen[3] && len(r.Keys) == 0 {
+		errs = append(errs, FieldError{Field: "keys", Message: "must hold at least one key"})
+	}
+	dup := make(map[string]int, len(r.Keys))
+	for i := range r.Keys {
+		f := "keys[" + strconv.Itoa(i) + "]"
+		if !rd.present[i][0] {
+			errs = append(errs, FieldError{Field: f + ".rule", Message: "required"})
+		}
+		if !rd.present[i][1] {
+			errs = append(errs, FieldError{Field: f + ".key", Message: "required"})
+		} else if j, ok := dup[r.Keys[i].Key]; ok {
+			errs = append(errs, FieldError{Field: f + ".key", Message: "duplicate of keys[" + strconv.Itoa(j) + "].key"})
+		} else {
+			dup[r.Keys[i].Key] = i
+		}
+	}
+	return errs
 }
 
 func units(d *strictjson.Decoder) uint64 {
