@@ -98,41 +98,18 @@ func OpenStore(s config.Settings) (store.Store, string, error) {
 
 // Run serves until ctx is done, then shuts down gracefully. If listening is
 // not nil it is called with the bound address once the listener is open.
+// The steps: open the store and keep its snapshot fresh, build the API and the
+// quota service, listen (REST, and gRPC and metrics when asked), serve, drain.
 func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening func(net.Addr)) error {
 	st, kind, err := OpenStore(s)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	snap := snapshot.New(snapshot.Options{Store: st, Logger: log, ResyncInterval: s.ResyncInterval, RestoreLost: s.RestoreLostPolicies})
-	// A first resync before serving, so that a reachable store is served
-	// fresh from the first request; failure here is not fatal.
-	initCtx, cancel := context.WithTimeout(ctx, s.StoreTimeout)
-	if err := snap.Resync(initCtx); err != nil {
-		log.Warn("store unreachable at start; starting unready", "store", kind, "err", err)
-	}
-	cancel()
-	snapCtx, stopSnap := context.WithCancel(context.Background())
-	snapDone := make(chan struct{})
-	go func() { defer close(snapDone); snap.Run(snapCtx) }()
-	defer func() { stopSnap(); <-snapDone }()
-
+	snap, stopSnap := startSnapshot(ctx, s, st, kind, log)
+	defer stopSnap()
 	reg := prometheus.NewRegistry()
-	var readIdentity func(*http.Request) (string, bool)
-	if mode := identityMode(s); mode != quota.IdentityBody {
-		readIdentity = func(r *http.Request) (string, bool) { return quota.RequestIdentity(mode, r) }
-	}
-	var warnings func(*rules.Policy) []string
-	if s.GRPCListen != "" {
-		warnings = rlqs.Warnings // rules served to Envoy's own quota filter
-	}
-	srv := api.New(api.Options{
-		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken, ReadIdentity: readIdentity,
-		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
-		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
-		Envoys: registry.New(registry.Options{ExpireAfter: s.EnvoyExpireAfter}), StaleAfter: s.EnvoyStaleAfter,
-		Warnings: warnings,
-	})
+	srv := newAPI(s, st, snap, reg, log)
 	if s.BootstrapPolicy != "" {
 		doc, err := readBootstrap(s.BootstrapPolicy)
 		if err != nil {
@@ -145,72 +122,25 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		return err
 	}
 	defer closeQuota()
-	mux := http.NewServeMux()
-	mux.Handle("/v1/quota", srv.GuardOpen(qsvc))
-	mux.Handle("/", srv)
-	var tlsSrv *tlsconf.Server
-	if s.TLSCertFile != "" {
-		if tlsSrv, err = tlsconf.New(tlsconf.Files{CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile, ClientCAFile: s.ClientCAFile}, log); err != nil {
-			return err
-		}
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_controlplane_tls_handshakes_total",
-			Help: "TLS handshakes clients started (full or resumed); Envoys keep connections alive, so this grows by a few per Envoy, not per call."},
-			func() float64 { return float64(tlsSrv.Handshakes()) }))
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_controlplane_tls_reloads_total",
-			Help: "Times the TLS certificate files were loaded (1 at start, then once per change on disk)."},
-			func() float64 { return float64(tlsSrv.Loads()) }))
+	tlsSrv, err := newTLS(s, reg, log)
+	if err != nil {
+		return err
 	}
 	l, err := net.Listen("tcp", s.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", s.Listen, err)
 	}
-	hs := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      s.MaxWait + 30*time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	auth := "bearer tokens"
-	if s.AdminToken == "" && s.ReadToken == "" {
-		auth = "NONE (no token configured; allowed because the listener is loopback-only)"
-	}
-	scheme, identity := "http", "the request's envoy field"
-	if tlsSrv != nil {
-		scheme, hs.TLSConfig = "https", tlsSrv.Config()
-	}
-	switch {
-	case s.ClientCAFile != "":
-		identity = "client certificate (URI SAN, else DNS SAN)"
-	case s.TrustXFCC:
-		identity = "x-forwarded-client-cert header (trusted sidecar)"
-	}
-	log.Info("sluice-controlplane listening", "addr", l.Addr().String(), "scheme", scheme, "store", kind, "auth", auth, "quota_identity", identity,
-		"history_depth", s.HistoryDepth, "max_wait", s.MaxWait.String())
-	if s.ClientCAFile == "" && !s.TrustXFCC && (s.QuotaToken != "" || s.AdminToken == "" && s.ReadToken == "") {
-		log.Warn("quota calls are identified by their envoy field alone: any holder of the quota token can report, return and hold units under any Envoy id of the fleet; " +
-			"this is for one trusted fleet only. Give each Envoy a certificate (--client-ca-file) or run behind a mesh sidecar (--trust-xfcc)")
-	}
+	hs := newHTTPServer(s, srv, qsvc, tlsSrv, log)
+	logListening(s, l.Addr(), kind, tlsSrv != nil, log)
 	if listening != nil {
 		listening(l.Addr())
 	}
 	var gs *grpc.Server
 	if s.GRPCListen != "" {
-		gl, err := net.Listen("tcp", s.GRPCListen)
-		if err != nil {
+		if gs, err = serveRLQS(s, qsvc, tlsSrv, reg, log); err != nil {
 			l.Close()
-			return fmt.Errorf("listen on %s: %w", s.GRPCListen, err)
+			return err
 		}
-		var creds credentials.TransportCredentials
-		if tlsSrv != nil {
-			creds = credentials.NewTLS(tlsSrv.Config())
-		}
-		gs = rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log,
-			MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds)
-		log.Info("rate limit quota service (gRPC) listening", "addr", gl.Addr().String(), "scheme", map[bool]string{true: "https", false: "http"}[tlsSrv != nil])
-		go func() { _ = gs.Serve(gl) }()
 		defer gs.Stop()
 	}
 	if s.MetricsListen != "" {
@@ -234,6 +164,130 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		return err
 	case <-ctx.Done():
 	}
+	return shutdown(s, srv, hs, gs, log)
+}
+
+// startSnapshot builds the snapshot of st, resyncs it once before serving (so
+// a reachable store is served fresh from the first request; failing is not
+// fatal) and keeps it fresh until stop is called.
+func startSnapshot(ctx context.Context, s config.Settings, st store.Store, kind string, log *slog.Logger) (snap *snapshot.Snapshot, stop func()) {
+	snap = snapshot.New(snapshot.Options{Store: st, Logger: log, ResyncInterval: s.ResyncInterval, RestoreLost: s.RestoreLostPolicies})
+	initCtx, cancel := context.WithTimeout(ctx, s.StoreTimeout)
+	if err := snap.Resync(initCtx); err != nil {
+		log.Warn("store unreachable at start; starting unready", "store", kind, "err", err)
+	}
+	cancel()
+	snapCtx, stopSnap := context.WithCancel(context.Background())
+	snapDone := make(chan struct{})
+	go func() { defer close(snapDone); snap.Run(snapCtx) }()
+	return snap, func() { stopSnap(); <-snapDone }
+}
+
+// newAPI builds the REST API server the settings describe.
+func newAPI(s config.Settings, st store.Store, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger) *api.Server {
+	var readIdentity func(*http.Request) (string, bool)
+	if mode := identityMode(s); mode != quota.IdentityBody {
+		readIdentity = func(r *http.Request) (string, bool) { return quota.RequestIdentity(mode, r) }
+	}
+	var warnings func(*rules.Policy) []string
+	if s.GRPCListen != "" {
+		warnings = rlqs.Warnings // rules served to Envoy's own quota filter
+	}
+	return api.New(api.Options{
+		Store: st, Snapshot: snap, AdminToken: s.AdminToken, ReadToken: s.ReadToken, ReadIdentity: readIdentity,
+		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
+		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
+		Envoys: registry.New(registry.Options{ExpireAfter: s.EnvoyExpireAfter}), StaleAfter: s.EnvoyStaleAfter,
+		Warnings: warnings,
+	})
+}
+
+// newTLS loads the TLS certificate files when the settings name them (nil
+// otherwise) and registers the handshake and reload counters.
+func newTLS(s config.Settings, reg *prometheus.Registry, log *slog.Logger) (*tlsconf.Server, error) {
+	if s.TLSCertFile == "" {
+		return nil, nil
+	}
+	tlsSrv, err := tlsconf.New(tlsconf.Files{CertFile: s.TLSCertFile, KeyFile: s.TLSKeyFile, ClientCAFile: s.ClientCAFile}, log)
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_controlplane_tls_handshakes_total",
+		Help: "TLS handshakes clients started (full or resumed); Envoys keep connections alive, so this grows by a few per Envoy, not per call."},
+		func() float64 { return float64(tlsSrv.Handshakes()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_controlplane_tls_reloads_total",
+		Help: "Times the TLS certificate files were loaded (1 at start, then once per change on disk)."},
+		func() float64 { return float64(tlsSrv.Loads()) }))
+	return tlsSrv, nil
+}
+
+// newHTTPServer is the REST listener's server: the quota endpoint and the API,
+// with its timeouts (writes outlive the longest long poll).
+func newHTTPServer(s config.Settings, srv *api.Server, qsvc http.Handler, tlsSrv *tlsconf.Server, log *slog.Logger) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("/v1/quota", srv.GuardOpen(qsvc))
+	mux.Handle("/", srv)
+	hs := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      s.MaxWait + 30*time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	if tlsSrv != nil {
+		hs.TLSConfig = tlsSrv.Config()
+	}
+	return hs
+}
+
+// logListening says where the control plane listens and how it authenticates,
+// and warns when quota calls are identified by their envoy field alone.
+func logListening(s config.Settings, addr net.Addr, kind string, tls bool, log *slog.Logger) {
+	auth := "bearer tokens"
+	if s.AdminToken == "" && s.ReadToken == "" {
+		auth = "NONE (no token configured; allowed because the listener is loopback-only)"
+	}
+	scheme, identity := "http", "the request's envoy field"
+	if tls {
+		scheme = "https"
+	}
+	switch {
+	case s.ClientCAFile != "":
+		identity = "client certificate (URI SAN, else DNS SAN)"
+	case s.TrustXFCC:
+		identity = "x-forwarded-client-cert header (trusted sidecar)"
+	}
+	log.Info("sluice-controlplane listening", "addr", addr.String(), "scheme", scheme, "store", kind, "auth", auth, "quota_identity", identity,
+		"history_depth", s.HistoryDepth, "max_wait", s.MaxWait.String())
+	if s.ClientCAFile == "" && !s.TrustXFCC && (s.QuotaToken != "" || s.AdminToken == "" && s.ReadToken == "") {
+		log.Warn("quota calls are identified by their envoy field alone: any holder of the quota token can report, return and hold units under any Envoy id of the fleet; " +
+			"this is for one trusted fleet only. Give each Envoy a certificate (--client-ca-file) or run behind a mesh sidecar (--trust-xfcc)")
+	}
+}
+
+// serveRLQS listens on --grpc-listen and serves the Rate Limit Quota Service
+// from qsvc (TLS as the REST listener has it).
+func serveRLQS(s config.Settings, qsvc *quota.Service, tlsSrv *tlsconf.Server, reg *prometheus.Registry, log *slog.Logger) (*grpc.Server, error) {
+	gl, err := net.Listen("tcp", s.GRPCListen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", s.GRPCListen, err)
+	}
+	var creds credentials.TransportCredentials
+	if tlsSrv != nil {
+		creds = credentials.NewTLS(tlsSrv.Config())
+	}
+	gs := rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log,
+		MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds)
+	log.Info("rate limit quota service (gRPC) listening", "addr", gl.Addr().String(), "scheme", map[bool]string{true: "https", false: "http"}[tlsSrv != nil])
+	go func() { _ = gs.Serve(gl) }()
+	return gs, nil
+}
+
+// shutdown answers long polls, finishes in-flight requests and ends the RLQS
+// streams, within --shutdown-timeout.
+func shutdown(s config.Settings, srv *api.Server, hs *http.Server, gs *grpc.Server, log *slog.Logger) error {
 	log.Info("shutting down: answering long polls, finishing in-flight requests", "timeout", s.ShutdownTimeout.String())
 	srv.Drain()
 	if gs != nil {
