@@ -44,37 +44,57 @@ func (c clusterFlags) Set(v string) error {
 	return nil
 }
 
-func run(args []string, stderr io.Writer) int {
+// flags are the command's flags.
+type flags struct {
+	cfgPath, wasmPath, listen, upstream, accessLog string
+	readToken, serviceNode, quotaToken            string
+	logLevel, admin                               string
+	clusters                                      clusterFlags
+	workers                                       int
+	noFilter, showVersion                         bool
+}
+
+// parseFlags reads args; false with the exit code when the command ends here
+// (help, a bad flag).
+func parseFlags(args []string, stderr io.Writer) (*flags, int, bool) {
+	f := &flags{clusters: clusterFlags{}}
 	fs := flag.NewFlagSet("sluice-devproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "envoy/envoy.yaml", "Envoy bootstrap to follow")
-	wasmPath := fs.String("wasm", "", "the filter module (default: the file's vm_config.code.local.filename)")
-	listen := fs.String("listen", "", "listen address host:port (default: the file's listener)")
-	upstream := fs.String("upstream", "", "address host:port of the route's cluster (default: the file's)")
-	clusters := clusterFlags{}
-	fs.Var(clusters, "cluster", "name=host:port: the address of a cluster (repeatable)")
-	workers := fs.Int("workers", 2, "worker VMs (Envoy --concurrency)")
-	accessLog := fs.String("access-log", "", "access-log file (default: the file's path; - for stdout)")
-	readToken := fs.String("read-token", os.Getenv("SLUICE_READ_TOKEN"), "control-plane read token: the VM variable control_plane.token_env names, else control_plane.token (default $SLUICE_READ_TOKEN; empty keeps what the file and host_env_keys give)")
-	serviceNode := fs.String("service-node", "", "node id (Envoy's --service-node; default: the file's node.id), the filter's xds.node.id")
-	quotaToken := fs.String("quota-token", os.Getenv("SLUICE_QUOTA_TOKEN"), "control-plane quota token: the VM variable control_plane.quota_token_env names, else control_plane.quota_token (default $SLUICE_QUOTA_TOKEN; empty keeps what the file and host_env_keys give)")
-	noFilter := fs.Bool("no-filter", false, "forward without the filter (a baseline for benchmarks)")
-	logLevel := fs.String("log-level", "info", "guest and proxy log level: debug, info, warn, error")
-	admin := fs.String("admin", "", "admin address host:port serving /ready, /stats and /stats/prometheus (default: the file's admin.address; off: none)")
-	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.StringVar(&f.cfgPath, "config", "envoy/envoy.yaml", "Envoy bootstrap to follow")
+	fs.StringVar(&f.wasmPath, "wasm", "", "the filter module (default: the file's vm_config.code.local.filename)")
+	fs.StringVar(&f.listen, "listen", "", "listen address host:port (default: the file's listener)")
+	fs.StringVar(&f.upstream, "upstream", "", "address host:port of the route's cluster (default: the file's)")
+	fs.Var(f.clusters, "cluster", "name=host:port: the address of a cluster (repeatable)")
+	fs.IntVar(&f.workers, "workers", 2, "worker VMs (Envoy --concurrency)")
+	fs.StringVar(&f.accessLog, "access-log", "", "access-log file (default: the file's path; - for stdout)")
+	fs.StringVar(&f.readToken, "read-token", os.Getenv("SLUICE_READ_TOKEN"), "control-plane read token: the VM variable control_plane.token_env names, else control_plane.token (default $SLUICE_READ_TOKEN; empty keeps what the file and host_env_keys give)")
+	fs.StringVar(&f.serviceNode, "service-node", "", "node id (Envoy's --service-node; default: the file's node.id), the filter's xds.node.id")
+	fs.StringVar(&f.quotaToken, "quota-token", os.Getenv("SLUICE_QUOTA_TOKEN"), "control-plane quota token: the VM variable control_plane.quota_token_env names, else control_plane.quota_token (default $SLUICE_QUOTA_TOKEN; empty keeps what the file and host_env_keys give)")
+	fs.BoolVar(&f.noFilter, "no-filter", false, "forward without the filter (a baseline for benchmarks)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "guest and proxy log level: debug, info, warn, error")
+	fs.StringVar(&f.admin, "admin", "", "admin address host:port serving /ready, /stats and /stats/prometheus (default: the file's admin.address; off: none)")
+	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return nil, 0, false
 		}
-		return 2
+		return nil, 2, false
 	}
-	if *showVersion {
+	return f, 0, true
+}
+
+func run(args []string, stderr io.Writer) int {
+	f, code, ok := parseFlags(args, stderr)
+	if !ok {
+		return code
+	}
+	if f.showVersion {
 		fmt.Fprintln(stderr, "sluice-devproxy", version.String())
 		return 0
 	}
 	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "sluice-devproxy: --log-level %q: %v\n", *logLevel, err)
+	if err := lvl.UnmarshalText([]byte(f.logLevel)); err != nil {
+		fmt.Fprintf(stderr, "sluice-devproxy: --log-level %q: %v\n", f.logLevel, err)
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
@@ -82,54 +102,16 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sluice-devproxy: %v\n", err)
 		return 1
 	}
-
-	cfg, err := devproxy.LoadEnvoyConfig(*cfgPath)
+	cfg, err := devproxy.LoadEnvoyConfig(f.cfgPath)
 	if err != nil {
 		return fail(err)
 	}
-	o := devproxy.Options{Config: cfg, Workers: *workers, Upstream: *upstream, Clusters: clusters,
-		ReadToken: *readToken, QuotaToken: *quotaToken, Logger: logger, LogLevel: guestLevel(lvl), NodeID: *serviceNode}
-	if !*noFilter && cfg.Filter != nil {
-		path := *wasmPath
-		if path == "" {
-			path = cfg.Filter.WasmFile
-		}
-		if o.Wasm, err = os.ReadFile(path); err != nil {
-			return fail(fmt.Errorf("reading the filter: %w (build it with `make wasm`)", err))
-		}
+	o, closeLog, err := f.options(cfg, logger, guestLevel(lvl))
+	if err != nil {
+		return fail(err)
 	}
-	logPath := *accessLog
-	if logPath == "" && cfg.AccessLog != nil {
-		logPath = cfg.AccessLog.Path
-	}
-	switch logPath {
-	case "":
-	case "-", "/dev/stdout":
-		o.AccessLog = os.Stdout
-	default:
-		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			return fail(err)
-		}
-		defer f.Close()
-		o.AccessLog = f
-	}
-	addr := cfg.Listen
-	if *listen != "" {
-		addr = *listen
-	}
-
-	fmt.Fprintf(stderr, "sluice-devproxy: following %s\n", *cfgPath)
-	for _, h := range cfg.Honoured {
-		fmt.Fprintf(stderr, "  honoured: %s\n", h)
-	}
-	for _, h := range cfg.Ignored {
-		fmt.Fprintf(stderr, "  ignored:  %s\n", h)
-	}
-	if *noFilter {
-		fmt.Fprintln(stderr, "  ignored:  the wasm filter (--no-filter)")
-	}
-
+	defer closeLog()
+	f.describe(stderr, cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	p, err := devproxy.New(ctx, o)
@@ -137,6 +119,10 @@ func run(args []string, stderr io.Writer) int {
 		return fail(err) // the guest's own log lines, above, say why
 	}
 	defer p.Close()
+	addr := cfg.Listen
+	if f.listen != "" {
+		addr = f.listen
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fail(err)
@@ -145,22 +131,9 @@ func run(args []string, stderr io.Writer) int {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	fmt.Fprintf(stderr, "sluice-devproxy: listening on http://%s, upstream %s, %d workers, access log %s\n",
-		ln.Addr(), p.Upstream(), *workers, orNone(logPath))
-	adminAddr := cfg.Admin
-	if *admin != "" {
-		adminAddr = *admin
-	}
-	if adminAddr != "" && adminAddr != "off" {
-		// Envoy refuses to start when its admin port is taken; the dev proxy goes on
-		// without it (several dev proxies often share one file), and says so.
-		if al, err := net.Listen("tcp", adminAddr); err != nil {
-			fmt.Fprintf(stderr, "sluice-devproxy: admin interface not served: %v (set --admin to another address)\n", err)
-		} else {
-			asrv := &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
-			go func() { _ = asrv.Serve(al) }()
-			defer asrv.Close()
-			fmt.Fprintf(stderr, "sluice-devproxy: admin on http://%s (/ready, /stats, /stats/prometheus)\n", al.Addr())
-		}
+		ln.Addr(), p.Upstream(), f.workers, orNone(f.logPath(cfg)))
+	if closeAdmin := f.serveAdmin(stderr, cfg, p); closeAdmin != nil {
+		defer closeAdmin()
 	}
 	select {
 	case err := <-errc:
@@ -174,6 +147,81 @@ func run(args []string, stderr io.Writer) int {
 		srv.Close()
 	}
 	return 0
+}
+
+// logPath is the access-log file: --access-log, else the file's ("" none).
+func (f *flags) logPath(cfg *devproxy.EnvoyConfig) string {
+	if f.accessLog == "" && cfg.AccessLog != nil {
+		return cfg.AccessLog.Path
+	}
+	return f.accessLog
+}
+
+// options are the dev proxy's options from the flags and the file: the module
+// read, the access log opened (closeLog closes it).
+func (f *flags) options(cfg *devproxy.EnvoyConfig, logger *slog.Logger, guest host.LogLevel) (o devproxy.Options, closeLog func(), err error) {
+	o = devproxy.Options{Config: cfg, Workers: f.workers, Upstream: f.upstream, Clusters: f.clusters,
+		ReadToken: f.readToken, QuotaToken: f.quotaToken, Logger: logger, LogLevel: guest, NodeID: f.serviceNode}
+	closeLog = func() {}
+	if !f.noFilter && cfg.Filter != nil {
+		path := f.wasmPath
+		if path == "" {
+			path = cfg.Filter.WasmFile
+		}
+		if o.Wasm, err = os.ReadFile(path); err != nil {
+			return o, closeLog, fmt.Errorf("reading the filter: %w (build it with `make wasm`)", err)
+		}
+	}
+	switch logPath := f.logPath(cfg); logPath {
+	case "":
+	case "-", "/dev/stdout":
+		o.AccessLog = os.Stdout
+	default:
+		file, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return o, closeLog, err
+		}
+		o.AccessLog, closeLog = file, func() { file.Close() }
+	}
+	return o, closeLog, nil
+}
+
+// describe says which file the proxy follows, and what of it it honours and
+// ignores.
+func (f *flags) describe(stderr io.Writer, cfg *devproxy.EnvoyConfig) {
+	fmt.Fprintf(stderr, "sluice-devproxy: following %s\n", f.cfgPath)
+	for _, h := range cfg.Honoured {
+		fmt.Fprintf(stderr, "  honoured: %s\n", h)
+	}
+	for _, h := range cfg.Ignored {
+		fmt.Fprintf(stderr, "  ignored:  %s\n", h)
+	}
+	if f.noFilter {
+		fmt.Fprintln(stderr, "  ignored:  the wasm filter (--no-filter)")
+	}
+}
+
+// serveAdmin serves the admin interface (--admin, else the file's) and returns
+// its closer, or nil when there is none. Envoy refuses to start when its admin
+// port is taken; the dev proxy goes on without it (several dev proxies often
+// share one file), and says so.
+func (f *flags) serveAdmin(stderr io.Writer, cfg *devproxy.EnvoyConfig, p *devproxy.Proxy) func() {
+	adminAddr := cfg.Admin
+	if f.admin != "" {
+		adminAddr = f.admin
+	}
+	if adminAddr == "" || adminAddr == "off" {
+		return nil
+	}
+	al, err := net.Listen("tcp", adminAddr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice-devproxy: admin interface not served: %v (set --admin to another address)\n", err)
+		return nil
+	}
+	asrv := &http.Server{Handler: p.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = asrv.Serve(al) }()
+	fmt.Fprintf(stderr, "sluice-devproxy: admin on http://%s (/ready, /stats, /stats/prometheus)\n", al.Addr())
+	return func() { asrv.Close() }
 }
 
 func guestLevel(l slog.Level) host.LogLevel {
