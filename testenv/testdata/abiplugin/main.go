@@ -136,20 +136,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	h.op, _ = proxywasm.GetHttpRequestHeader("x-op")
 	switch h.op {
 	case "headers":
-		a, _ := proxywasm.GetHttpRequestHeader("x-a")
-		b, _ := proxywasm.GetHttpRequestHeader("X-B") // lower-cased by the host
-		c, _ := proxywasm.GetHttpRequestHeader("x-c") // repeated: first value
-		_, missing := proxywasm.GetHttpRequestHeader("x-missing")
-		all, _ := proxywasm.GetHttpRequestHeaders()
-		size, _ := proxywasm.GetHeaderMapSize(proxywasm.MapTypeHttpRequestHeaders)
-		set("x-seen", a+"|"+b+"|"+c)
-		set("x-missing-err", errString(missing))
-		set("x-count", strconv.Itoa(numHeaders)+"/"+strconv.Itoa(len(all))+"/"+strconv.FormatBool(endOfStream))
-		set("x-size", strconv.Itoa(int(size)))
-		set("X-Upper", "lowered")
-		_ = proxywasm.ReplaceHttpRequestHeader("x-replace", "new")
-		_ = proxywasm.RemoveHttpRequestHeader("x-remove")
-		_ = proxywasm.ReplaceHttpRequestHeader(":path", "/rewritten")
+		h.headers(numHeaders, endOfStream)
 	case "reply":
 		err := proxywasm.SendHttpResponseWithDetails(429, "rate  limited by abi", [][2]string{
 			{"Retry-After", "7"}, {"X-Custom", "a"}, {"x-custom", "b"},
@@ -157,25 +144,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		proxywasm.LogInfo("reply err=" + errString(err))
 		return types.ActionContinue // forced to stop by the host
 	case "property":
-		v, _ := proxywasm.GetHttpRequestHeader("x-value")
-		if err := proxywasm.SetProperty([]string{"abi_decision"}, []byte(v)); err != nil {
-			set("x-set-err", err.Error())
-		}
-		back, err := proxywasm.GetProperty([]string{"abi_decision"})
-		set("x-readback", string(back)+"/"+errString(err))
-		for _, p := range [][]string{
-			{"source", "address"}, {"request", "path"}, {"request", "url_path"}, {"request", "method"},
-			{"request", "id"}, {"request", "host"}, {"request", "scheme"}, {"request", "useragent"},
-			{"request", "headers", "x-value"}, {"plugin_name"}, {"plugin_root_id"}, {"plugin_vm_id"},
-			{"response", "code"}, {"no_such_property"},
-		} {
-			val, err := proxywasm.GetProperty(p)
-			set("x-prop-"+strings.Join(p, "."), string(val)+"/"+errString(err))
-		}
-		m, _ := proxywasm.GetProperty([]string{"request", "headers"})
-		set("x-prop-headers-bytes", strconv.Itoa(len(m)))
-		cid, _ := proxywasm.GetProperty([]string{"connection_id"})
-		set("x-prop-connection-id-len", strconv.Itoa(len(cid)))
+		properties()
 	case "cas-get":
 		key, _ := proxywasm.GetHttpRequestHeader("x-key")
 		val, cas, err := proxywasm.GetSharedData(key)
@@ -186,28 +155,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		v, _ := proxywasm.GetHttpRequestHeader("x-value")
 		set("x-result", errString(proxywasm.SetSharedData(key, []byte(v), casSeen)))
 	case "callout":
-		cluster, _ := proxywasm.GetHttpRequestHeader("x-cluster")
-		hdrs := [][2]string{{":method", "GET"}, {":path", "/cp?q=1"}, {":authority", "cp.internal"}, {"x-from", "abi"}}
-		if drop, _ := proxywasm.GetHttpRequestHeader("x-drop"); drop != "" {
-			out := hdrs[:0]
-			for _, kv := range hdrs {
-				if kv[0] != drop {
-					out = append(out, kv)
-				}
-			}
-			hdrs = out
-		}
-		timeout := uint32(0)
-		if t, _ := proxywasm.GetHttpRequestHeader("x-timeout"); t != "" {
-			n, _ := strconv.Atoi(t)
-			timeout = uint32(n)
-		}
-		_, err := proxywasm.DispatchHttpCall(cluster, hdrs, nil, nil, timeout, h.onCallout)
-		if err != nil {
-			set("x-callout", "dispatch: "+err.Error())
-			return types.ActionContinue
-		}
-		return types.ActionPause
+		return h.callout()
 	case "panic":
 		panic("abi boom")
 	case "fatal":
@@ -255,6 +203,76 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		}
 	}
 	return types.ActionContinue
+}
+
+// headers (x-op: headers) reads request headers every way the ABI offers and
+// writes what it saw into new ones.
+func (h *httpContext) headers(numHeaders int, endOfStream bool) {
+	a, _ := proxywasm.GetHttpRequestHeader("x-a")
+	b, _ := proxywasm.GetHttpRequestHeader("X-B") // lower-cased by the host
+	c, _ := proxywasm.GetHttpRequestHeader("x-c") // repeated: first value
+	_, missing := proxywasm.GetHttpRequestHeader("x-missing")
+	all, _ := proxywasm.GetHttpRequestHeaders()
+	size, _ := proxywasm.GetHeaderMapSize(proxywasm.MapTypeHttpRequestHeaders)
+	set("x-seen", a+"|"+b+"|"+c)
+	set("x-missing-err", errString(missing))
+	set("x-count", strconv.Itoa(numHeaders)+"/"+strconv.Itoa(len(all))+"/"+strconv.FormatBool(endOfStream))
+	set("x-size", strconv.Itoa(int(size)))
+	set("X-Upper", "lowered")
+	_ = proxywasm.ReplaceHttpRequestHeader("x-replace", "new")
+	_ = proxywasm.RemoveHttpRequestHeader("x-remove")
+	_ = proxywasm.ReplaceHttpRequestHeader(":path", "/rewritten")
+}
+
+// properties (x-op: property) sets a property, reads it back, and reads
+// every property the host defines into headers.
+func properties() {
+	v, _ := proxywasm.GetHttpRequestHeader("x-value")
+	if err := proxywasm.SetProperty([]string{"abi_decision"}, []byte(v)); err != nil {
+		set("x-set-err", err.Error())
+	}
+	back, err := proxywasm.GetProperty([]string{"abi_decision"})
+	set("x-readback", string(back)+"/"+errString(err))
+	for _, p := range [][]string{
+		{"source", "address"}, {"request", "path"}, {"request", "url_path"}, {"request", "method"},
+		{"request", "id"}, {"request", "host"}, {"request", "scheme"}, {"request", "useragent"},
+		{"request", "headers", "x-value"}, {"plugin_name"}, {"plugin_root_id"}, {"plugin_vm_id"},
+		{"response", "code"}, {"no_such_property"},
+	} {
+		val, err := proxywasm.GetProperty(p)
+		set("x-prop-"+strings.Join(p, "."), string(val)+"/"+errString(err))
+	}
+	m, _ := proxywasm.GetProperty([]string{"request", "headers"})
+	set("x-prop-headers-bytes", strconv.Itoa(len(m)))
+	cid, _ := proxywasm.GetProperty([]string{"connection_id"})
+	set("x-prop-connection-id-len", strconv.Itoa(len(cid)))
+}
+
+// callout (x-op: callout) dispatches an HTTP call to the cluster x-cluster
+// names and pauses until it answers.
+func (h *httpContext) callout() types.Action {
+	cluster, _ := proxywasm.GetHttpRequestHeader("x-cluster")
+	hdrs := [][2]string{{":method", "GET"}, {":path", "/cp?q=1"}, {":authority", "cp.internal"}, {"x-from", "abi"}}
+	if drop, _ := proxywasm.GetHttpRequestHeader("x-drop"); drop != "" {
+		out := hdrs[:0]
+		for _, kv := range hdrs {
+			if kv[0] != drop {
+				out = append(out, kv)
+			}
+		}
+		hdrs = out
+	}
+	timeout := uint32(0)
+	if t, _ := proxywasm.GetHttpRequestHeader("x-timeout"); t != "" {
+		n, _ := strconv.Atoi(t)
+		timeout = uint32(n)
+	}
+	_, err := proxywasm.DispatchHttpCall(cluster, hdrs, nil, nil, timeout, h.onCallout)
+	if err != nil {
+		set("x-callout", "dispatch: "+err.Error())
+		return types.ActionContinue
+	}
+	return types.ActionPause
 }
 
 func (h *httpContext) onCallout(numHeaders, bodySize, numTrailers int) {
