@@ -367,10 +367,11 @@ func (s *Service) decideKey(g group, rd Read, snap Snapshot, now int64) (Op, boo
 	}
 	l := newLedger(h)
 	l.maxEntries = uint32(min(s.o.MaxEntriesPerKey, 1<<31))
+	l.windowed = g.f.validity == 0
 	for i, f := range rd.Fields {
 		v := snap.Fields[i]
 		if name, ok := cutPrefix(f, entryPrefix); ok {
-			if e, ok := decodeEntry(v); ok {
+			if e, ok := decodeEntry(v, l.windowed); ok {
 				l.entries[name] = &e
 			}
 		} else if o, ok := cutPrefix(f, ownerPrefix); ok {
@@ -424,7 +425,7 @@ func (s *Service) writeOf(g group, l *ledger, old []byte, now int64) Op {
 	next, ttl := g.f.store(&l.header, now)
 	op := Op{Key: g.key, Old: old, New: next, TTL: ttl, Del: make([]string, 0, len(l.removed))}
 	for name := range l.dirty {
-		op.Set = append(op.Set, Field{Name: entryPrefix + name, Value: l.entries[name].encode()})
+		op.Set = append(op.Set, Field{Name: entryPrefix + name, Value: l.entries[name].encode(l.windowed)})
 	}
 	for _, name := range l.removed {
 		op.Del = append(op.Del, entryPrefix+name)

@@ -228,7 +228,7 @@ const reserveBefore = 5 * time.Second
 //
 // Fixed windows are shared per window: each of the n active Envoys has a fair
 // share of the window's limit, ⌈L/n⌉, and may take what is left of its own
-// (entry.first counts what it was granted in the window), or a share of what the
+// (entry.granted counts what it was granted in the window), or a share of what the
 // assignment clients' unclaimed shares leave of the remainder, split as before
 // among the Envoys and a newcomer, whichever is more; nothing (0) when its own is
 // spent and the rest is kept for assignment clients. Until reserveBefore the
@@ -239,7 +239,7 @@ const reserveBefore = 5 * time.Second
 // they ask often enough to take their turn, and an Envoy holding its lease
 // without asking must not keep budget from those that do. What the assignment
 // clients have claimed is the header's sum of their grants in the window
-// (firstA), so a share above ⌈L/n⌉ counts against the others' reserve.
+// (grantedA), so a share above ⌈L/n⌉ counts against the others' reserve.
 //
 // Alone on the key an Envoy may take half the remainder (so that a newcomer still
 // finds some). Other algorithms with others: half the remainder split among them
@@ -261,17 +261,17 @@ func (f *fleetLimiter) share(d *decision) uint64 {
 	if f.alg == limit.FixedWindow {
 		n := others + 1
 		fairW := (lim + n - 1) / n
-		got := min(me.first, fairW)
+		got := min(me.granted, fairW)
 		if me.tag != tag {
 			got = 0
 		}
 		var reserved uint64
 		if int64(tag)-now > int64(reserveBefore) && assignments > 0 {
-			claimed := l.firstA
+			claimed := l.grantedA
 			if l.winTag != tag {
 				claimed = 0
 			} else if assignmentEntry(name) && old.tag == tag {
-				claimed -= min(claimed, old.first)
+				claimed -= min(claimed, old.granted)
 			}
 			reserved = assignments*fairW - min(claimed, assignments*fairW)
 		}
@@ -406,13 +406,13 @@ func (f *fleetLimiter) settle(d *decision) {
 			since := d.l.total - me.seq
 			debt := f.debtUnits(d.cur, now)
 			if debt > since {
-				returned = min(returned, debt-since, me.first)
+				returned = min(returned, debt-since, me.unspent)
 			} else {
 				returned = 0
 			}
-			me.first -= returned
+			me.unspent -= returned
 		} else if me.tag == d.tag {
-			me.first -= min(returned, me.first) // back in the window's budget: its share again
+			me.granted -= min(returned, me.granted) // back in the window's budget: its share again
 		}
 		me.held -= min(k.Return, me.held)
 		f.lim.Adjust(d.cur, d.tmp, now, -int64(returned))
@@ -518,14 +518,14 @@ func (f *fleetLimiter) record(d *decision, granted uint64) {
 		l.total += granted
 		switch {
 		case f.validity == 0:
-			// Fixed window, time wheel: first counts what the Envoy was granted
-			// under tag (share).
+			// Fixed window, time wheel: granted counts what the Envoy was
+			// granted under tag (share).
 			if me.tag != tag {
-				me.first = 0
+				me.granted = 0
 			}
-			me.first += granted
+			me.granted += granted
 		case me.held == 0:
-			me.seq, me.first = l.total, granted
+			me.seq, me.unspent = l.total, granted
 		}
 		start := me.exp
 		if d.ao != nil {

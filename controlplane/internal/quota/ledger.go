@@ -45,8 +45,9 @@ type header struct {
 	count   uint32
 	heldSum uint64
 	winTag  uint64
-	firstA  uint64
-	ring    activity
+	// grantedA is Σ granted of the assignment entries (RLQS streams) in winTag.
+	grantedA uint64
+	ring     activity
 }
 
 // headerFixed is the header's encoding after the limiter state and before the
@@ -60,7 +61,7 @@ type headerFixed struct {
 	Count   uint32 // ledger entries stored
 	HeldSum uint64 // Σ held over the stored entries
 	WinTag  uint64 // the window or slot FirstA counts in
-	FirstA  uint64 // Σ first of the assignment entries (RLQS streams) of WinTag
+	FirstA  uint64 // Σ granted of the assignment entries (RLQS streams) in WinTag (header.grantedA)
 	RingAt  int64  // the ring's newest slot (Unix ns / ringSlot)
 	Slots   uint8  // how many ringSlotFields follow
 }
@@ -74,12 +75,17 @@ type ringSlotFields struct {
 
 // entry is one Envoy's lease on a key ("e:" + its name), encoded as entryFields.
 type entry struct {
-	held  uint64
-	exp   int64
-	tag   uint64
-	last  int64
-	seq   uint64
-	first uint64
+	held uint64
+	exp  int64
+	tag  uint64
+	last int64
+	seq  uint64
+	// granted: fixed_window and time_wheel: units granted to the Envoy under
+	// tag, what it took of the window's budget (share).
+	granted uint64
+	// unspent: token_bucket and gcra: units of the lease's first grant not yet
+	// credited back by a return.
+	unspent uint64
 }
 
 // entryFields is an entry's encoding, little-endian, field by field.
@@ -89,8 +95,8 @@ type entryFields struct {
 	Tag  uint64 // window end (fixed_window) or slot (time_wheel) of the lease
 	Last int64  // Unix ns of the Envoy's last report for this key
 	Seq  uint64 // total just after the lease's first grant (token_bucket, gcra)
-	// First: token_bucket, gcra: units of that first grant not yet credited back;
-	// fixed_window, time_wheel: units granted under Tag (share).
+	// First: entry.unspent (token_bucket, gcra) or entry.granted (fixed_window,
+	// time_wheel): a key has one algorithm, so one slot holds whichever it uses.
 	First uint64
 }
 
@@ -206,7 +212,7 @@ func decodeHeader(b []byte, stateSize int) (header, error) {
 		return header{}, errFormat
 	}
 	h.total, h.latest, h.maxExp, h.writes = f.Total, f.Latest, f.MaxExp, f.Writes
-	h.count, h.heldSum, h.winTag, h.firstA, h.ring.at = f.Count, f.HeldSum, f.WinTag, f.FirstA, f.RingAt
+	h.count, h.heldSum, h.winTag, h.grantedA, h.ring.at = f.Count, f.HeldSum, f.WinTag, f.FirstA, f.RingAt
 	for range f.Slots {
 		var rs ringSlotFields
 		if _, err := binary.Decode(p, binary.LittleEndian, &rs); err != nil || rs.Age >= ringSlots {
@@ -231,7 +237,7 @@ func (h *header) encode(dst []byte) []byte {
 		}
 	}
 	dst, _ = binary.Append(dst, binary.LittleEndian, headerFixed{Total: h.total, Latest: h.latest, MaxExp: h.maxExp,
-		Writes: h.writes, Count: h.count, HeldSum: h.heldSum, WinTag: h.winTag, FirstA: h.firstA, RingAt: h.ring.at,
+		Writes: h.writes, Count: h.count, HeldSum: h.heldSum, WinTag: h.winTag, FirstA: h.grantedA, RingAt: h.ring.at,
 		Slots: uint8(len(slots))})
 	for _, rs := range slots {
 		dst, _ = binary.Append(dst, binary.LittleEndian, rs)
@@ -239,7 +245,9 @@ func (h *header) encode(dst []byte) []byte {
 	return dst
 }
 
-func decodeEntry(b []byte) (entry, bool) {
+// decodeEntry decodes an entry of a key whose algorithm is windowed
+// (fixed_window, time_wheel: First is granted) or not (First is unspent).
+func decodeEntry(b []byte, windowed bool) (entry, bool) {
 	var f entryFields
 	if len(b) != entrySize {
 		return entry{}, false
@@ -247,12 +255,23 @@ func decodeEntry(b []byte) (entry, bool) {
 	if _, err := binary.Decode(b, binary.LittleEndian, &f); err != nil {
 		return entry{}, false
 	}
-	return entry{held: f.Held, exp: f.Exp, tag: f.Tag, last: f.Last, seq: f.Seq, first: f.First}, true
+	e := entry{held: f.Held, exp: f.Exp, tag: f.Tag, last: f.Last, seq: f.Seq}
+	if windowed {
+		e.granted = f.First
+	} else {
+		e.unspent = f.First
+	}
+	return e, true
 }
 
-func (e *entry) encode() []byte {
+// encode encodes e, of a windowed key or not (decodeEntry).
+func (e *entry) encode(windowed bool) []byte {
+	first := e.unspent
+	if windowed {
+		first = e.granted
+	}
 	b, _ := binary.Append(make([]byte, 0, entrySize), binary.LittleEndian,
-		entryFields{Held: e.held, Exp: e.exp, Tag: e.tag, Last: e.last, Seq: e.seq, First: e.first})
+		entryFields{Held: e.held, Exp: e.exp, Tag: e.tag, Last: e.last, Seq: e.seq, First: first})
 	return b
 }
 
@@ -287,6 +306,9 @@ const ownerLen = 17
 // ledger is one key as a round sees it: the header, the entries of its askers
 // and of the sweep, and what the round changed.
 type ledger struct {
+	// windowed: the key's algorithm counts windows or slots (fixed_window,
+	// time_wheel), so an entry's First is its granted units (decodeEntry).
+	windowed bool
 	header
 	entries map[string]*entry // loaded or created this round, by name
 	owners  map[string]int64  // entries per owner: loaded, plus this round's changes
@@ -305,6 +327,14 @@ func newLedger(h header) *ledger {
 		dirty: map[string]bool{}, adds: map[string]int64{}}
 }
 
+// moveHeld changes heldSum for an entry that held from units and now holds to:
+// the one rule every change of heldSum follows. It never wraps below zero (a
+// sum that lost an entry's units, such as after a failed write, reads as 0).
+func (h *header) moveHeld(from, to uint64) {
+	h.heldSum -= min(h.heldSum, from)
+	h.heldSum += to
+}
+
 // create adds an entry for name, counting it for its owner.
 func (l *ledger) create(name string) *entry {
 	e := &entry{}
@@ -321,16 +351,16 @@ func (l *ledger) create(name string) *entry {
 // one) to e: the aggregates follow, and the entry is written.
 func (l *ledger) update(name string, old entry, fresh bool, e *entry, tag uint64) {
 	asg := assignmentEntry(name)
-	l.heldSum += e.held - old.held
+	l.moveHeld(old.held, e.held)
 	if l.winTag != tag {
-		l.winTag, l.firstA = tag, 0
+		l.winTag, l.grantedA = tag, 0
 	}
 	if asg {
 		if !fresh && old.tag == l.winTag {
-			l.firstA -= min(l.firstA, old.first)
+			l.grantedA -= min(l.grantedA, old.granted)
 		}
 		if e.tag == l.winTag {
-			l.firstA += e.first
+			l.grantedA += e.granted
 		}
 	}
 	if !fresh {
@@ -344,10 +374,10 @@ func (l *ledger) update(name string, old entry, fresh bool, e *entry, tag uint64
 
 // forget removes the stored entry name (e) from the ledger.
 func (l *ledger) forget(name string, e *entry) {
-	l.heldSum -= min(l.heldSum, e.held)
+	l.moveHeld(e.held, 0)
 	asg := assignmentEntry(name)
 	if asg && e.tag == l.winTag {
-		l.firstA -= min(l.firstA, e.first)
+		l.grantedA -= min(l.grantedA, e.granted)
 	}
 	l.ring.remove(e.last, asg)
 	l.count -= min(l.count, 1)
@@ -384,7 +414,7 @@ func (l *ledger) sweep(scanned []Field, now int64, pressure sweepPressure) (forg
 		if !ok || l.entries[name] != nil {
 			continue
 		}
-		e, ok := decodeEntry(f.Value)
+		e, ok := decodeEntry(f.Value, l.windowed)
 		if !ok {
 			continue
 		}
@@ -393,7 +423,7 @@ func (l *ledger) sweep(scanned []Field, now int64, pressure sweepPressure) (forg
 			l.forget(name, &e)
 			forgotten++
 		case e.held > 0 && e.exp <= now:
-			l.heldSum -= min(l.heldSum, e.held)
+			l.moveHeld(e.held, 0)
 			e.held, e.exp = 0, 0
 			l.entries[name] = &e
 			l.dirty[name] = true

@@ -121,7 +121,7 @@ func TestGoneEnvoysGiveTheirSlotsBack(t *testing.T) {
 // TestHeaderRoundTrips: the header, activity ring included, decodes to what was
 // encoded; a header of another state size or a stray byte does not decode.
 func TestHeaderRoundTrips(t *testing.T) {
-	h := header{state: []byte{1, 2, 3, 4, 5, 6, 7, 8}, total: 7, latest: 9e18, maxExp: 5, writes: 3, count: 4, heldSum: 11, winTag: 12, firstA: 13}
+	h := header{state: []byte{1, 2, 3, 4, 5, 6, 7, 8}, total: 7, latest: 9e18, maxExp: 5, writes: 3, count: 4, heldSum: 11, winTag: 12, grantedA: 13}
 	h.ring.add(int64(100*ringSlot), false)
 	h.ring.add(int64(130*ringSlot), true)
 	h.ring.add(int64(164*ringSlot), false)
@@ -130,7 +130,7 @@ func TestHeaderRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(got.state) != string(h.state) || got.total != 7 || got.latest != 9e18 || got.count != 4 || got.heldSum != 11 || got.firstA != 13 || got.ring != h.ring {
+	if string(got.state) != string(h.state) || got.total != 7 || got.latest != 9e18 || got.count != 4 || got.heldSum != 11 || got.grantedA != 13 || got.ring != h.ring {
 		t.Fatalf("decoded %+v, want %+v", got, h)
 	}
 	// Slot 100 fell out of the ring when it advanced to 164.
@@ -173,7 +173,7 @@ func TestHeaderRoundTripsEveryRingState(t *testing.T) {
 		{"one slot", header{state: []byte{1, 2, 3, 4, 5, 6, 7, 8}, ring: one, total: 1}, 1},
 		{"every slot", header{state: make([]byte, 8), ring: full}, ringSlots},
 		{"largest values", header{state: []byte{255, 255, 255, 255, 255, 255, 255, 255}, total: 1<<64 - 1, latest: 1<<63 - 1,
-			maxExp: 1<<63 - 1, writes: 1<<64 - 1, count: 1<<32 - 1, heldSum: 1<<64 - 1, winTag: 1<<64 - 1, firstA: 1<<64 - 1,
+			maxExp: 1<<63 - 1, writes: 1<<64 - 1, count: 1<<32 - 1, heldSum: 1<<64 - 1, winTag: 1<<64 - 1, grantedA: 1<<64 - 1,
 			ring: activity{at: 1<<63 - 1}}, 0},
 	}
 	for _, c := range cases {
@@ -293,5 +293,30 @@ func TestRoomForAnIdentityIsMadeFromItsOwnEntries(t *testing.T) {
 	}
 	if got := entriesOf(b); got != 2 {
 		t.Fatalf("b's idle entries after the sweep that made room for a: %d, want 2 (not a's to take)", got)
+	}
+}
+
+// An entry's one slot for its first grant holds granted for a windowed key and
+// unspent for a bucket; each decodes back into the name it was written from.
+func TestAnEntryRoundTripsUnderEitherMeaningOfItsFirstSlot(t *testing.T) {
+	w := entry{held: 1, exp: 2, tag: 3, last: 4, seq: 5, granted: 6}
+	if got, ok := decodeEntry(w.encode(true), true); !ok || got != w {
+		t.Errorf("windowed: %+v %v, want %+v", got, ok, w)
+	}
+	b := entry{held: 1, exp: 2, tag: 3, last: 4, seq: 5, unspent: 7}
+	if got, ok := decodeEntry(b.encode(false), false); !ok || got != b {
+		t.Errorf("bucket: %+v %v, want %+v", got, ok, b)
+	}
+	if len(w.encode(true)) != entrySize {
+		t.Errorf("an entry is %d bytes, want %d", len(w.encode(true)), entrySize)
+	}
+}
+
+// heldSum follows one rule: it never wraps below zero.
+func TestHeldSumNeverWrapsBelowZero(t *testing.T) {
+	h := header{heldSum: 5}
+	h.moveHeld(8, 2)
+	if h.heldSum != 2 {
+		t.Errorf("heldSum %d after taking 8 of 5 and adding 2, want 2", h.heldSum)
 	}
 }
