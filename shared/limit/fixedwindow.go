@@ -40,7 +40,13 @@ type fixedWindow struct {
 	trust  int64          // how far ahead of now a stored end is believed
 }
 
-const fixedWindowSize = 16
+// A fixed window's state, field by field (little-endian); offsets and size
+// follow from the list.
+const (
+	fwEnd           = 0           // int64: Unix ns the window ends
+	fwCount         = fwEnd + 8   // uint64: units counted in it
+	fixedWindowSize = fwCount + 8 // 16 bytes
+)
 
 func newFixedWindow(c Config) *fixedWindow {
 	f := &fixedWindow{base: newBase(c), limit: c.Limit, window: int64(c.Window), trust: 2 * int64(c.Window)}
@@ -94,7 +100,7 @@ func (f *fixedWindow) windowEnd(now int64) int64 {
 // current decodes state at now: the end of the window counted in and its count.
 func (f *fixedWindow) current(state []byte, now int64) (end int64, count uint64) {
 	if len(state) == fixedWindowSize {
-		end, count = int64(ld64(state, 0)), ld64(state, 8)
+		end, count = int64(ld64(state, fwEnd)), ld64(state, fwCount)
 		if end > now && end-now <= f.trust {
 			return end, count
 		}
@@ -119,8 +125,8 @@ func (f *fixedWindow) Decide(state, next []byte, now int64, cost uint64) Decisio
 	if count < f.limit {
 		d.Remaining = f.limit - count
 	}
-	st64(next, 0, uint64(end))
-	st64(next, 8, count)
+	st64(next, fwEnd, uint64(end))
+	st64(next, fwCount, count)
 	return d
 }
 
@@ -137,8 +143,8 @@ func (f *fixedWindow) Adjust(state, next []byte, now int64, delta int64) bool {
 	} else {
 		count -= min(count, uint64(-(delta+1))+1)
 	}
-	st64(next, 0, uint64(end))
-	st64(next, 8, count)
+	st64(next, fwEnd, uint64(end))
+	st64(next, fwCount, count)
 	return true
 }
 
@@ -153,8 +159,8 @@ func (f *fixedWindow) live(state []byte, now int64) (end int64, ok bool) {
 	if len(state) != fixedWindowSize {
 		return 0, false
 	}
-	end = int64(ld64(state, 0))
-	return end, ld64(state, 8) != 0 && end > now && end-now <= f.trust
+	end = int64(ld64(state, fwEnd))
+	return end, ld64(state, fwCount) != 0 && end > now && end-now <= f.trust
 }
 
 // Idle reports whether the window at now has counted nothing.

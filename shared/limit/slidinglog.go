@@ -30,6 +30,12 @@ import (
 // worker whose clock is slightly behind keeps the order (and is conservative). A state
 // with pos >= Limit, stamps out of order, or a newest stamp more than one Window ahead
 // of now reads as fresh.
+// A sliding log's state: its fixed part, then Limit stamps of 8 bytes.
+const (
+	slPos    = 0         // uint64: ring position of the oldest kept unit
+	slStamps = slPos + 8 // the first stamp
+)
+
 type slidingLog struct {
 	base
 	limit  uint64
@@ -38,7 +44,7 @@ type slidingLog struct {
 }
 
 func newSlidingLog(c Config) *slidingLog {
-	return &slidingLog{base: newBase(c), limit: c.Limit, window: int64(c.Window), size: 8 + 8*int(c.Limit)}
+	return &slidingLog{base: newBase(c), limit: c.Limit, window: int64(c.Window), size: slStamps + 8*int(c.Limit)}
 }
 
 // StateSize is 8 + 8·Limit bytes.
@@ -50,7 +56,7 @@ func (s *slidingLog) stamp(st []byte, pos, n uint64) uint64 {
 	if i >= s.limit {
 		i -= s.limit
 	}
-	return ld64(st, 8+8*int(i))
+	return ld64(st, slStamps+8*int(i))
 }
 
 // decode validates st at now and returns pos; ok is false if st reads as fresh.
@@ -58,7 +64,7 @@ func (s *slidingLog) decode(st []byte, now int64) (pos uint64, ok bool) {
 	if len(st) != s.size {
 		return 0, false
 	}
-	pos = ld64(st, 0)
+	pos = ld64(st, slPos)
 	if pos >= s.limit {
 		return 0, false
 	}
@@ -128,12 +134,12 @@ func (s *slidingLog) Decide(state, next []byte, now int64, cost uint64) Decision
 				if i >= s.limit {
 					i -= s.limit
 				}
-				st64(next, 8+8*int(i), at)
+				st64(next, slStamps+8*int(i), at)
 			}
 			if pos += cost; pos >= s.limit {
 				pos -= s.limit
 			}
-			st64(next, 0, pos)
+			st64(next, slPos, pos)
 			count += cost
 		}
 		d.Allowed = true

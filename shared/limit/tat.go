@@ -69,7 +69,13 @@ type tat struct {
 	maxAhead uint64 // ceil(2·C·W/L) + tatSkew: the furthest a believable TAT is ahead, ns
 }
 
-const tatSize = 16
+// A token_bucket or gcra state, field by field (little-endian); offsets and
+// size follow from the list.
+const (
+	tatAt   = 0           // int64: the theoretical arrival time, Unix ns
+	tatFrac = tatAt + 8   // uint64: the ticks of the TAT below one ns
+	tatSize = tatFrac + 8 // 16 bytes
+)
 
 func newTAT(c Config) *tat {
 	t := &tat{base: newBase(c), limit: c.Limit, window: uint64(c.Window), capacity: c.capacity()}
@@ -89,8 +95,8 @@ func (t *tat) debt(state []byte, now int64) (hi, lo uint64, over bool) {
 	if len(state) != tatSize {
 		return 0, 0, false
 	}
-	at := int64(ld64(state, 0))
-	frac := ld64(state, 8)
+	at := int64(ld64(state, tatAt))
+	frac := ld64(state, tatFrac)
 	if frac >= t.limit || at < now || (at == now && frac == 0) || uint64(at-now) > t.maxAhead {
 		return 0, 0, false
 	}
@@ -105,13 +111,13 @@ func (t *tat) debt(state []byte, now int64) (hi, lo uint64, over bool) {
 // encode writes the state whose debt at now is D ticks.
 func (t *tat) encode(next []byte, now int64, hi, lo uint64) {
 	if hi == 0 && lo == 0 {
-		st64(next, 0, 0)
-		st64(next, 8, 0)
+		st64(next, tatAt, 0)
+		st64(next, tatFrac, 0)
 		return
 	}
 	q, r := div128(hi, lo, t.limit)
-	st64(next, 0, uint64(addSat(now, q)))
-	st64(next, 8, r)
+	st64(next, tatAt, uint64(addSat(now, q)))
+	st64(next, tatFrac, r)
 }
 
 // report fills Remaining and Reset for debt D at now.
@@ -192,8 +198,8 @@ func (t *tat) IdleAt(state []byte, now int64) int64 {
 	hi, lo, over := t.debt(state, now)
 	idle := addSat(now, ceilDiv128(hi, lo, t.limit))
 	if over { // the stored TAT, beyond the clamped debt
-		at := int64(ld64(state, 0))
-		if ld64(state, 8) != 0 {
+		at := int64(ld64(state, tatAt))
+		if ld64(state, tatFrac) != 0 {
 			at++
 		}
 		idle = max(idle, at)

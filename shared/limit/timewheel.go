@@ -37,6 +37,12 @@ import "encoding/binary"
 // A head more than one window ahead of now cannot be current state and reads as fresh;
 // a head less than one window ahead (another worker's clock ran slightly ahead) is
 // used as is and the request is counted in slot head.
+// A time wheel's state: its fixed part, then Slots counts of 4 bytes.
+const (
+	twHead   = 0          // uint64: slot index of the newest slot written
+	twCounts = twHead + 8 // the first slot's count
+)
+
 type timeWheel struct {
 	base
 	limit  uint64
@@ -47,7 +53,7 @@ type timeWheel struct {
 
 func newTimeWheel(c Config) *timeWheel {
 	return &timeWheel{base: newBase(c), limit: c.Limit, window: uint64(c.Window),
-		slots: uint64(c.Slots), size: 8 + 4*int(c.Slots)}
+		slots: uint64(c.Slots), size: twCounts + 4*int(c.Slots)}
 }
 
 // StateSize is 8 + 4·Slots bytes.
@@ -85,7 +91,7 @@ func (w *timeWheel) dec(p uint64) uint64 {
 	return p - 1
 }
 
-func (w *timeWheel) at(s []byte, p uint64) uint64 { return uint64(ld32(s, 8+4*int(p))) }
+func (w *timeWheel) at(s []byte, p uint64) uint64 { return uint64(ld32(s, twCounts+4*int(p))) }
 
 // rotate writes into next the state moved to now's slot and returns that slot, the
 // units counted in the window ending with it, and the newest non-empty slot of that
@@ -93,10 +99,10 @@ func (w *timeWheel) at(s []byte, p uint64) uint64 { return uint64(ld32(s, 8+4*in
 func (w *timeWheel) rotate(state, next []byte, now int64) (i, total, newest uint64, ok bool) {
 	i = w.index(now)
 	if !loadState(state, next, w.size) {
-		st64(next, 0, i)
+		st64(next, twHead, i)
 		return i, 0, 0, false
 	}
-	head := ld64(next, 0)
+	head := ld64(next, twHead)
 	switch {
 	case head > i && head-i < w.slots:
 		i = head
@@ -105,12 +111,12 @@ func (w *timeWheel) rotate(state, next []byte, now int64) (i, total, newest uint
 	default:
 		p := (head + 1) % w.slots
 		for k := head + 1; k <= i; k++ {
-			st32(next, 8+4*int(p), 0)
+			st32(next, twCounts+4*int(p), 0)
 			p = w.inc(p)
 		}
 	}
-	st64(next, 0, i)
-	for b := next[8:w.size]; len(b) >= 4; b = b[4:] {
+	st64(next, twHead, i)
+	for b := next[twCounts:w.size]; len(b) >= 4; b = b[4:] {
 		total += uint64(binary.LittleEndian.Uint32(b))
 	}
 	if total == 0 {
@@ -133,7 +139,7 @@ func (w *timeWheel) Decide(state, next []byte, now int64, cost uint64) Decision 
 	i, total, newest, ok := w.rotate(state, next, now)
 	d := Decision{Limit: w.limit}
 	if cost <= w.limit && total+cost <= w.limit {
-		off := 8 + 4*int(i%w.slots)
+		off := twCounts + 4*int(i%w.slots)
 		st32(next, off, ld32(next, off)+uint32(cost))
 		total += cost
 		if cost > 0 {
@@ -169,7 +175,7 @@ func (w *timeWheel) Adjust(state, next []byte, now int64, delta int64) bool {
 	now = clampNow(now)
 	i, _, _, _ := w.rotate(state, next, now)
 	if delta >= 0 {
-		off := 8 + 4*int(i%w.slots)
+		off := twCounts + 4*int(i%w.slots)
 		c := uint64(ld32(next, off)) + uint64(delta)
 		if c > 1<<32-1 || c < uint64(delta) {
 			c = 1<<32 - 1
@@ -180,7 +186,7 @@ func (w *timeWheel) Adjust(state, next []byte, now int64, delta int64) bool {
 	refund := uint64(-(delta + 1)) + 1
 	p := i % w.slots
 	for m := uint64(0); m < w.slots && refund > 0; m++ {
-		off := 8 + 4*int(p)
+		off := twCounts + 4*int(p)
 		c := uint64(ld32(next, off))
 		take := min(c, refund)
 		st32(next, off, uint32(c-take))
@@ -203,7 +209,7 @@ func (w *timeWheel) newest(state []byte, now int64) (uint64, bool) {
 		return 0, false
 	}
 	i := w.index(now)
-	head := ld64(state, 0)
+	head := ld64(state, twHead)
 	if head > i && head-i >= w.slots {
 		return 0, false
 	}

@@ -21,8 +21,24 @@ package fleet
 
 import "encoding/binary"
 
-// EntrySize is the encoded size of an Entry in bytes: ten 8-byte fields.
-const EntrySize = 10 * 8
+// An encoded Entry, field by field, each 8 bytes little-endian; offsets and
+// EntrySize follow from the list.
+const (
+	offHash = iota * 8
+	offHeld
+	offUsed
+	offExpiry
+	offSent
+	offFingerprint
+	offLastUse
+	offClaim
+	offDebt
+	offDebtUntil
+	offEnd
+)
+
+// EntrySize is the encoded size of an Entry in bytes (80).
+const EntrySize = offEnd
 
 // Entry is the lease an Envoy holds for one counter key of a fleet rule.
 type Entry struct {
@@ -104,7 +120,7 @@ func Find(b []byte, hash uint64) (Entry, int, bool) {
 		return Entry{}, -1, false
 	}
 	for i := 0; i+EntrySize <= len(b); i += EntrySize {
-		if binary.LittleEndian.Uint64(b[i:]) == hash {
+		if binary.LittleEndian.Uint64(b[i+offHash:]) == hash {
 			return decode(b[i:]), i / EntrySize, true
 		}
 	}
@@ -123,7 +139,7 @@ func Put(dst, b []byte, e Entry, max int, now int64) ([]byte, bool) {
 	n := len(b) / EntrySize
 	idx, evicted := -1, false
 	for i := 0; i < n; i++ {
-		if binary.LittleEndian.Uint64(b[i*EntrySize:]) == e.Hash {
+		if binary.LittleEndian.Uint64(b[i*EntrySize+offHash:]) == e.Hash {
 			idx = i
 			break
 		}
@@ -168,10 +184,10 @@ func Entries(b []byte) []Entry {
 func decode(b []byte) Entry {
 	le := binary.LittleEndian
 	return Entry{
-		Hash: le.Uint64(b), Held: le.Uint64(b[8:]), Used: le.Uint64(b[16:]),
-		Expiry: int64(le.Uint64(b[24:])), Sent: int64(le.Uint64(b[32:])),
-		Fingerprint: le.Uint64(b[40:]), LastUse: int64(le.Uint64(b[48:])), Claim: int64(le.Uint64(b[56:])),
-		Debt: le.Uint64(b[64:]), DebtUntil: int64(le.Uint64(b[72:])),
+		Hash: le.Uint64(b[offHash:]), Held: le.Uint64(b[offHeld:]), Used: le.Uint64(b[offUsed:]),
+		Expiry: int64(le.Uint64(b[offExpiry:])), Sent: int64(le.Uint64(b[offSent:])),
+		Fingerprint: le.Uint64(b[offFingerprint:]), LastUse: int64(le.Uint64(b[offLastUse:])), Claim: int64(le.Uint64(b[offClaim:])),
+		Debt: le.Uint64(b[offDebt:]), DebtUntil: int64(le.Uint64(b[offDebtUntil:])),
 	}
 }
 
@@ -180,14 +196,14 @@ func encode(b []byte, e Entry) {
 		return
 	}
 	le := binary.LittleEndian
-	le.PutUint64(b, e.Hash)
-	le.PutUint64(b[8:], e.Held)
-	le.PutUint64(b[16:], e.Used)
-	le.PutUint64(b[24:], uint64(e.Expiry))
-	le.PutUint64(b[32:], uint64(e.Sent))
-	le.PutUint64(b[40:], e.Fingerprint)
-	le.PutUint64(b[48:], uint64(e.LastUse))
-	le.PutUint64(b[56:], uint64(e.Claim))
-	le.PutUint64(b[64:], e.Debt)
-	le.PutUint64(b[72:], uint64(e.DebtUntil))
+	le.PutUint64(b[offHash:], e.Hash)
+	le.PutUint64(b[offHeld:], e.Held)
+	le.PutUint64(b[offUsed:], e.Used)
+	le.PutUint64(b[offExpiry:], uint64(e.Expiry))
+	le.PutUint64(b[offSent:], uint64(e.Sent))
+	le.PutUint64(b[offFingerprint:], e.Fingerprint)
+	le.PutUint64(b[offLastUse:], uint64(e.LastUse))
+	le.PutUint64(b[offClaim:], uint64(e.Claim))
+	le.PutUint64(b[offDebt:], e.Debt)
+	le.PutUint64(b[offDebtUntil:], uint64(e.DebtUntil))
 }

@@ -49,9 +49,13 @@ type Lease struct {
 	ExpiryNanos int64
 }
 
-// leaseBytes is the encoded size of a Lease: holder u64, expiry i64, both
-// little-endian.
-const leaseBytes = 16
+// An encoded Lease, field by field (little-endian); offsets and size follow
+// from the list.
+const (
+	leaseHolder = 0               // uint64
+	leaseExpiry = leaseHolder + 8 // int64, Unix ns
+	leaseBytes  = leaseExpiry + 8 // 16 bytes
+)
 
 // AppendLease appends the 16-byte encoding of l to dst.
 func AppendLease(dst []byte, l Lease) []byte {
@@ -67,8 +71,8 @@ func DecodeLease(b []byte) (l Lease, ok bool) {
 		return Lease{}, false
 	}
 	return Lease{
-		Holder:      binary.LittleEndian.Uint64(b),
-		ExpiryNanos: int64(binary.LittleEndian.Uint64(b[8:])),
+		Holder:      binary.LittleEndian.Uint64(b[leaseHolder:]),
+		ExpiryNanos: int64(binary.LittleEndian.Uint64(b[leaseExpiry:])),
 	}, true
 }
 
@@ -110,9 +114,18 @@ func (m Meta) Deleted() bool { return m.Generation != 0 && m.Length == 0 }
 // metaMagic starts every encoded Meta: the format's name and revision.
 const metaMagic = "SPM2"
 
-// metaFixedBytes is the encoded size of a Meta without its ETag: magic,
-// version, generation, claimed, length, chunks, checksum, ETag length (u16).
-const metaFixedBytes = 4 + 8 + 8 + 8 + 4 + 4 + 8 + 2
+// An encoded Meta before its ETag bytes, field by field (little-endian);
+// offsets and metaFixedBytes follow from the list.
+const (
+	metaVersion    = len(metaMagic)     // uint64
+	metaGeneration = metaVersion + 8    // uint64
+	metaClaimed    = metaGeneration + 8 // uint64
+	metaLength     = metaClaimed + 8    // uint32
+	metaChunks     = metaLength + 4     // uint32
+	metaChecksum   = metaChunks + 4     // uint64
+	metaETagLen    = metaChecksum + 8   // uint16
+	metaFixedBytes = metaETagLen + 2    // 46 bytes
+)
 
 // AppendMeta appends the encoding of m to dst: "SPM2", then little-endian
 // version u64, generation u64, claimed u64, length u32, chunks u32,
@@ -144,17 +157,17 @@ func DecodeMeta(b []byte) (m Meta, ok bool) {
 	if len(b) == 0 {
 		return Meta{}, true
 	}
-	if len(b) < metaFixedBytes || string(b[:4]) != metaMagic {
+	if len(b) < metaFixedBytes || string(b[:metaVersion]) != metaMagic {
 		return Meta{}, false
 	}
 	le := binary.LittleEndian
-	m.Version = le.Uint64(b[4:])
-	m.Generation = le.Uint64(b[12:])
-	m.Claimed = le.Uint64(b[20:])
-	m.Length = le.Uint32(b[28:])
-	m.Chunks = le.Uint32(b[32:])
-	m.Checksum = le.Uint64(b[36:])
-	n := int(le.Uint16(b[44:]))
+	m.Version = le.Uint64(b[metaVersion:])
+	m.Generation = le.Uint64(b[metaGeneration:])
+	m.Claimed = le.Uint64(b[metaClaimed:])
+	m.Length = le.Uint32(b[metaLength:])
+	m.Chunks = le.Uint32(b[metaChunks:])
+	m.Checksum = le.Uint64(b[metaChecksum:])
+	n := int(le.Uint16(b[metaETagLen:]))
 	if len(b) != metaFixedBytes+n || n > MaxETagBytes {
 		return Meta{}, false
 	}

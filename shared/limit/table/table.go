@@ -73,10 +73,26 @@ import (
 // overflow record; buckets of version 1 read as Stale).
 const FormatVersion = 2
 
+const magic = 's'
+
+// The header, field by field; offsets and size follow from the list.
 const (
-	magic      = 's'
-	headerSize = 16
-	entryHead  = 16
+	hMagic       = 0                // byte: magic
+	hVersion     = hMagic + 1       // byte: FormatVersion
+	hAlgorithm   = hVersion + 1     // byte: limit.Algorithm
+	hReserved1   = hAlgorithm + 1   // byte: 0
+	hFingerprint = hReserved1 + 1   // uint32
+	hEntries     = hFingerprint + 4 // uint16
+	hReserved2   = hEntries + 2     // 2 bytes: 0
+	hStateSize   = hReserved2 + 2   // uint32
+	headerSize   = hStateSize + 4   // 16 bytes
+)
+
+// A record's head, field by field, before the algorithm state.
+const (
+	rKey      = 0        // uint64: key hash
+	rIdleAt   = rKey + 8 // int64: Unix ns
+	entryHead = rIdleAt + 8
 )
 
 // MaxEntries is the largest number of entries in one bucket.
@@ -122,10 +138,10 @@ func New(l limit.Limiter, entries int) (*Layout, error) {
 			strconv.Itoa(t.stateSize) + "-byte state is " + strconv.Itoa(t.size) + " bytes, more than " + strconv.Itoa(MaxBucketSize)}
 	}
 	h := &t.header
-	h[0], h[1], h[2] = magic, FormatVersion, byte(l.Config().Algorithm)
-	binary.LittleEndian.PutUint32(h[4:], l.Fingerprint())
-	binary.LittleEndian.PutUint16(h[8:], uint16(entries))
-	binary.LittleEndian.PutUint32(h[12:], uint32(t.stateSize))
+	h[hMagic], h[hVersion], h[hAlgorithm] = magic, FormatVersion, byte(l.Config().Algorithm)
+	binary.LittleEndian.PutUint32(h[hFingerprint:], l.Fingerprint())
+	binary.LittleEndian.PutUint16(h[hEntries:], uint16(entries))
+	binary.LittleEndian.PutUint32(h[hStateSize:], uint32(t.stateSize))
 	return t, nil
 }
 
@@ -196,13 +212,13 @@ func (t *Layout) check(b []byte) Status {
 	switch {
 	case len(b) == 0:
 		return Empty
-	case len(b) < headerSize || b[0] != magic || b[3] != 0 || b[10] != 0 || b[11] != 0:
+	case len(b) < headerSize || b[hMagic] != magic || b[hReserved1] != 0 || b[hReserved2] != 0 || b[hReserved2+1] != 0:
 		return Corrupt
-	case b[1] != FormatVersion:
+	case b[hVersion] != FormatVersion:
 		return Stale
 	}
-	n := int(binary.LittleEndian.Uint16(b[8:]))
-	ss := int(binary.LittleEndian.Uint32(b[12:]))
+	n := int(binary.LittleEndian.Uint16(b[hEntries:]))
+	ss := int(binary.LittleEndian.Uint32(b[hStateSize:]))
 	if ss > MaxBucketSize || len(b) != headerSize+(n+1)*(entryHead+ss) {
 		return Corrupt
 	}
@@ -230,16 +246,16 @@ func (t *Layout) Lookup(bucket []byte, keyHash uint64, now int64) Slot {
 	free := -1
 	off := headerSize
 	for i := 0; i < t.entries; i, off = i+1, off+t.entrySize {
-		k := binary.LittleEndian.Uint64(bucket[off:])
+		k := binary.LittleEndian.Uint64(bucket[off+rKey:])
 		if k == key {
 			return Slot{Index: i, State: bucket[off+entryHead : off+t.entrySize], Found: true}
 		}
-		if free < 0 && (k == 0 || int64(binary.LittleEndian.Uint64(bucket[off+8:])) <= now) {
+		if free < 0 && (k == 0 || int64(binary.LittleEndian.Uint64(bucket[off+rIdleAt:])) <= now) {
 			free = i
 		}
 	}
 	var ov []byte // off is the overflow record's
-	if int64(binary.LittleEndian.Uint64(bucket[off+8:])) > now {
+	if int64(binary.LittleEndian.Uint64(bucket[off+rIdleAt:])) > now {
 		ov = bucket[off+entryHead : off+t.entrySize]
 	}
 	if free >= 0 {
@@ -261,7 +277,7 @@ func (t *Layout) Current(bucket []byte, keyHash uint64) Slot {
 	key := normKey(keyHash)
 	off := headerSize
 	for i := 0; i < t.entries; i, off = i+1, off+t.entrySize {
-		if binary.LittleEndian.Uint64(bucket[off:]) == key {
+		if binary.LittleEndian.Uint64(bucket[off+rKey:]) == key {
 			return Slot{Index: i, State: bucket[off+entryHead : off+t.entrySize], Found: true}
 		}
 	}
@@ -288,11 +304,11 @@ func (t *Layout) Commit(dst, bucket []byte, s Slot, keyHash uint64, next []byte,
 	off := headerSize + i*t.entrySize
 	state := next[:t.stateSize]
 	if i == t.entries {
-		binary.LittleEndian.PutUint64(dst[off:], 0)
+		binary.LittleEndian.PutUint64(dst[off+rKey:], 0)
 	} else {
-		binary.LittleEndian.PutUint64(dst[off:], normKey(keyHash))
+		binary.LittleEndian.PutUint64(dst[off+rKey:], normKey(keyHash))
 	}
-	binary.LittleEndian.PutUint64(dst[off+8:], uint64(t.lim.IdleAt(state, now)))
+	binary.LittleEndian.PutUint64(dst[off+rIdleAt:], uint64(t.lim.IdleAt(state, now)))
 	copy(dst[off+entryHead:off+t.entrySize], state)
 	return dst
 }
@@ -306,6 +322,6 @@ func (t *Layout) Entry(bucket []byte, i int) (keyHash uint64, idleAt int64, stat
 		return 0, 0, nil, false
 	}
 	off := headerSize + i*t.entrySize
-	return binary.LittleEndian.Uint64(bucket[off:]), int64(binary.LittleEndian.Uint64(bucket[off+8:])),
+	return binary.LittleEndian.Uint64(bucket[off+rKey:]), int64(binary.LittleEndian.Uint64(bucket[off+rIdleAt:])),
 		bucket[off+entryHead : off+t.entrySize], true
 }
