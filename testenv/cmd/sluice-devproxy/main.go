@@ -47,11 +47,11 @@ func (c clusterFlags) Set(v string) error {
 // flags are the command's flags.
 type flags struct {
 	cfgPath, wasmPath, listen, upstream, accessLog string
-	readToken, serviceNode, quotaToken            string
-	logLevel, admin                               string
-	clusters                                      clusterFlags
-	workers                                       int
-	noFilter, showVersion                         bool
+	readToken, serviceNode, quotaToken             string
+	logLevel, admin                                string
+	clusters                                       clusterFlags
+	workers                                        int
+	noFilter, showVersion                          bool
 }
 
 // parseFlags reads args; false with the exit code when the command ends here
