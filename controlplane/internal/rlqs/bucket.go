@@ -248,26 +248,37 @@ type credit struct {
 }
 
 // cover spends a report's allowed units from the assignments that may have
-// admitted them, oldest first, and adds what none covers to owed. An assignment
-// sent at s with TTL t, followed by another sent at s', is dead by min(s+t, s')
-// plus margin, and a report arriving after that plus margin was sent after it
-// died (settle's rule): its units left can cover none of that report. Units
-// granted and then returned, or forfeited when their window ended, are never
-// coverage for later use, as the lifetime totals made them.
+// admitted them and adds what none covers to owed. An assignment sent at s with
+// TTL t, followed by another sent at s', is dead by min(s+t, s') plus margin at
+// the Envoy; a report that arrives after that plus margin was sent after it died
+// (settle's rule), so it can cover no later report, and it is dropped with its
+// units left: units granted and then returned, or forfeited when their window
+// ended, are never coverage for later use, as the lifetime totals made them.
+// But a report counts what the Envoy admitted since its previous report
+// (b.lastReport, not yet moved to now), so an assignment that died since then
+// may have admitted some of this report's units while it lived: it covers what
+// the live assignments (spent first, oldest first, as keep reads them) do not.
 func (b *bucket) cover(now int64, allowed uint64, margin time.Duration) {
-	n := 0
+	dead := 0
 	for i := range b.credits {
 		if now < diesAt(b.credits, i)+2*int64(margin) {
 			break
 		}
-		n++
+		dead++
 	}
-	b.credits = b.credits[n:]
-	for i := range b.credits {
+	for i := dead; i < len(b.credits); i++ {
 		take := min(allowed, b.credits[i].left)
 		b.credits[i].left -= take
 		allowed -= take
 	}
+	for i := 0; i < dead && allowed > 0; i++ {
+		if diesAt(b.credits, i)+2*int64(margin) > b.lastReport {
+			take := min(allowed, b.credits[i].left)
+			b.credits[i].left -= take
+			allowed -= take
+		}
+	}
+	b.credits = b.credits[dead:]
 	b.owed = min(b.owed+allowed, sq.MaxUnits)
 }
 

@@ -45,6 +45,9 @@ func TestAdmittedPerWindowAtEnvoysCadence(t *testing.T) {
 		asserted bool
 	}{
 		{"w10", 10 * time.Second, true},
+		// on_quota_failure "local", the default: units admitted without an
+		// assignment are charged, and units an assignment admitted never are.
+		{"w10local", 10 * time.Second, true},
 		{"w60", time.Minute, true},
 		{"w5", 5 * time.Second, false},
 	} {

@@ -78,3 +78,36 @@ func TestFailOpenUsageWhileTheStoreIsDownIsChargedWhenItIsBack(t *testing.T) {
 		t.Fatalf("charged %v of the %d requests admitted without a live assignment", got, 3*(100/3))
 	}
 }
+
+// TestUnitsSpentBeforeAnAssignmentEndedAreNotChargedWhenReportedAfterIt: Envoy
+// reports what it admitted since its last report, so a report that arrives after
+// an assignment ended still counts the units that assignment admitted while it
+// lived (at Envoy's 5 s cadence: granted 5 s into a 10 s window, ended before the
+// window did, reported just after). They were granted, and so counted, already:
+// charging them again would count them twice and shrink the next window's budget
+// by them (a real Envoy offered 5 × L then admitted 50 of 100 in a window).
+func TestUnitsSpentBeforeAnAssignmentEndedAreNotChargedWhenReportedAfterIt(t *testing.T) {
+	f := &fixture{pol: &policies{}, reg: prometheus.NewRegistry()}
+	w := int64(10 * time.Second)
+	f.now = time.Now().UnixNano()/w*w + w + int64(5050*time.Millisecond)
+	f.pol.set(t, simPolicy)
+	clock := func() int64 { return f.now }
+	f.q = quota.New(quota.Options{Backend: quota.NewMemory(), Policies: f.pol, Open: true, Now: clock, Timeout: time.Minute, Registry: f.reg})
+	f.srv = New(Options{Quota: f.q, Now: clock, Registry: f.reg})
+	ss := f.srv.newStream("")
+	id := map[string]string{"policy": "p", "rule": "pass", "user": "u"}
+	charged := func() float64 {
+		return counterWith(t, f.reg, "sluice_controlplane_rlqs_units_charged_total", "", "")
+	}
+
+	resp := f.send(ss, report(simEnv, 1, 60, id)) // the first request, before any assignment: charged
+	if len(resp.BucketAction) == 0 || resp.BucketAction[0].GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 5*time.Second {
+		t.Fatalf("want a token bucket that ends before the next report: %v", resp)
+	}
+	base := charged()
+	f.now += int64(5 * time.Second) // the next report, in the next window
+	f.send(ss, report(simEnv, 1, 0, id))
+	if got := charged(); got != base {
+		t.Fatalf("a unit the assignment admitted while it lived was charged again: %v → %v", base, got)
+	}
+}
