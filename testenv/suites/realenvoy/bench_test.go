@@ -38,8 +38,9 @@ var benchVariants = []struct {
 	name   string
 	filter func(wasm map[string]any) map[string]any // the http filter that replaces sluice's, nil for none
 	status int                                      // what every request gets
+	module string                                   // the Wasm module: "sluice", "floor" or none
 }{
-	{"a_no_filter", func(map[string]any) map[string]any { return nil }, 200},
+	{"a_no_filter", func(map[string]any) map[string]any { return nil }, 200, ""},
 	{"b_local_ratelimit", func(map[string]any) map[string]any {
 		// Envoy's own filter, one token bucket that never runs dry: the
 		// cheapest configuration it has (a bucket per user needs route
@@ -52,11 +53,16 @@ var benchVariants = []struct {
 				"default_value": map[string]any{"numerator": 100, "denominator": "HUNDRED"}},
 			"filter_enforced": map[string]any{"runtime_key": "lrl_enforced",
 				"default_value": map[string]any{"numerator": 100, "denominator": "HUNDRED"}}}}
-	}, 200},
-	{"c_sluice_1_rule", withPolicy(sluiceFilter(benchRule("r1", "1000000000"))), 200},
+	}, 200, ""},
+	{"c_sluice_1_rule", withPolicy(sluiceFilter(benchRule("r1", "1000000000"))), 200, "sluice"},
 	{"d_sluice_5_rules", withPolicy(sluiceFilter(benchRule("r1", "1000000000"), benchRule("r2", "1000000000"),
-		benchRule("r3", "1000000000"), benchRule("r4", "1000000000"), benchRule("r5", "1000000000"))), 200},
-	{"e_sluice_429", withPolicy(sluiceFilter(`{"id":"deny","match":{"path_prefix":"/api/"},"key":["method"],"algorithm":"fixed_window","limit":1,"window":"24h"}`)), 429},
+		benchRule("r3", "1000000000"), benchRule("r4", "1000000000"), benchRule("r5", "1000000000"))), 200, "sluice"},
+	{"e_sluice_429", withPolicy(sluiceFilter(`{"id":"deny","match":{"path_prefix":"/api/"},"key":["method"],"algorithm":"fixed_window","limit":1,"window":"24h"}`)), 429, "sluice"},
+	// The floor: a Go module on the same binding, in the same filter
+	// configuration, that reads what sluice's request path reads and decides
+	// nothing (filter/testdata/floor). What it adds is what any Go proxy-wasm
+	// filter costs in Envoy before deciding anything.
+	{"f_go_floor", func(wasm map[string]any) map[string]any { return wasm }, 200, "floor"},
 }
 
 // withPolicy returns a filter func that keeps sluice's filter with cfg as its
@@ -79,12 +85,18 @@ func withPolicy(cfg string) func(map[string]any) map[string]any {
 //	go test -run '^$' -bench RequestThroughEnvoy -benchtime 20000x -count 3 ./testenv/suites/realenvoy/
 func BenchmarkRequestThroughEnvoy(b *testing.B) {
 	envoyproc.Binary(b, repo)
+	floor := filepath.Join(b.TempDir(), "floor.wasm")
+	if err := proctest.BuildAll(repo, proctest.Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"},
+		Args: []string{"-buildmode=c-shared", "-o", floor, "./filter/testdata/floor"}}); err != nil {
+		b.Fatal(err)
+	}
+	modules := map[string]string{"sluice": filepath.Join(binDir, "sluice.wasm"), "floor": floor}
 	up := startUpstream(b)
 	for _, v := range benchVariants {
 		cfg := benchBootstrap(b, v.filter)
-		files := map[string]string{"build/sluice.wasm": filepath.Join(binDir, "sluice.wasm")}
-		if !strings.HasPrefix(v.name, "c_") && !strings.HasPrefix(v.name, "d_") && !strings.HasPrefix(v.name, "e_") {
-			files = nil // no Wasm filter in this variant
+		var files map[string]string // none: no Wasm filter in this variant
+		if v.module != "" {
+			files = map[string]string{"build/sluice.wasm": modules[v.module]}
 		}
 		e := envoyproc.Start(b, envoyproc.Options{Name: v.name, Root: repo, Config: cfg, Env: tokens,
 			Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(b)}, Admin: proctest.FreeAddr(b),
