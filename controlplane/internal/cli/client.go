@@ -133,13 +133,7 @@ func (c *client) do(ctx context.Context, method, path string, body []byte, write
 	if err != nil {
 		return nil, &networkError{c.base, err}
 	}
-	// Whatever is printed of an answer never shows a token: a server that is
-	// not the control plane may echo the request's headers.
-	for _, tok := range []string{c.adminTok, c.readTok} {
-		if tok != "" {
-			b = bytes.ReplaceAll(b, []byte(tok), []byte("[token]"))
-		}
-	}
+	b = c.redact(b)
 	// Every answer of the API but 304 is JSON (controlplane/openapi.yaml).
 	if resp.StatusCode != http.StatusNotModified {
 		if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "application/json" {
@@ -148,6 +142,18 @@ func (c *client) do(ctx context.Context, method, path string, body []byte, write
 	}
 	c.printWarnings(resp.Header)
 	return &response{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+// redact replaces every token of c in b with "[token]": whatever is printed of
+// an answer never shows one (a server that is not the control plane may echo
+// the request's headers).
+func (c *client) redact(b []byte) []byte {
+	for _, tok := range []string{c.adminTok, c.readTok} {
+		if tok != "" {
+			b = bytes.ReplaceAll(b, []byte(tok), []byte("[token]"))
+		}
+	}
+	return b
 }
 
 // printWarnings writes each Warning header of an answer ("299 - \"text\"",
@@ -163,12 +169,7 @@ func (c *client) printWarnings(h http.Header) {
 				text = u
 			}
 		}
-		for _, tok := range []string{c.adminTok, c.readTok} {
-			if tok != "" {
-				text = strings.ReplaceAll(text, tok, "[token]")
-			}
-		}
-		fmt.Fprintln(c.warn, "Warning:", text)
+		fmt.Fprintln(c.warn, "Warning:", string(c.redact([]byte(text))))
 	}
 }
 

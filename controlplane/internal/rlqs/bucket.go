@@ -267,19 +267,23 @@ func (b *bucket) cover(now int64, allowed uint64, margin time.Duration) {
 		dead++
 	}
 	for i := dead; i < len(b.credits); i++ {
-		take := min(allowed, b.credits[i].left)
-		b.credits[i].left -= take
-		allowed -= take
+		allowed = b.credits[i].spend(allowed)
 	}
-	for i := 0; i < dead && allowed > 0; i++ {
+	for i := 0; i < dead; i++ {
 		if diesAt(b.credits, i)+2*int64(margin) > b.lastReport {
-			take := min(allowed, b.credits[i].left)
-			b.credits[i].left -= take
-			allowed -= take
+			allowed = b.credits[i].spend(allowed)
 		}
 	}
 	b.credits = b.credits[dead:]
 	b.owed = min(b.owed+allowed, sq.MaxUnits)
+}
+
+// spend takes up to units from what c has left and returns the units it could
+// not cover.
+func (c *credit) spend(units uint64) uint64 {
+	take := min(units, c.left)
+	c.left -= take
+	return units - take
 }
 
 // keep is the units of the live token bucket no report has spent yet: the last

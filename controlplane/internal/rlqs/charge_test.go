@@ -34,24 +34,38 @@ func (d *downable) Swap(ctx context.Context, ops []quota.Op) ([]bool, error) {
 	return d.Backend.Swap(ctx, ops)
 }
 
+// chargeFixture is a server on simPolicy whose quota service keeps its state in
+// backend, at the virtual time now (f.now moves it).
+type chargeFixture struct {
+	*fixture
+	t *testing.T
+}
+
+func newChargeFixture(t *testing.T, backend quota.Backend, now int64) chargeFixture {
+	f := &fixture{pol: &policies{}, reg: prometheus.NewRegistry(), now: now}
+	f.pol.set(t, simPolicy)
+	clock := func() int64 { return f.now }
+	f.q = quota.New(quota.Options{Backend: backend, Policies: f.pol, Open: true, Now: clock, Timeout: time.Minute, Registry: f.reg})
+	f.srv = New(Options{Quota: f.q, Now: clock, Registry: f.reg})
+	return chargeFixture{f, t}
+}
+
+// charged is the units charged so far (sluice_controlplane_rlqs_units_charged_total).
+func (f chargeFixture) charged() float64 {
+	return counterWith(f.t, f.reg, "sluice_controlplane_rlqs_units_charged_total", "", "")
+}
+
 // TestFailOpenUsageWhileTheStoreIsDownIsChargedWhenItIsBack: an Envoy whose
 // assignment ran out while the store was down admits with ALLOW_ALL (on_quota_failure
 // "pass"); those requests are covered by no live assignment, whatever was granted,
 // returned or forfeited before, so all of them are charged once the store answers.
 func TestFailOpenUsageWhileTheStoreIsDownIsChargedWhenItIsBack(t *testing.T) {
-	f := &fixture{pol: &policies{}, reg: prometheus.NewRegistry()}
 	m := int64(time.Minute)
-	f.now = time.Now().UnixNano()/m*m + m
-	f.pol.set(t, simPolicy)
 	store := &downable{Backend: quota.NewMemory()}
-	clock := func() int64 { return f.now }
-	f.q = quota.New(quota.Options{Backend: store, Policies: f.pol, Open: true, Now: clock, Timeout: time.Minute, Registry: f.reg})
-	f.srv = New(Options{Quota: f.q, Now: clock, Registry: f.reg})
+	f := newChargeFixture(t, store, time.Now().UnixNano()/m*m+m)
 	ss := f.srv.newStream("")
 	id := map[string]string{"policy": "p", "rule": "pass", "user": "u"}
-	charged := func() float64 {
-		return counterWith(t, f.reg, "sluice_controlplane_rlqs_units_charged_total", "", "")
-	}
+	charged := f.charged
 
 	f.send(ss, report(simEnv, 1, 100, id)) // the first request, before any assignment: charged
 	base := charged()
@@ -87,18 +101,11 @@ func TestFailOpenUsageWhileTheStoreIsDownIsChargedWhenItIsBack(t *testing.T) {
 // charging them again would count them twice and shrink the next window's budget
 // by them (a real Envoy offered 5 × L then admitted 50 of 100 in a window).
 func TestUnitsSpentBeforeAnAssignmentEndedAreNotChargedWhenReportedAfterIt(t *testing.T) {
-	f := &fixture{pol: &policies{}, reg: prometheus.NewRegistry()}
 	w := int64(10 * time.Second)
-	f.now = time.Now().UnixNano()/w*w + w + int64(5050*time.Millisecond)
-	f.pol.set(t, simPolicy)
-	clock := func() int64 { return f.now }
-	f.q = quota.New(quota.Options{Backend: quota.NewMemory(), Policies: f.pol, Open: true, Now: clock, Timeout: time.Minute, Registry: f.reg})
-	f.srv = New(Options{Quota: f.q, Now: clock, Registry: f.reg})
+	f := newChargeFixture(t, quota.NewMemory(), time.Now().UnixNano()/w*w+w+int64(5050*time.Millisecond))
 	ss := f.srv.newStream("")
 	id := map[string]string{"policy": "p", "rule": "pass", "user": "u"}
-	charged := func() float64 {
-		return counterWith(t, f.reg, "sluice_controlplane_rlqs_units_charged_total", "", "")
-	}
+	charged := f.charged
 
 	resp := f.send(ss, report(simEnv, 1, 60, id)) // the first request, before any assignment: charged
 	if len(resp.BucketAction) == 0 || resp.BucketAction[0].GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() >= 5*time.Second {

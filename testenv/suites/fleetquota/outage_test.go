@@ -104,10 +104,14 @@ func TestACounterLostMidWindowAdmitsAtMostOneMoreLimit(t *testing.T) {
 		envoys = append(envoys, startEnvoy(t, cp.addr, 1, `,"quota_interval":"200ms","quota_timeout":"300ms"`, v))
 	}
 	admitted, local, served := 0, 0, 0
+	answered := map[int]bool{} // the Envoys an answer of the quota service decided for
 	round := func() (denied int) {
-		for _, e := range envoys {
+		for i, e := range envoys {
 			r := e.do(0, "grace")
 			degraded := filterstate.Fields(r.FilterState)["quota"] == "degraded"
+			if !degraded {
+				answered[i] = true
+			}
 			switch {
 			case r.Status != 200:
 				denied++
@@ -141,21 +145,9 @@ func TestACounterLostMidWindowAdmitsAtMostOneMoreLimit(t *testing.T) {
 	rs.Restart()
 	// Until every Envoy has been answered by the service again, then as many
 	// rounds as it takes to spend a whole fresh limit.
-	answered := map[int]bool{}
+	clear(answered)
 	proctest.WaitFor(30*time.Second, func() bool {
-		for i, e := range envoys {
-			r := e.do(0, "grace")
-			q := filterstate.Fields(r.FilterState)["quota"]
-			if r.Status == 200 {
-				admitted++
-				if q == "degraded" {
-					local++
-				}
-			}
-			if q != "degraded" {
-				answered[i] = true
-			}
-		}
+		round()
 		return len(answered) == len(envoys)
 	})
 	if len(answered) != len(envoys) {
