@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/filterstate"
+	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
 // TestFleetRuleWithoutControlPlaneDegrades: a fleet rule in a static policy
@@ -97,5 +98,40 @@ func TestACutOffEnvoyAdmitsItsLocalShareForEveryAlgorithm(t *testing.T) {
 			}
 			t.Logf("admitted %d of 1200 in two minutes", admitted)
 		})
+	}
+}
+
+// TestASmallBucketsLocalStateIsNotTakenOverByAnotherKey: a cut-off Envoy
+// decides a fleet token_bucket of a small burst with the rule refilled n
+// times slower, whose state reaches further ahead than the rule's own. The
+// record is stamped idle by the limiter that wrote it, so another key in the
+// same table bucket does not take it over: a client that spent its burst
+// stays denied after another client's request.
+func TestASmallBucketsLocalStateIsNotTakenOverByAnotherKey(t *testing.T) {
+	buildWasm(t)
+	for _, alg := range []string{
+		`"algorithm":"token_bucket","limit":24,"window":"24h","burst":2`,
+		`"algorithm":"gcra","limit":24,"window":"24h","burst":1`,
+	} {
+		policy := `{"policy":"p","version":1,"identity":{"user_header":"x-user"},"rules":[` +
+			`{"id":"fleet","key":["user"],` + alg + `,"scope":"fleet","local_share":0.1}]}`
+		e := newEnv(t, `{"tick":"1m","buckets_per_rule":1,"entries_per_bucket":4,"policy":`+policy+`}`, 1)
+		as := func(user string) req { return req{path: "/x", headers: host.Headers{{"x-user", user}}} }
+		admitted := 0
+		for i := 0; i < 5; i++ {
+			if e.do(0, as("a")).Status == 200 {
+				admitted++
+			}
+		}
+		if admitted == 0 || admitted > 2 {
+			t.Fatalf("%s: user a admitted %d of 5 by itself, want its burst", alg, admitted)
+		}
+		if r := e.do(0, as("a")); r.Status != 429 {
+			t.Fatalf("%s: user a after its burst: %d, want 429", alg, r.Status)
+		}
+		e.do(0, as("b"))
+		if r := e.do(0, as("a")); r.Status != 429 {
+			t.Errorf("%s: user a after user b's request: %d, want 429 (its local bucket was taken over)", alg, r.Status)
+		}
 	}
 }

@@ -218,7 +218,7 @@ func (h *httpContext) commit(now int64) outcome {
 			}
 		}
 	}
-	p.oweLocal(now)
+	p.chargeUnleased(now)
 	h.finishAllowed()
 	return outcome{}
 }
@@ -257,12 +257,15 @@ func (h *httpContext) exhausted(ev *eval, now int64) (out outcome, done bool) {
 func (p *pluginContext) writeBucket(ev *eval, now int64) error {
 	s := &p.s
 	lim := ev.rule.layout.Limiter()
+	if ev.lim != nil {
+		lim = ev.lim // the record's idle time is the limiter's that decided it
+	}
 	size := ev.rule.layout.Size()
 	if cap(s.bucket) < size {
 		s.bucket = make([]byte, size)
 	}
 	next := s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
-	out := ev.rule.layout.Commit(s.bucket[:0], ev.value, ev.slot, ev.hash, next, now)
+	out := ev.rule.layout.CommitAs(lim, s.bucket[:0], ev.value, ev.slot, ev.hash, next, now)
 	return proxywasm.SetSharedData(ev.rule.keys[ev.bucket], out, ev.cas)
 }
 
@@ -278,6 +281,12 @@ func (h *httpContext) compensate(now int64) {
 		var ok bool
 		if ev.fl.lease {
 			ok = p.undoLease(ev, now)
+		} else if ev.lim != nil {
+			// Through the limiter that charged it, which reads the state as
+			// written (the rule's own would clamp its further-ahead TAT).
+			ok = p.modify(ev.rule, ev.lim, ev.bucket, ev.hash, now, func(state, next []byte) bool {
+				return ev.lim.Adjust(state, next, now, -int64(ev.decideCost))
+			})
 		} else {
 			ok = p.undo(ev.rule, ev.bucket, ev.hash, ev.cost, now, now)
 		}
@@ -294,11 +303,11 @@ func (h *httpContext) compensate(now int64) {
 func (p *pluginContext) undo(rs *ruleState, bucket int, hash, cost uint64, acquiredAt, now int64) bool {
 	lim := rs.layout.Limiter()
 	if rs.concurrency {
-		return p.modify(rs, bucket, hash, now, func(state, next []byte) bool {
+		return p.modify(rs, lim, bucket, hash, now, func(state, next []byte) bool {
 			return lim.Release(state, next, now, acquiredAt, cost)
 		})
 	}
-	return p.modify(rs, bucket, hash, now, func(state, next []byte) bool {
+	return p.modify(rs, lim, bucket, hash, now, func(state, next []byte) bool {
 		return lim.Adjust(state, next, now, -int64(cost))
 	})
 }
@@ -315,10 +324,11 @@ const minModifyRetries = 64
 // to the bucket's overflow state: see table.Layout.Current) by read → f →
 // CAS write, retrying up to max(cas_retries, minModifyRetries) times. It
 // returns true when the change was written or there was nothing to change
-// (the rule's state was reset), false when f refused or the write failed.
-func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64, f func(state, next []byte) bool) bool {
+// (the rule's state was reset), false when f refused or the write failed. lim
+// is the limiter f edits the state with (the rule's own, or the one that
+// charged it: table.Layout.CommitAs); it stamps the record's idle time.
+func (p *pluginContext) modify(rs *ruleState, lim limit.Limiter, bucket int, hash uint64, now int64, f func(state, next []byte) bool) bool {
 	key := rs.keys[bucket]
-	lim := rs.layout.Limiter()
 	s := &p.s
 	for attempt := 0; ; attempt++ {
 		value, cas, err := proxywasm.GetSharedData(key)
@@ -339,7 +349,7 @@ func (p *pluginContext) modify(rs *ruleState, bucket int, hash uint64, now int64
 		if cap(s.modBucket) < rs.layout.Size() {
 			s.modBucket = make([]byte, rs.layout.Size())
 		}
-		out := rs.layout.Commit(s.modBucket[:0], value, slot, hash, next, now)
+		out := rs.layout.CommitAs(lim, s.modBucket[:0], value, slot, hash, next, now)
 		err = proxywasm.SetSharedData(key, out, cas)
 		if err == nil {
 			return true

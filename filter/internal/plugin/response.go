@@ -74,7 +74,7 @@ func (h *httpContext) correctCost(c *charge) {
 	delta := int64(cost) - int64(c.cost)
 	lim := c.rule.layout.Limiter()
 	now := clockNow()
-	if p.modify(c.rule, c.bucket, c.hash, now, func(state, next []byte) bool {
+	if p.modify(c.rule, c.rule.layout.Limiter(), c.bucket, c.hash, now, func(state, next []byte) bool {
 		return lim.Adjust(state, next, now, delta)
 	}) {
 		c.cost = cost

@@ -290,6 +290,16 @@ func (t *Layout) Current(bucket []byte, keyHash uint64) Slot {
 // a programming error); it may be bucket itself, to update in place. It returns
 // dst[:Size()] and does not allocate.
 func (t *Layout) Commit(dst, bucket []byte, s Slot, keyHash uint64, next []byte, now int64) []byte {
+	return t.CommitAs(t.lim, dst, bucket, s, keyHash, next, now)
+}
+
+// CommitAs is Commit with the record's idle time stamped by lim, the limiter
+// that wrote next, in place of the layout's own: one whose states have the
+// layout's size and encoding but may reach further ahead (a degraded fleet rule
+// decided by the rule refilled n times slower), so that the record is not taken
+// for idle, and reused by another key, while lim still counts it. lim must have
+// the layout's StateSize.
+func (t *Layout) CommitAs(lim limit.Limiter, dst, bucket []byte, s Slot, keyHash uint64, next []byte, now int64) []byte {
 	dst = dst[:t.size]
 	if s.Status == OK && len(bucket) == t.size {
 		copy(dst, bucket)
@@ -308,7 +318,7 @@ func (t *Layout) Commit(dst, bucket []byte, s Slot, keyHash uint64, next []byte,
 	} else {
 		binary.LittleEndian.PutUint64(dst[off+rKey:], normKey(keyHash))
 	}
-	binary.LittleEndian.PutUint64(dst[off+rIdleAt:], uint64(t.lim.IdleAt(state, now)))
+	binary.LittleEndian.PutUint64(dst[off+rIdleAt:], uint64(lim.IdleAt(state, now)))
 	copy(dst[off+entryHead:off+t.entrySize], state)
 	return dst
 }
