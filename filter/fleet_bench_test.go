@@ -85,5 +85,5 @@ func seedLease(b *testing.B, h *host.Host, doc, user string) {
 	e := fleet.Entry{Hash: hash, Held: 1_000_000_000_000, Expiry: epoch.Add(time.Hour).UnixNano(), Fingerprint: c.Rule(0).Fingerprint}
 	v, _ := fleet.Put(nil, nil, e, entries, 0)
 	layout := "e" + strconv.Itoa(entries) + "b" + strconv.Itoa(buckets)
-	h.SetSharedData("sluice/bench/r0/"+layout+"/q"+strconv.Itoa(fleet.EntrySize)+"/"+strconv.Itoa(n), v)
+	h.SetSharedData("sluice/bench/r0/"+layout+"/q"+strconv.Itoa(fleet.EntrySize)+fleet.Layout+"/"+strconv.Itoa(n), v)
 }

@@ -29,7 +29,7 @@ func TestShadowFleetLeaseDrainedAtCommitKeepsEnforcedCharge(t *testing.T) {
 	var h *host.Host
 	var armed atomic.Bool
 	hook := func(worker int, callback, op, key string) {
-		if op == "set" && strings.Contains(key, "/s/") && strings.Contains(key, "/q"+strconv.Itoa(fleet.EntrySize)+"/") && armed.CompareAndSwap(true, false) {
+		if op == "set" && strings.Contains(key, "/s/") && strings.Contains(key, "/q"+strconv.Itoa(fleet.EntrySize)+fleet.Layout+"/") && armed.CompareAndSwap(true, false) {
 			h.SetSharedData(key, nil) // another worker spent the lease meanwhile
 		}
 	}
@@ -66,7 +66,7 @@ func TestShadowFleetLeaseDrainedAtCommitKeepsEnforcedCharge(t *testing.T) {
 	buckets, entries := config.DefaultBucketsPerRule, config.DefaultEntriesPerBucket
 	lease := fleet.Entry{Hash: hash, Held: 100, Expiry: epoch.Add(time.Hour).UnixNano(), Fingerprint: c.Rule(1).Fingerprint}
 	v, _ := fleet.Put(nil, nil, lease, entries, 0)
-	h.SetSharedData("sluice/p/s/e"+strconv.Itoa(entries)+"b"+strconv.Itoa(buckets)+"/q"+strconv.Itoa(fleet.EntrySize)+"/"+strconv.Itoa(table.BucketOf(hash, buckets)), v)
+	h.SetSharedData("sluice/p/s/e"+strconv.Itoa(entries)+"b"+strconv.Itoa(buckets)+"/q"+strconv.Itoa(fleet.EntrySize)+fleet.Layout+"/"+strconv.Itoa(table.BucketOf(hash, buckets)), v)
 
 	armed.Store(true)
 	if r := e.do(0, user("gina")); r.Status != 200 {

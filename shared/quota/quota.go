@@ -105,6 +105,13 @@ type KeyRequest struct {
 	Return uint64
 	// Want ["want"]: units asked for; 0 only reports and returns.
 	Want uint64
+	// Charge ["charge"]: units the Envoy admitted under this key without a lease
+	// since its last report (on_quota_failure "local" or "pass", while it could
+	// not reach the service), booked against the key's budget once, even past
+	// the limit, so that later grants shrink by what was admitted. Written only
+	// when non-zero; a client sends it only to a service whose answer said
+	// Response.Charges (a service that predates the field refuses the member).
+	Charge uint64
 }
 
 // The values of KeyResult.Status.
@@ -147,6 +154,10 @@ type Response struct {
 	Now int64
 	// Keys ["keys"]: one result per requested key, in request order.
 	Keys []KeyResult
+	// Charges ["charges"]: the service books KeyRequest.Charge. Written, as true,
+	// only when the request carried ChargeHeader, so a client built before the
+	// field never receives it.
+	Charges bool
 }
 
 // KeyResult is the answer for one key.
@@ -185,6 +196,13 @@ type KeyResult struct {
 // the header, clients that predate it never send it, so neither strict codec ever
 // meets a member it does not know.
 const EnvoysHeader = "sluice-quota-envoys"
+
+// ChargeHeader is the HTTP request header by which a quota client says it reads
+// Response.Charges (any non-empty value). A service that books charges answers it
+// with Charges true; from then on the client may send KeyRequest.Charge. Neither
+// strict codec of an older build ever meets a member it does not know: an older
+// service never says Charges, so it is never sent a charge.
+const ChargeHeader = "sluice-quota-charge"
 
 // Limits bound a request document.
 type Limits struct {
@@ -394,6 +412,8 @@ func (rd *requestDecoder) key(i int) error {
 			k.Return = units(d)
 		case "want":
 			k.Want = units(d)
+		case "charge":
+			k.Charge = units(d)
 		default:
 			return d.UnknownField()
 		}
@@ -445,7 +465,7 @@ func units(d *strictjson.Decoder) uint64 {
 
 // AppendRequest appends r as canonical JSON (members in the order of the struct
 // fields; "env" and "interval" omitted when zero; "used", "return", "want" always
-// written) to dst. It does not validate r.
+// written; "charge" only when non-zero) to dst. It does not validate r.
 func AppendRequest(dst []byte, r *Request) []byte {
 	w := strictjson.NewWriter(dst)
 	w.BeginObject()
@@ -478,6 +498,10 @@ func AppendRequest(dst []byte, r *Request) []byte {
 		w.AppendUint(k.Return)
 		w.AppendKey("want")
 		w.AppendUint(k.Want)
+		if k.Charge > 0 {
+			w.AppendKey("charge")
+			w.AppendUint(k.Charge)
+		}
 		w.EndObject()
 	}
 	w.EndArray()
@@ -485,8 +509,8 @@ func AppendRequest(dst []byte, r *Request) []byte {
 	return w.Bytes()
 }
 
-// AppendResponse appends r as canonical JSON (every member written, in the order of
-// the struct fields) to dst.
+// AppendResponse appends r as canonical JSON (members in the order of the struct
+// fields; a key's "envoys" only when non-zero, "charges" only when true) to dst.
 func AppendResponse(dst []byte, r *Response) []byte {
 	w := strictjson.NewWriter(dst)
 	w.BeginObject()
@@ -522,6 +546,10 @@ func AppendResponse(dst []byte, r *Response) []byte {
 		w.EndObject()
 	}
 	w.EndArray()
+	if r.Charges {
+		w.AppendKey("charges")
+		w.AppendBool(true)
+	}
 	w.EndObject()
 	return w.Bytes()
 }
@@ -570,6 +598,8 @@ func DecodeResponse(data []byte) (*Response, error) {
 					return nil
 				})
 			})
+		case "charges":
+			r.Charges, _ = d.Bool()
 		default:
 			return d.UnknownField()
 		}

@@ -149,8 +149,8 @@ func (s *Service) Assign(ctx context.Context, asks []Assignment) ([]AssignResult
 		if a.Rule == nil || len(a.Entry) > 255 {
 			return nil, errors.New("quota: Assign needs a rule and an entry of at most 255 bytes")
 		}
-		kr[i] = quota.KeyRequest{Rule: a.Rule.Rule.ID, Key: a.Key, Used: a.Used, Return: a.Return, Want: a.Want}
-		aos[i] = assignOpts{charge: a.Charge, minLife: int64(a.MinLife), fit: a.Fit, keep: a.Keep}
+		kr[i] = quota.KeyRequest{Rule: a.Rule.Rule.ID, Key: a.Key, Used: a.Used, Return: a.Return, Want: a.Want, Charge: a.Charge}
+		aos[i] = assignOpts{minLife: int64(a.MinLife), fit: a.Fit, keep: a.Keep}
 		ka[i] = keyAsk{w: work{idx: i, f: a.Rule.c.fleet[a.Rule.idx], skey: a.Rule.c.pfx[a.Rule.idx] + a.Key},
 			envoy: a.Entry, owner: a.Owner, k: &kr[i], interval: a.Interval, ao: &aos[i]}
 		s.m.touch(a.Rule.Policy, a.Rule.Rule.ID, a.Key)

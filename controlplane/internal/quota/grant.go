@@ -180,12 +180,10 @@ func (f *fleetLimiter) store(h *header, now int64) ([]byte, time.Duration) {
 // assignOpts are the differences of an assignment-style lease (Envoy's native
 // rate_limit_quota filter, package rlqs) from a filter lease: each grant replaces the
 // Envoy's previous units, so sizing does not subtract what it holds; units it
-// admitted without any lease are charged; and a grant is made only when the lease
+// admitted without any lease are charged (as the filter's, quota.KeyRequest.Charge);
+// and a grant is made only when the lease
 // lasts long enough for the Envoy to use it.
 type assignOpts struct {
-	// charge is units admitted without a lease (an Envoy's fail-open behaviours):
-	// taken from the budget even past the limit, so that later grants shrink.
-	charge uint64
 	// minLife is the shortest lease worth granting, in ns from now: a lease that
 	// would end sooner grants nothing (StatusRefused, RetryAfter until it ends).
 	minLife int64
@@ -379,8 +377,8 @@ func (f *fleetLimiter) begin(d *decision, now int64) bool {
 }
 
 // settle applies the asker's report: used units are no longer held, returned
-// ones are credited back (within the rules below), and units an assignment
-// client admitted without a lease are charged.
+// ones are credited back (within the rules below), and units admitted without a
+// lease are charged.
 func (f *fleetLimiter) settle(d *decision) {
 	me, k, now := d.me, d.k, d.now
 	// Units the Envoy reports used were spent: they are no longer held, neither for
@@ -424,11 +422,21 @@ func (f *fleetLimiter) settle(d *decision) {
 	}
 	d.res.Returned = returned
 
-	// Units admitted without a lease are spent: they count, even past the limit.
-	if d.ao != nil && d.ao.charge > 0 {
-		f.lim.Adjust(d.cur, d.tmp, now, int64(min(d.ao.charge, limit.MaxLimit)))
+	// Units admitted without a lease (quota.KeyRequest.Charge) are spent: they
+	// count, even past the limit. A filter's are also its share of the window
+	// taken (entry.granted), so an Envoy that admitted by itself while cut off
+	// takes that much less afterwards and the others keep theirs.
+	if k.Charge > 0 {
+		charge := min(k.Charge, limit.MaxLimit)
+		f.lim.Adjust(d.cur, d.tmp, now, int64(charge))
 		copy(d.cur, d.tmp)
 		d.probe = f.lim.Decide(d.cur, d.tmp, now, 0)
+		if f.validity == 0 && d.ao == nil {
+			if me.tag != d.tag {
+				me.tag, me.granted = d.tag, 0
+			}
+			me.granted += charge
+		}
 	}
 }
 

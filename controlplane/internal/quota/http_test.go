@@ -2,6 +2,7 @@ package quota
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -339,6 +340,57 @@ func TestQuotaBodyMustBeJSON(t *testing.T) {
 		res.Body.Close()
 		if res.StatusCode != want || (want == 415 && !strings.Contains(string(b), "unsupported_media_type")) {
 			t.Errorf("Content-Type %q: %d %s, want %d", ct, res.StatusCode, b, want)
+		}
+	}
+}
+
+// TestAChargeIsBookedOnce: a filter's charge (units it admitted without a
+// lease) is taken from the key's budget, once; the answer says the service
+// books charges only to a client that sent the sluice-quota-charge header.
+func TestAChargeIsBookedOnce(t *testing.T) {
+	clk := &clock{}
+	clk.set(base())
+	s := New(Options{Backend: NewMemory(), Policies: newPolicies(t), Open: true, Now: clk.Now})
+	key := globalKey("fw")
+	es := []*envoy{{id: 0, name: "e0"}, {id: 1, name: "e1"}, {id: 2, name: "e2"}}
+	for _, e := range es {
+		ask(t, s, e, "fw", key, 0, 0, 1)
+	}
+	// e0 admitted 300 by itself while cut off; it reports them with the one
+	// unit it spent from its lease.
+	resp, err := s.Handle(context.Background(), &quota.Request{Envoy: "e0", Policy: "p", Version: 1, Env: testEnv, Interval: time.Second,
+		Keys: []quota.KeyRequest{{Rule: "fw", Key: key, Used: 1, Charge: 300}}})
+	if err != nil || resp.Keys[0].Status != quota.StatusGranted {
+		t.Fatalf("the charge: %+v, %v", resp, err)
+	}
+	// Everyone asks until refused: what is left is 1000 - 3 - 300.
+	var got [3]uint64
+	for round := 0; round < 100; round++ {
+		for i, e := range es {
+			if r := ask(t, s, e, "fw", key, e.held, 0, 50); r.Status != quota.StatusRefused {
+				got[i] += r.Granted
+			}
+		}
+	}
+	if sum := got[0] + got[1] + got[2]; sum != 1000-3-300 {
+		t.Fatalf("granted %v after a charge of 300, %d in all, want %d", got, sum, 1000-3-300)
+	}
+
+	srv := serve(t, s)
+	for _, header := range []bool{true, false} {
+		hr, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/quota", strings.NewReader(okBody))
+		hr.Header.Set("Content-Type", "application/json")
+		if header {
+			hr.Header.Set(quota.ChargeHeader, "1")
+		}
+		res, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if says := strings.Contains(string(b), `"charges":true`); says != header {
+			t.Errorf("with the header %v the answer says charges %v: %s", header, says, b)
 		}
 	}
 }

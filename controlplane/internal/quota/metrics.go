@@ -17,6 +17,8 @@ import (
 //	sluice_controlplane_quota_units_asked_total       units asked (sum of want)
 //	sluice_controlplane_quota_units_granted_total     units granted
 //	sluice_controlplane_quota_units_returned_total    units returned and credited back
+//	sluice_controlplane_quota_units_charged_total     units Envoys admitted without a lease (cut off from
+//	                                                  the service), booked against their keys' budgets
 //	sluice_controlplane_quota_keys_total{status}      keys answered, by status (granted, partial, refused, stale_policy, ...)
 //	sluice_controlplane_quota_cas_retries_total       compare-and-swap conflicts retried (per key)
 //	sluice_controlplane_quota_rounds_total            read–decide–write rounds run (per key and attempt)
@@ -37,7 +39,8 @@ import (
 // keys_active has at most maxRuleSeries label pairs (further rules are counted
 // under rule "_other") and counts at most maxKeysPerRule keys per rule.
 type metrics struct {
-	asked, granted, returned, casRetries prometheus.Counter
+	asked, granted, returned, charged    prometheus.Counter
+	casRetries                           prometheus.Counter
 	rounds, queueTimeouts, roundTimeouts prometheus.Counter
 	evictions, identityFull, keyFull     prometheus.Counter
 	corrupt                              prometheus.Counter
@@ -60,6 +63,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Quota units granted."}),
 		returned: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_units_returned_total",
 			Help: "Unused quota units returned by Envoys and credited back."}),
+		charged: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_units_charged_total",
+			Help: "Quota units Envoys admitted without a lease (on_quota_failure local or pass, while they could not reach the service), booked against their keys' budgets."}),
 		casRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_cas_retries_total",
 			Help: "Keys decided again after a compare-and-swap conflict."}),
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_rounds_total",
@@ -84,7 +89,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		[]string{"scope"})
 	m.identityFull, m.keyFull = full.WithLabelValues("identity"), full.WithLabelValues("key")
 	if reg != nil {
-		reg.MustRegister(m.asked, m.granted, m.returned, m.casRetries, m.rounds, m.evictions, m.corrupt, contended, full, m.keys, m.duration, m.active)
+		reg.MustRegister(m.asked, m.granted, m.returned, m.charged, m.casRetries, m.rounds, m.evictions, m.corrupt, contended, full, m.keys, m.duration, m.active)
 	}
 	return m
 }
@@ -99,8 +104,17 @@ func (m *metrics) count(req *quota.Request, resp *quota.Response) {
 		r := &resp.Keys[i]
 		m.granted.Add(float64(r.Granted))
 		m.returned.Add(float64(r.Returned))
+		if booked(r.Status) {
+			m.charged.Add(float64(req.Keys[i].Charge))
+		}
 		m.keys.WithLabelValues(r.Status).Inc()
 	}
+}
+
+// booked reports whether a key answered status had its report recorded (its
+// charge booked): granted, partial or refused.
+func booked(status string) bool {
+	return status == quota.StatusGranted || status == quota.StatusPartial || status == quota.StatusRefused
 }
 
 func (m *metrics) touch(policy, rule, key string) { m.active.touch(policy, rule, key, time.Now()) }

@@ -265,6 +265,8 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 		}
 		return writeError(w, http.StatusServiceUnavailable, "store_unavailable", msg, nil)
 	}
+	// Charges are booked (settle): a client that reads the member learns so.
+	resp.Charges = r.Header.Get(quota.ChargeHeader) != ""
 	if r.Header.Get(quota.EnvoysHeader) == "" {
 		for i := range resp.Keys {
 			resp.Keys[i].Envoys = 0 // a client that does not read the member never gets it

@@ -11,7 +11,7 @@
 // plugin uses entries_per_bucket). A bucket's value is its entries back to
 // back, EntrySize bytes each, little-endian:
 //
-//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64 | debt u64 | debt_until i64
+//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64 | charge u64 | charge_until i64
 //
 // A value whose length is not a multiple of EntrySize is corrupt and read as
 // empty. An entry is found by the key's hash (the same SipHash the counter
@@ -32,13 +32,18 @@ const (
 	offFingerprint
 	offLastUse
 	offClaim
-	offDebt
-	offDebtUntil
+	offCharge
+	offChargeUntil
 	offEnd
 )
 
 // EntrySize is the encoded size of an Entry in bytes (80).
 const EntrySize = offEnd
+
+// Layout names what the fields of an encoded Entry mean beyond their size: "c",
+// the last two slots are a charge (Charge, ChargeUntil). The earlier layout of
+// the same size held a debt there, paid from grants by the module itself.
+const Layout = "c"
 
 // Entry is the lease an Envoy holds for one counter key of a fleet rule.
 type Entry struct {
@@ -62,37 +67,39 @@ type Entry struct {
 	// Claim is until when, Unix ns, one worker is asking the quota service for this
 	// key on the Envoy's behalf; the others do not ask meanwhile.
 	Claim int64
-	// Debt is the units this Envoy admitted by itself (on_quota_failure "local")
-	// for the key while the quota service could not be asked, which the service
-	// never counted. Units granted later are spent on it first (Pay), until
-	// DebtUntil.
-	Debt uint64
-	// DebtUntil is when Debt lapses, Unix ns: the end of the fixed window the
-	// units were admitted in, or a window of the rule after the first of them for
-	// the other algorithms (by then they no longer weigh in the service's count).
-	DebtUntil int64
+	// Charge is the units this Envoy admitted for the key without a lease
+	// (on_quota_failure "local" or "pass", while the quota service could not be
+	// asked), which the service has not counted yet. The next report takes them
+	// (TakeCharge) and the service books them against the key's budget
+	// (quota.KeyRequest.Charge), once, whichever Envoy admitted them.
+	Charge uint64
+	// ChargeUntil is when Charge lapses unreported, Unix ns: the end of the
+	// fixed window the units were admitted in, or a window of the rule after the
+	// first of them for the other algorithms (by then they no longer weigh in
+	// the service's count, and booking them would take from a later window).
+	ChargeUntil int64
 }
 
-// Owe adds units admitted without the quota service to e's debt at now; until
-// is when the debt lapses if this starts a new one (the previous one lapsed).
-func (e *Entry) Owe(units uint64, now, until int64) {
-	if now >= e.DebtUntil {
-		e.Debt, e.DebtUntil = 0, until
+// AddCharge adds units admitted without a lease to e's charge at now; until is
+// when the charge lapses if this starts a new one (the previous one lapsed or
+// was reported).
+func (e *Entry) AddCharge(units uint64, now, until int64) {
+	if e.Charge == 0 || now >= e.ChargeUntil {
+		e.Charge, e.ChargeUntil = 0, until
 	}
-	e.Debt += min(units, ^uint64(0)-e.Debt)
+	e.Charge += min(units, ^uint64(0)-e.Charge)
 }
 
-// Pay spends up to units of a grant on e's debt at now and returns what is
-// left of them for the lease. The units paid count as used (they are reported
-// to the service as spent, which they were).
-func (e *Entry) Pay(units uint64, now int64) uint64 {
-	if now >= e.DebtUntil {
-		e.Debt, e.DebtUntil = 0, 0
+// TakeCharge returns the charge due at now for a report and clears it (0
+// once it has lapsed). A report the service did not record gives it back
+// with AddCharge(units, now, until), until the ChargeUntil read before.
+func (e *Entry) TakeCharge(now int64) (units uint64, until int64) {
+	units, until = e.Charge, e.ChargeUntil
+	e.Charge, e.ChargeUntil = 0, 0
+	if now >= until {
+		return 0, 0
 	}
-	paid := min(units, e.Debt)
-	e.Debt -= paid
-	e.Used += paid
-	return units - paid
+	return units, until
 }
 
 // Usable reports whether the lease holds at least cost units at now under
@@ -187,7 +194,7 @@ func decode(b []byte) Entry {
 		Hash: le.Uint64(b[offHash:]), Held: le.Uint64(b[offHeld:]), Used: le.Uint64(b[offUsed:]),
 		Expiry: int64(le.Uint64(b[offExpiry:])), Sent: int64(le.Uint64(b[offSent:])),
 		Fingerprint: le.Uint64(b[offFingerprint:]), LastUse: int64(le.Uint64(b[offLastUse:])), Claim: int64(le.Uint64(b[offClaim:])),
-		Debt: le.Uint64(b[offDebt:]), DebtUntil: int64(le.Uint64(b[offDebtUntil:])),
+		Charge: le.Uint64(b[offCharge:]), ChargeUntil: int64(le.Uint64(b[offChargeUntil:])),
 	}
 }
 
@@ -204,6 +211,6 @@ func encode(b []byte, e Entry) {
 	le.PutUint64(b[offFingerprint:], e.Fingerprint)
 	le.PutUint64(b[offLastUse:], uint64(e.LastUse))
 	le.PutUint64(b[offClaim:], uint64(e.Claim))
-	le.PutUint64(b[offDebt:], e.Debt)
-	le.PutUint64(b[offDebtUntil:], uint64(e.DebtUntil))
+	le.PutUint64(b[offCharge:], e.Charge)
+	le.PutUint64(b[offChargeUntil:], uint64(e.ChargeUntil))
 }

@@ -53,36 +53,38 @@ func TestCorruptBucketReadsEmpty(t *testing.T) {
 	}
 }
 
-// Every field survives the encoding, the debt ones included.
+// Every field survives the encoding, the charge ones included.
 func TestAnEntryRoundTripsEveryField(t *testing.T) {
-	e := Entry{Hash: 1, Held: 2, Used: 3, Expiry: 4, Sent: 5, Fingerprint: 6, LastUse: 7, Claim: 8, Debt: 9, DebtUntil: 10}
+	e := Entry{Hash: 1, Held: 2, Used: 3, Expiry: 4, Sent: 5, Fingerprint: 6, LastUse: 7, Claim: 8, Charge: 9, ChargeUntil: 10}
 	b, _ := Put(nil, nil, e, 1, 0)
 	if got, _, ok := Find(b, 1); !ok || got != e || len(b) != EntrySize {
 		t.Fatalf("round trip: %+v (%d bytes), want %+v", got, len(b), e)
 	}
 }
 
-// Units granted while a debt runs are spent on it first and count as used; a
-// debt lapses at its end, and a new one starts then.
-func TestGrantsPayTheDebtUntilItLapses(t *testing.T) {
+// A charge adds up until a report takes it; one that lapsed is neither taken
+// nor added to, and a new one starts then.
+func TestAChargeIsTakenOnceUntilItLapses(t *testing.T) {
 	var e Entry
-	e.Owe(30, 100, 1000)
-	e.Owe(20, 200, 5000) // the same debt: its end stays
-	if e.Debt != 50 || e.DebtUntil != 1000 {
-		t.Fatalf("owed: %+v", e)
+	e.AddCharge(30, 100, 1000)
+	e.AddCharge(20, 200, 5000) // the same charge: its end stays
+	if e.Charge != 50 || e.ChargeUntil != 1000 {
+		t.Fatalf("charged: %+v", e)
 	}
-	if left := e.Pay(20, 300); left != 0 || e.Debt != 30 || e.Used != 20 {
-		t.Fatalf("paid 20 of 50: left %d, %+v", left, e)
+	if units, until := e.TakeCharge(300); units != 50 || until != 1000 || e.Charge != 0 {
+		t.Fatalf("taken: %d until %d, %+v", units, until, e)
 	}
-	if left := e.Pay(40, 400); left != 10 || e.Debt != 0 || e.Used != 50 {
-		t.Fatalf("paid the rest: left %d, %+v", left, e)
+	if units, _ := e.TakeCharge(400); units != 0 {
+		t.Fatalf("taken twice: %d", units)
 	}
-	e.Owe(5, 900, 2000)
-	if left := e.Pay(7, 1000); left != 7 || e.Debt != 0 {
-		t.Fatalf("a lapsed debt was paid: left %d, %+v", left, e)
+	e.AddCharge(50, 500, 1000) // a report not recorded gives it back
+	e.AddCharge(5, 900, 2000)
+	if units, _ := e.TakeCharge(1000); units != 0 {
+		t.Fatalf("a lapsed charge was taken: %d", units)
 	}
-	e.Owe(5, 1000, 3000)
-	if e.Debt != 5 || e.DebtUntil != 3000 {
-		t.Fatalf("a new debt after the lapse: %+v", e)
+	e.AddCharge(5, 1000, 3000)
+	e.AddCharge(5, 1500, 3000)
+	if e.Charge != 10 || e.ChargeUntil != 3000 {
+		t.Fatalf("a new charge after the lapse: %+v", e)
 	}
 }

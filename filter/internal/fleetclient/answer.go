@@ -34,6 +34,7 @@ func (c *Client) answer(cl *call, status string, body []byte) {
 			c.host.Debug("sluice: quota answer does not match the request's keys")
 		default:
 			resp = r
+			c.charges = c.charges || r.Charges
 		}
 	}
 	c.finish(cl, resp, c.host.Now())
@@ -77,9 +78,11 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			// The call failed (a non-200 status, no answer, an unreadable one):
 			// the service may or may not have recorded the report. The used
 			// units go into the next report (reported twice, they only lower
-			// what the service counts as held); the returned ones are not held
-			// again, since the service may have credited them already: they end
-			// with the lease.
+			// what the service counts as held), and so does the charge (booked
+			// twice, it takes from the budget units that were not admitted: the
+			// side that never admits past the limit); the returned ones are not
+			// held again, since the service may have credited them already: they
+			// end with the lease.
 			it := cl.items[i]
 			it.back = 0
 			c.restore(k, r, it, now)
@@ -90,7 +93,13 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			c.ruleEnvoys[k.RuleID] = k.Envoys
 		}
 		if k.call != cl {
-			continue // not asked by this call
+			// Not asked by this call. A report the service recorded shows it
+			// answers for the key again: the key stops degrading now rather
+			// than at the end of its interval.
+			if resp != nil && recorded(resp.Keys[i].Status) {
+				k.FailedUntil = 0
+			}
+			continue
 		}
 		k.call = nil
 		if resp == nil {
@@ -110,6 +119,12 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 	}
 }
 
+// recorded reports whether a key answered status had its report recorded by
+// the service (granted, partial or refused; not retry nor a policy mismatch).
+func recorded(status string) bool {
+	return status == quota.StatusGranted || status == quota.StatusPartial || status == quota.StatusRefused
+}
+
 func (c *Client) resume(k *Key) {
 	if c.Resume != nil && len(k.Waiters) > 0 {
 		c.Resume(k)
@@ -118,12 +133,13 @@ func (c *Client) resume(k *Key) {
 
 // restore puts back into the lease what a report took out when the service
 // recorded nothing of it (quota.StatusRetry, or a call never sent; after a failed
-// call, the used units alone): the used
-// units are reported again next time, and returned units are held again if the
-// very lease they were taken from is still live under the same rule (else they
-// end with it, as the service's ledger says: a newer lease never gets them).
+// call, the used units and the charge alone): the used units and the charge
+// are reported again next time (the charge until it lapses), and returned
+// units are held again if the very lease they were taken from is still live
+// under the same rule (else they end with it, as the service's ledger says: a
+// newer lease never gets them).
 func (c *Client) restore(k *Key, r Rule, it item, now int64) {
-	if it.used == 0 && it.back == 0 {
+	if it.used == 0 && it.back == 0 && it.charge == 0 {
 		return
 	}
 	fp := r.Fingerprint
@@ -132,6 +148,9 @@ func (c *Client) restore(k *Key, r Rule, it item, now int64) {
 			return false
 		}
 		e.Used += it.used
+		if it.charge > 0 && now < it.chargeUntil {
+			e.AddCharge(it.charge, now, it.chargeUntil)
+		}
 		if it.back > 0 && now < e.Expiry && e.Sent == it.leaseSent {
 			e.Held += it.back
 		}
@@ -215,8 +234,7 @@ func (c *Client) applyGrant(k *Key, r Rule, now int64) {
 		if !found || e.Fingerprint != fp {
 			*e = fleet.Entry{Hash: k.Hash, Fingerprint: fp, Used: e.Used, LastUse: e.LastUse}
 		}
-		// Units the Envoy admitted by itself meanwhile are paid first.
-		units := e.Pay(g.units, now)
+		units := g.units
 		if now >= e.Expiry || g.fresh && g.sent >= e.Sent {
 			e.Held, e.Expiry, e.Sent = units, expiry, g.sent
 			return true

@@ -210,6 +210,10 @@ type item struct {
 	used, back uint64
 	leaseSent  int64 // the Sent of the lease the returned units were taken from
 	asked      bool  // the call asks for the key (k.call == this call)
+	// charge is the units admitted without a lease the report books
+	// (fleet.Entry.Charge), lapsing at chargeUntil.
+	charge      uint64
+	chargeUntil int64
 }
 
 // Kind is what a report does for a key.
@@ -241,6 +245,9 @@ type Client struct {
 	calls      map[*call]struct{}
 	orphans    []*Key
 	ruleEnvoys map[string]uint32 // by rule id: the Envoys of the last answer for any of its keys
+	// charges: an answer of the service said it books charges
+	// (quota.Response.Charges); until then none is sent.
+	charges    bool
 	nextReport int64
 	buf, mod   []byte
 }

@@ -415,3 +415,70 @@ func TestAFailedCallReportsItsUsedUnitsAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestAChargeIsBookedOnceByAServiceThatSaysItBooksCharges: units an Envoy
+// admitted without a lease are sent as a charge only once an answer said the
+// service books charges (an older service refuses the member); a report the
+// service did not record (retry, a failed call) gives the charge back, a
+// recorded one takes it for good, and one past its end is never sent.
+func TestAChargeIsBookedOnceByAServiceThatSaysItBooksCharges(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.setLease(k, fleet.Entry{Charge: 7, ChargeUntil: f.h.now + int64(time.Hour), LastUse: f.h.now})
+	answer := func(c *sentCall, status string, charges bool) {
+		resp := &quota.Response{Policy: c.req.Policy, Version: c.req.Version, Charges: charges}
+		for _, kr := range c.req.Keys {
+			resp.Keys = append(resp.Keys, quota.KeyResult{Key: kr.Key, Status: status})
+		}
+		c.onAnswer("200", quota.AppendResponse(nil, resp))
+	}
+	tick := func() *sentCall {
+		n := len(f.h.calls)
+		f.h.now += int64(interval)
+		f.c.Tick(f.h.now)
+		if len(f.h.calls) == n {
+			return nil
+		}
+		return f.h.calls[len(f.h.calls)-1]
+	}
+	f.c.Ask([]*Key{k}, f.h.now)
+	if got := f.h.calls[0].req.Keys[0].Charge; got != 0 {
+		t.Fatalf("a charge of %d sent before the service said it books charges", got)
+	}
+	answer(f.h.calls[0], quota.StatusGranted, true)
+	tick() // the first tick only schedules the reports
+	c := tick()
+	if c == nil || c.req.Keys[0].Charge != 7 {
+		t.Fatalf("report after the service said it books charges: %+v, want a charge of 7", c)
+	}
+	if e := f.lease(k); e.Charge != 0 {
+		t.Fatalf("the lease still holds a charge of %d while it is reported", e.Charge)
+	}
+	answer(c, quota.StatusRetry, true)
+	if e := f.lease(k); e.Charge != 7 {
+		t.Fatalf("after a retry the lease holds a charge of %d, want 7 back", e.Charge)
+	}
+	c = tick()
+	if c == nil || c.req.Keys[0].Charge != 7 {
+		t.Fatalf("report after the retry: %+v, want the charge of 7 again", c)
+	}
+	c.onAnswer("", nil) // no answer: it may or may not have been booked
+	if e := f.lease(k); e.Charge != 7 {
+		t.Fatalf("after a failed call the lease holds a charge of %d, want 7 back", e.Charge)
+	}
+	c = tick()
+	answer(c, quota.StatusGranted, true)
+	if e := f.lease(k); e.Charge != 0 {
+		t.Fatalf("after the charge was booked the lease holds %d", e.Charge)
+	}
+	if c = tick(); c != nil {
+		t.Fatalf("a report of nothing: %+v", c.req.Keys)
+	}
+	// A charge past its end is not sent.
+	e := f.lease(k)
+	e.AddCharge(3, f.h.now, f.h.now+int64(interval)/2)
+	f.setLease(k, e)
+	if c = tick(); c != nil && c.req.Keys[0].Charge != 0 {
+		t.Fatalf("a lapsed charge was sent: %+v", c.req.Keys[0])
+	}
+}

@@ -87,7 +87,7 @@ func (c *Client) Tick(now int64) {
 			(live <= 2*e.Used || e.Expiry-now <= 2*interval):
 			k.Want = max(k.Want, 2*e.Used)
 			keys, kinds = append(keys, k), append(kinds, Ask)
-		case e.Used > 0:
+		case e.Used > 0 || (c.charges && e.Charge > 0):
 			keys, kinds = append(keys, k), append(kinds, Report)
 		}
 	}
@@ -149,15 +149,18 @@ func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
 		}
 		it := item{kind: kind}
 		fp := r.Fingerprint
-		var used, back uint64
-		var leaseSent int64
+		var used, back, charge uint64
+		var leaseSent, chargeUntil int64
 		written := c.ModifyLease(r.LeaseKeys[k.Bucket], k.Hash, now, func(e *fleet.Entry, found bool) bool {
-			used, back, leaseSent = 0, 0, e.Sent
+			used, back, charge, leaseSent = 0, 0, 0, e.Sent
 			if !found {
 				return false
 			}
 			used = e.Used
 			e.Used = 0
+			if c.charges {
+				charge, chargeUntil = e.TakeCharge(now)
+			}
 			switch kind {
 			case Return:
 				back = e.Live(fp, now)
@@ -169,6 +172,7 @@ func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
 		})
 		if written {
 			it.used, it.back, it.leaseSent = used, back, leaseSent
+			it.charge, it.chargeUntil = charge, chargeUntil
 		} // else nothing was taken out of the lease: report nothing, return nothing
 		want := uint64(0)
 		if kind == Ask {
@@ -178,11 +182,12 @@ func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
 			}
 			want = min(want, quota.MaxUnits)
 		}
-		if kind != Ask && it.used == 0 && it.back == 0 {
+		if kind != Ask && it.used == 0 && it.back == 0 && it.charge == 0 {
 			continue // nothing to say
 		}
 		k.Want = 0
-		reqs = append(reqs, quota.KeyRequest{Rule: k.RuleID, Key: k.Key, Used: min(it.used, quota.MaxUnits), Return: min(it.back, quota.MaxUnits), Want: want})
+		reqs = append(reqs, quota.KeyRequest{Rule: k.RuleID, Key: k.Key, Used: min(it.used, quota.MaxUnits), Return: min(it.back, quota.MaxUnits),
+			Want: want, Charge: min(it.charge, quota.MaxUnits)})
 		if kind == Ask {
 			it.asked = true
 			k.call = cl

@@ -55,11 +55,12 @@ type fleetEval struct {
 	skip     bool // nothing to write (pass, or a shadow rule without quota)
 	pending  bool // no quota: the request waits for the service
 	degraded bool // decided by on_quota_failure
-	// owe is the units a degraded "local" decision admits by itself: once the
-	// request is admitted they become the lease entry's debt (oweLocal).
-	owe   uint64
-	read  bool // readDecideFleet ran for this eval
-	entry fleet.Entry
+	// charge is the units a degraded "local" or "pass" decision admits
+	// without a lease: once the request is admitted they become the lease
+	// entry's charge (chargeUnleased).
+	charge uint64
+	read   bool // readDecideFleet ran for this eval
+	entry  fleet.Entry
 }
 
 // fleetReq is an httpContext's fleet part: the request's own state of its
@@ -162,12 +163,13 @@ func printableID(b []byte) bool {
 
 // leaseKeyPrefix is the shared-data key of a fleet rule's lease buckets up
 // to the bucket number: lease bucket n's key is
-// "sluice/<policy>/<rule id>/<layout>/q<entry size>/<n>" (see bucketKeyPrefix).
-// The entry size is part of the key, so a module whose lease entries are
-// another size (one still draining after an upgrade, sharing the vm_id) never
-// reads this one's buckets.
+// "sluice/<policy>/<rule id>/<layout>/q<entry size><fleet.Layout>/<n>" (see
+// bucketKeyPrefix). The entry's size and layout name are part of the key, so a
+// module whose lease entries are another size or mean another thing by a field
+// (one still draining after an upgrade, sharing the vm_id) never reads this
+// one's buckets.
 func leaseKeyPrefix(policy, rule, layout string) string {
-	return bucketKeyPrefix(policy, rule, layout) + "q" + strconv.Itoa(fleet.EntrySize) + "/"
+	return bucketKeyPrefix(policy, rule, layout) + "q" + strconv.Itoa(fleet.EntrySize) + fleet.Layout + "/"
 }
 
 // initFleetRule sets rs's fleet part.

@@ -66,12 +66,18 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64, rounds int) bool {
 func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 	rs := ev.rule
 	ev.fl.degraded = true
+	if !rs.cr.Shadow {
+		// What the request admits without a lease, booked at the service
+		// once it can be reached (chargeUnleased).
+		ev.fl.charge = ev.cost
+	}
 	switch rs.fleet.mode {
 	case fleetPass:
 		ev.fl.skip = true
 		ev.dec = limit.Decision{Allowed: true, Limit: rs.cr.Config.Limit}
 		return true
 	case fleetDeny:
+		ev.fl.charge = 0
 		ev.dec = limit.Decision{Allowed: false, Limit: rs.cr.Config.Limit, RetryAfter: max(time.Duration(until-now), time.Second), Reset: time.Duration(until - now)}
 		return true
 	}
@@ -93,11 +99,6 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 		}
 		ev.cost = min(charge, max(rs.cr.Config.Limit, 1))
 	}
-	if !rs.cr.Shadow {
-		// What the local counter is charged, share times the cost: the Envoy's
-		// estimate of what the fleet admits meanwhile (oweLocal).
-		ev.fl.owe = ev.cost
-	}
 	if !p.readDecideLocal(ev, now) {
 		return false
 	}
@@ -107,39 +108,51 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 	return true
 }
 
-// oweLocal records, once the request is admitted, what its degraded "local"
-// decisions charged their local counters as debt in their keys' lease entries:
-// share times the request's cost, this Envoy's estimate of what the n Envoys
-// cut off with it admitted meanwhile (each admits about 1/n of the limit). The
-// quota service never counted those units, so the first units it grants the key
-// afterwards are spent on the debt (fleet.Entry.Pay) rather than admitted again.
-// Without it, a counter the service lost mid-window (Redis restarted empty)
-// would grant its whole limit afresh on top of the window's local admissions;
-// with it, the fleet admits about L after the outage began, local admissions
-// included (exactly when the Envoys' demand is even). A debt lapses at
-// the end of the fixed window it was made in (a window of the rule after it
-// began, for the other algorithms). An edit that fails loses the debt (counted
-// as a CAS exhaustion).
-func (p *pluginContext) oweLocal(now int64) {
+// chargeUnleased records, once the request is admitted, what its degraded
+// decisions (on_quota_failure "local" or "pass") admitted without a lease as
+// a charge in their keys' lease entries: the request's cost, once. The next
+// report books it at the quota service against the key's budget
+// (quota.KeyRequest.Charge), so the fleet's count holds what every Envoy
+// admitted: after an outage in which the service kept its count, the window
+// admits L in all, and each Envoy's share of it shrinks by what it admitted by
+// itself; after one in which the count was lost (Redis restarted empty), the
+// fresh count starts from what the Envoys admitted meanwhile. A charge lapses
+// unreported at the end of the fixed window it was made in (a window of the
+// rule after it began, for the other algorithms). An edit that fails loses it
+// (counted as a CAS exhaustion).
+func (p *pluginContext) chargeUnleased(now int64) {
 	for k := range p.s.evals {
 		ev := &p.s.evals[k]
-		if ev.fl.owe == 0 || !ev.written {
+		if ev.fl.charge == 0 || !(ev.written || ev.fl.skip) {
 			continue
 		}
 		rs := ev.rule
 		until := now + int64(rs.cr.Config.Window)
-		if rs.cr.Config.Algorithm == limit.FixedWindow && ev.lim == nil {
-			until = now + int64(ev.dec.Reset) // the window's end
+		if rs.cr.Config.Algorithm == limit.FixedWindow {
+			until = now + int64(windowLeft(rs, ev, now))
 		}
-		fp, units := rs.cr.Fingerprint, ev.fl.owe
+		fp, units := rs.cr.Fingerprint, ev.fl.charge
 		p.fleet.client.ModifyLease(rs.fleet.leaseKeys[ev.bucket], ev.hash, now, func(e *fleet.Entry, found bool) bool {
 			if !found || e.Fingerprint != fp {
 				*e = fleet.Entry{Hash: ev.hash, Fingerprint: fp}
 			}
-			e.Owe(units, now, until)
+			e.AddCharge(units, now, until)
 			return true
 		})
 	}
+}
+
+// windowLeft returns the time from now to the end of the fixed window of ev's
+// rule: from the local decision when there was one (on_quota_failure
+// "local"), else from the rule's limiter on an empty state.
+func windowLeft(rs *ruleState, ev *eval, now int64) time.Duration {
+	if ev.written && ev.lim == nil {
+		return ev.dec.Reset
+	}
+	lim := rs.cr.Limiter
+	n := lim.StateSize()
+	buf := make([]byte, 2*n)
+	return lim.Decide(buf[:n], buf[n:], now, 0).Reset
 }
 
 // localLimiter returns rs's limiter with its Window share times longer (the same

@@ -2,6 +2,7 @@ package fleetquota
 
 import (
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -159,5 +160,193 @@ func TestACounterLostMidWindowAdmitsAtMostOneMoreLimit(t *testing.T) {
 	t.Logf("admitted %d in the window: %d through leases before the loss, %d by the Envoys themselves", admitted, limit, local)
 	if admitted > 2*limit {
 		t.Errorf("the fleet admitted %d in the window, want at most %d (2 L)", admitted, 2*limit)
+	}
+}
+
+// fleetOfThree is three Envoys, each calling the quota service through its own
+// quotaProxy (so that one can be cut off alone), on a fixed_window rule of limit
+// an hour; the counts of a test all fall in one hour (proctest.AwaitOneWindow).
+type fleetOfThree struct {
+	t       *testing.T
+	envoys  []*envoy
+	proxies []*quotaProxy
+	// admitted and local count, per Envoy, the requests admitted and those of
+	// them admitted by the Envoy itself (decided while it could not reach the
+	// quota service).
+	admitted, local [3]int
+	// degraded is whether Envoy i's last request was decided without the
+	// quota service.
+	degraded [3]bool
+}
+
+func startFleetOfThree(t *testing.T, limit int) *fleetOfThree {
+	t.Helper()
+	proctest.AwaitOneWindow(t, time.Hour, 2*time.Minute)
+	cp := startControlPlane(t, "")
+	v := cp.put(fixedHour(strconv.Itoa(limit), ""))
+	f := &fleetOfThree{t: t}
+	for i := 0; i < 3; i++ {
+		qp := newQuotaProxy(t, cp.addr)
+		f.proxies = append(f.proxies, qp)
+		f.envoys = append(f.envoys, startEnvoy(t, qp.addr(), 1, `,"quota_interval":"200ms","quota_timeout":"300ms"`, v))
+	}
+	return f
+}
+
+// do sends one request of user "grace" to Envoy i and counts it; it reports
+// whether it was admitted.
+func (f *fleetOfThree) do(i int) bool {
+	r := f.envoys[i].do(0, "grace")
+	f.degraded[i] = filterstate.Fields(r.FilterState)["quota"] == "degraded"
+	if r.Status != 200 {
+		return false
+	}
+	f.admitted[i]++
+	if f.degraded[i] {
+		f.local[i]++
+	}
+	return true
+}
+
+// reconnect ends every cut, then sends a round every poll until each Envoy
+// decides with the quota service again.
+func (f *fleetOfThree) reconnect() {
+	f.t.Helper()
+	for i := range f.envoys {
+		f.cut(i, false)
+	}
+	if !proctest.WaitFor(20*time.Second, func() bool {
+		for i := range f.envoys {
+			f.do(i)
+		}
+		return !f.degraded[0] && !f.degraded[1] && !f.degraded[2]
+	}) {
+		f.t.Fatalf("the Envoys still decide by themselves after the quota service is back (degraded %v)", f.degraded)
+	}
+}
+
+// join makes every Envoy ask for the key, then keeps them reporting until each
+// has been answered after the last one joined (so each knows three share it).
+func (f *fleetOfThree) join() {
+	f.t.Helper()
+	for i := range f.envoys {
+		f.do(i)
+	}
+	var after [3]int
+	for i, qp := range f.proxies {
+		after[i] = qp.count()
+	}
+	if !proctest.WaitFor(20*time.Second, func() bool {
+		for i, qp := range f.proxies {
+			if qp.count() < after[i]+2 {
+				f.do(i) // a use, so the next tick reports the key
+				return false
+			}
+		}
+		return true
+	}) {
+		f.t.Fatal("the Envoys never reported again")
+	}
+}
+
+// cut cuts Envoy i off the quota service (on: its quota calls fail as
+// Envoy's own 503 for an unreachable cluster does) or reconnects it.
+func (f *fleetOfThree) cut(i int, on bool) {
+	if !on {
+		f.proxies[i].setFault(nil)
+		return
+	}
+	f.proxies[i].setFault(func(w http.ResponseWriter) bool {
+		http.Error(w, "upstream connect error or disconnect/reset before headers", http.StatusServiceUnavailable)
+		return true
+	})
+}
+
+// drain sends rounds of one request to each Envoy until every Envoy was
+// denied three rounds in a row (the budget is spent everywhere), at most
+// rounds rounds.
+func (f *fleetOfThree) drain(rounds int) {
+	f.t.Helper()
+	denied := 0
+	for n := 0; n < rounds && denied < 3; n++ {
+		all := true
+		for i := range f.envoys {
+			if f.do(i) {
+				all = false
+			}
+		}
+		if all {
+			denied++
+		} else {
+			denied = 0
+		}
+	}
+	if denied < 3 {
+		f.t.Fatalf("the Envoys were still admitting after %d rounds (admitted %v)", rounds, f.admitted)
+	}
+}
+
+func (f *fleetOfThree) total() int { return f.admitted[0] + f.admitted[1] + f.admitted[2] }
+
+// TestABriefOutageOfEveryEnvoyLeavesTheWindowItsLimit: three Envoys share a
+// user's key of 600 an hour (on_quota_failure "local"); all three lose the
+// quota service for a while and admit by themselves, then reach it again, and
+// the counter was kept meanwhile. What they admitted by themselves is booked at
+// the service once: the window admits L with demand left, not less than 0.98 L
+// and never more.
+func TestABriefOutageOfEveryEnvoyLeavesTheWindowItsLimit(t *testing.T) {
+	const limit = 600
+	f := startFleetOfThree(t, limit)
+	f.join()
+	for i := range f.envoys {
+		f.cut(i, true)
+	}
+	// Until each has admitted some by itself, in fewer rounds than would spend
+	// L (each Envoy may admit a third of L by itself, whatever the window
+	// already admitted: brief means less than what remains).
+	for n := 0; n < 150 && (f.local[0] < 10 || f.local[1] < 10 || f.local[2] < 10); n++ {
+		for i := range f.envoys {
+			f.do(i)
+		}
+	}
+	if f.local[0] < 10 || f.local[1] < 10 || f.local[2] < 10 {
+		t.Fatalf("the Envoys admitted %v by themselves while cut off, want 10 each", f.local)
+	}
+	f.reconnect()
+	f.drain(3 * limit)
+	t.Logf("admitted %v (%d in all; by themselves while cut off %v), L = %d", f.admitted, f.total(), f.local, limit)
+	if got := f.total(); got > limit || got < limit*98/100 {
+		t.Errorf("the window admitted %d, want L = %d (at least %d) with demand left, never more", got, limit, limit*98/100)
+	}
+}
+
+// TestAnEnvoyCutOffAloneLeavesTheOthersTheirShares: three Envoys share a
+// user's key of 600 an hour with even demand; one loses the quota service for a
+// while and admits by itself. Once it is back, what it admitted is booked at
+// the service once: the window admits L (at least 0.98 L, never more), and the
+// two that were never cut off each keep about their third of it.
+func TestAnEnvoyCutOffAloneLeavesTheOthersTheirShares(t *testing.T) {
+	const limit = 600
+	f := startFleetOfThree(t, limit)
+	f.join()
+	f.cut(0, true)
+	for n := 0; n < 150 && f.local[0] < 50; n++ {
+		for i := range f.envoys {
+			f.do(i)
+		}
+	}
+	if f.local[0] < 50 {
+		t.Fatalf("Envoy 0 admitted %d by itself while cut off, want 50", f.local[0])
+	}
+	f.reconnect()
+	f.drain(3 * limit)
+	t.Logf("admitted %v (%d in all; Envoy 0 by itself while cut off: %d), L = %d", f.admitted, f.total(), f.local[0], limit)
+	if got := f.total(); got > limit || got < limit*98/100 {
+		t.Errorf("the window admitted %d, want L = %d (at least %d) with demand left, never more", got, limit, limit*98/100)
+	}
+	for i := 1; i < 3; i++ {
+		if f.admitted[i] < limit/3*9/10 {
+			t.Errorf("Envoy %d, never cut off, admitted %d, want about its third of %d (at least %d)", i, f.admitted[i], limit, limit/3*9/10)
+		}
 	}
 }
