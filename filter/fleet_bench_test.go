@@ -60,7 +60,7 @@ func BenchmarkFleetWarm(b *testing.B) {
 
 // seedLease stores a lease of 10^12 units for user's key of the policy's
 // first rule, valid for an hour of the virtual clock.
-func seedLease(b *testing.B, h *host.Host, doc, user string) {
+func seedLease(b testing.TB, h *host.Host, doc, user string) {
 	b.Helper()
 	p, err := rules.ParsePolicy([]byte(doc))
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"testing"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -90,5 +91,36 @@ func TestABucketsRateLimitPolicyIsWhatAClientCanPaceBy(t *testing.T) {
 			r := e.do(0, req{path: "/", headers: host.Headers{{"x-user-id", "u"}}})
 			wantHeaders(t, r.Headers, map[string]string{"ratelimit-policy": tc.want})
 		})
+	}
+}
+
+// TestAFleetBucketsRateLimitPolicyIsTheSameAsPerEnvoy: a fleet token_bucket or
+// gcra decided from its lease says what the same rule per Envoy says, the
+// bucket's capacity per its refill time (q=10;w=10 for a bucket of 10 at 60 a
+// minute), in RateLimit-Policy and X-RateLimit-Limit alike: not the rule's
+// limit over the bucket's refill time (q=60;w=10, six times the rate).
+func TestAFleetBucketsRateLimitPolicyIsTheSameAsPerEnvoy(t *testing.T) {
+	buildWasm(t)
+	for _, tc := range []struct{ name, alg, policy, limit string }{
+		{"token_bucket burst 10 of 60/min", `"algorithm":"token_bucket","limit":60,"window":"1m","burst":10`, `"r0";q=10;w=10`, "10"},
+		{"gcra 100/min burst 1", `"algorithm":"gcra","limit":100,"window":"1m","burst":1`, `"r0";q=2;w=2`, "2"},
+		{"fixed_window", `"algorithm":"fixed_window","limit":2,"window":"10s"`, `"r0";q=2;w=10`, "2"},
+	} {
+		for _, scope := range []string{"envoy", "fleet"} {
+			t.Run(tc.name+" "+scope, func(t *testing.T) {
+				rule := `{"id":"r0","key":["user"],` + tc.alg + `,"scope":"` + scope + `"}`
+				doc := benchPolicyHeaders(`{"set":"both","on_allow":true}`, rule)
+				e := newEnv(t, `{"tick":"1m","policy":`+doc+`}`, 1)
+				e.do(0, req{path: "/probe"}) // the hash key exists from here on
+				if scope == "fleet" {
+					seedLease(t, e.h, doc, "u")
+				}
+				r := e.do(0, req{path: "/", headers: host.Headers{{"x-user-id", "u"}}})
+				if q := filterstate.Fields(r.FilterState)["quota"]; scope == "fleet" && q != "local" {
+					t.Fatalf("not decided from the lease: quota %q", q)
+				}
+				wantHeaders(t, r.Headers, map[string]string{"ratelimit-policy": tc.policy, "x-ratelimit-limit": tc.limit})
+			})
+		}
 	}
 }

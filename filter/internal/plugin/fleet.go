@@ -47,6 +47,11 @@ const (
 type fleetRule struct {
 	mode      fleetMode
 	leaseKeys []string
+	// limit is the limit its decisions report (X-RateLimit-Limit,
+	// RateLimit-Policy's q): what the rule's limiter reports per Envoy, a
+	// bucket's capacity (with RateLimit-Policy's w its refill time) or the
+	// window's limit, so that both scopes tell a client the same pace.
+	limit uint64
 }
 
 // fleetEval is an eval's fleet part.
@@ -185,6 +190,10 @@ func (p *pluginContext) initFleetRule(c *rules.Compiled, rs *ruleState) {
 		rs.fleet.mode = fleetDeny
 	default:
 		rs.fleet.mode = fleetLocal // the share is a cost multiplier (degrade)
+	}
+	rs.fleet.limit = cr.Config.Limit
+	if c := cr.Config.Capacity(); c > 0 {
+		rs.fleet.limit = c
 	}
 	rs.fleet.leaseKeys = make([]string, p.cfg.BucketsPerRule)
 	prefix := leaseKeyPrefix(c.Name, cr.ID, p.layout())

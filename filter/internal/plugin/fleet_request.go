@@ -29,7 +29,7 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64, rounds int) bool {
 		return false
 	}
 	ev.value, ev.cas = value, cas
-	lim := rs.cr.Config.Limit
+	lim := rs.fleet.limit
 	e, _, found := fleet.Find(value, ev.hash)
 	if found && e.Usable(rs.cr.Fingerprint, now, ev.cost) {
 		e.Held -= ev.cost
@@ -74,11 +74,11 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 	switch rs.fleet.mode {
 	case fleetPass:
 		ev.fl.skip = true
-		ev.dec = limit.Decision{Allowed: true, Limit: rs.cr.Config.Limit}
+		ev.dec = limit.Decision{Allowed: true, Limit: rs.fleet.limit}
 		return true
 	case fleetDeny:
 		ev.fl.charge = 0
-		ev.dec = limit.Decision{Allowed: false, Limit: rs.cr.Config.Limit, RetryAfter: max(time.Duration(until-now), time.Second), Reset: time.Duration(until - now)}
+		ev.dec = limit.Decision{Allowed: false, Limit: rs.fleet.limit, RetryAfter: max(time.Duration(until-now), time.Second), Reset: time.Duration(until - now)}
 		return true
 	}
 	// Local: the rule's own counter holds the whole limit and every request
