@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"fmt"
+	"github.com/sluice-proxy/sluice/shared/rules"
 	"net/url"
 	"strings"
 	"testing"
@@ -148,5 +149,29 @@ func TestMetricsCardinalityIsBounded(t *testing.T) {
 	}
 	if !bytes.Contains(m.Body, []byte(fmt.Sprintf("sluice_controlplane_policies %d", n))) {
 		t.Fatalf("metrics lack the policy count %d", n)
+	}
+}
+
+// TestOnlyAWriteThatTookPlaceWarns: a write answers the Warning headers of
+// its policy only when it was written (or would be, in a dry run); one
+// refused after validation (the policy cap, the size of the result) carries
+// none, so a client never warns about a policy that was not written.
+func TestOnlyAWriteThatTookPlaceWarns(t *testing.T) {
+	r := startReplica(t, boltBackend(t), func(o *api.Options) {
+		o.MaxPolicies = 1
+		o.Warnings = func(*rules.Policy) []string { return []string{"works poorly"} }
+	})
+	c := r.admin
+	const want = `299 - "works poorly"`
+	if resp := c.Do("PUT", "/v1/policies/a", policyDoc("a", 1)); resp.Status != 201 || resp.Header.Get("Warning") != want {
+		t.Fatalf("a create: %d, Warning %q, want 201 and %q", resp.Status, resp.Header.Get("Warning"), want)
+	}
+	if resp := c.Do("PUT", "/v1/policies/a?dry_run=true", policyDoc("a", 2)); resp.Header.Get("Warning") != want {
+		t.Errorf("a dry run: %d, Warning %q, want %q", resp.Status, resp.Header.Get("Warning"), want)
+	}
+	resp := c.Do("PUT", "/v1/policies/b", policyDoc("b", 1))
+	expectCode(t, resp, 409, "too_many_policies", "create beyond the cap")
+	if w := resp.Header.Values("Warning"); len(w) != 0 {
+		t.Errorf("a create refused by the policy cap warns: %q", w)
 	}
 }

@@ -108,6 +108,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, who role, name st
 			return
 		}
 		if o.dryRun {
+			s.warn(w, wr.warnings)
 			s.answerDryRun(w, rec, ch.Doc, o)
 			return
 		}
@@ -129,6 +130,9 @@ type writeReq struct {
 	m            mutation
 	ifMatch, inm condition
 	id           string // the change's id, the same on every attempt
+	// warnings are Options.Warnings about the policy to write, answered
+	// (warn) only with an answer that writes it or would (a dry run).
+	warnings []string
 }
 
 // readForWrite reads the current record of the policy and parses it, and
@@ -177,8 +181,12 @@ func (s *Server) change(wr *writeReq, rec store.Record, cur *rules.Policy) (stor
 		invalid(err).write(w)
 		return ch, false
 	}
-	s.warn(w, next)
+	wr.warnings = nil
+	if s.o.Warnings != nil {
+		wr.warnings = s.o.Warnings(next)
+	}
 	if o.op == store.OpPutPolicy && rec.Exists() && bytes.Equal(rules.EncodePolicy(next), rec.Doc) {
+		s.warn(w, wr.warnings)
 		// Declarative apply of what is already there: no new version.
 		if o.dryRun {
 			w.Header().Set("X-Sluice-Dry-Run", "true")
@@ -232,6 +240,7 @@ func (s *Server) commitWrite(wr *writeReq, rec store.Record, ch store.Change) bo
 	}
 	s.o.Snapshot.ApplyRead(nrec, ticket)
 	s.log.Info("api: policy changed", "policy", wr.name, "version", nrec.Version, "op", o.op, "actor", ch.Actor, "detail", ch.Detail)
+	s.warn(w, wr.warnings)
 	w.Header().Set("ETag", etag(nrec))
 	if o.location != "" {
 		w.Header().Set("Location", o.location)
@@ -495,14 +504,10 @@ func (s *Server) answerDryRun(w http.ResponseWriter, rec store.Record, doc []byt
 }
 
 // warn sets a Warning header (RFC 7234 section 5.5: warn-code 299, "-" for the
-// agent, the text quoted) for each of Options.Warnings about p, replacing those
-// of an earlier attempt of the same write.
-func (s *Server) warn(w http.ResponseWriter, p *rules.Policy) {
-	w.Header().Del("Warning")
-	if s.o.Warnings == nil {
-		return
-	}
-	for _, text := range s.o.Warnings(p) {
+// agent, the text quoted) for each of warnings (Options.Warnings about the
+// policy written), just before the answer that writes it.
+func (s *Server) warn(w http.ResponseWriter, warnings []string) {
+	for _, text := range warnings {
 		w.Header().Add("Warning", "299 - "+strconv.Quote(text))
 	}
 }
