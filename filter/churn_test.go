@@ -96,7 +96,9 @@ func TestRuleChurnKeepsSharedDataBounded(t *testing.T) {
 	)
 	cp := newPolicyServer(t)
 	cfg := `{"tick":"` + tick.String() + `","buckets_per_rule":` + strconv.Itoa(buckets) + `,"entries_per_bucket":8,` +
-		`"control_plane":{"cluster":"cp","policy":"p","wait":"1s","timeout":"2s","lease":"1s"}}`
+		// No hold before the first policy: a held probe would wait for a
+		// tick of the virtual clock, which only this goroutine advances.
+		`"control_plane":{"cluster":"cp","policy":"p","wait":"1s","timeout":"2s","lease":"1s","first_policy_wait":"0s"}}`
 	bin := buildWasmTB(t)
 	clock := host.NewVirtualClock(epoch)
 	h, err := host.New(t.Context(), host.Config{

@@ -12,7 +12,7 @@
 //	    "policy": "default", "token_env": "SLUICE_READ_TOKEN",
 //	    "wait": "30s", "timeout": "35s", "lease": "2s",
 //	    "quota_token_env": "SLUICE_QUOTA_TOKEN", "quota_timeout": "1s",
-//	    "quota_interval": "1s", "envoy": "ingress-0"
+//	    "quota_interval": "1s", "first_policy_wait": "1s", "envoy": "ingress-0"
 //	  },
 //	  "tick": "100ms",
 //	  "buckets_per_rule": 1024,
@@ -212,6 +212,13 @@ type ControlPlane struct {
 	// up leases running low, 10ms..1m (quota.MinInterval..quota.MaxInterval).
 	// Default DefaultQuotaInterval.
 	QuotaInterval time.Duration
+	// FirstPolicyWait ["first_policy_wait"] is how long a request that arrives
+	// before the first policy (no static one, none pulled yet: an Envoy just
+	// started or restarted) is held, paused, for it: it is decided by the policy
+	// as soon as a tick finds one, and by fail_mode (counted as no_policy) only
+	// past this time after the plugin started, 0s..10s; 0s holds none. Default
+	// DefaultFirstPolicyWait.
+	FirstPolicyWait time.Duration
 	// Envoy ["envoy"] identifies this Envoy to the quota service (1 to 128 visible
 	// ASCII bytes). Default: Envoy's node id followed by "~" and a suffix derived
 	// from the per-Envoy hash key ("sluice-<suffix>" without a node id), so that
@@ -226,6 +233,10 @@ const (
 	DefaultQuotaTimeout = time.Second
 	// DefaultQuotaInterval is the default control_plane.quota_interval.
 	DefaultQuotaInterval = time.Second
+	// DefaultFirstPolicyWait is the default control_plane.first_policy_wait.
+	DefaultFirstPolicyWait = time.Second
+	// MaxFirstPolicyWait bounds control_plane.first_policy_wait.
+	MaxFirstPolicyWait = 10 * time.Second
 )
 
 // Config is the parsed plugin configuration. Each field's JSON name is in
@@ -495,6 +506,7 @@ func (p *parser) controlPlane(cp *ControlPlane) error {
 		return nil
 	}
 	cp.Enabled = true
+	cp.FirstPolicyWait = -1 // absent: the default (0s holds none)
 	dur := func(def time.Duration) time.Duration {
 		if p.d.Null() {
 			return def
@@ -531,6 +543,8 @@ func (p *parser) controlPlane(cp *ControlPlane) error {
 			cp.QuotaTimeout = dur(0)
 		case "quota_interval":
 			cp.QuotaInterval = dur(0)
+		case "first_policy_wait":
+			cp.FirstPolicyWait = dur(-1)
 		case "envoy":
 			cp.Envoy = p.str()
 		default:
@@ -607,6 +621,12 @@ func (p *parser) validateControlPlane(cp *ControlPlane) {
 		cp.QuotaInterval = DefaultQuotaInterval
 	case cp.QuotaInterval < 10*time.Millisecond || cp.QuotaInterval > time.Minute:
 		p.fail(f+"quota_interval", "must be 10ms..1m")
+	}
+	switch {
+	case cp.FirstPolicyWait < 0:
+		cp.FirstPolicyWait = DefaultFirstPolicyWait
+	case cp.FirstPolicyWait > MaxFirstPolicyWait:
+		p.fail(f+"first_policy_wait", "must be 0s.."+strictjson.FormatDuration(MaxFirstPolicyWait))
 	}
 	if cp.Envoy != "" && !printable(cp.Envoy, 128) {
 		p.fail(f+"envoy", "must be 1 to 128 visible ASCII bytes")

@@ -31,7 +31,7 @@ func TestParseFull(t *testing.T) {
 	  "policy": {"policy": "default", "version": 4, "rules": [
 	    {"id": "r", "key": ["client_ip"], "algorithm": "gcra", "limit": 10, "window": "1s", "description": "a \"quoted\" } ] , text"}]},
 	  "control_plane": {"cluster": "control_plane", "authority": "cp.internal", "policy": "default",
-	                    "token": "s3cret", "wait": "20s", "timeout": "25s", "lease": "3s"},
+	                    "token": "s3cret", "wait": "20s", "timeout": "25s", "lease": "3s", "first_policy_wait": "2s"},
 	  "tick": "250ms", "trusted_hops": 0, "buckets_per_rule": 128, "entries_per_bucket": 32,
 	  "headers": "both", "headers_on_allow": true, "fail_mode": "closed", "cas_retries": 20,
 	  "cas_fail_mode": "open"
@@ -48,7 +48,7 @@ func TestParseFull(t *testing.T) {
 		Env: "prod",
 		ControlPlane: ControlPlane{Enabled: true, Cluster: "control_plane", Authority: "cp.internal", Policy: "default",
 			Token: "s3cret", Wait: 20 * time.Second, Timeout: 25 * time.Second, Lease: 3 * time.Second,
-			QuotaTimeout: DefaultQuotaTimeout, QuotaInterval: DefaultQuotaInterval},
+			QuotaTimeout: DefaultQuotaTimeout, QuotaInterval: DefaultQuotaInterval, FirstPolicyWait: 2 * time.Second},
 		Tick: 250 * time.Millisecond, BucketsPerRule: 128, EntriesPerBucket: 32,
 		Headers: HeadersBoth, HeadersOnAllow: true, FailMode: FailClosed, CASRetries: 20, CASFailMode: FailOpen,
 	}
@@ -63,7 +63,7 @@ func TestParseControlPlaneDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := ControlPlane{Enabled: true, Cluster: "cp", Authority: "cp", Policy: "default", Wait: DefaultWait, Timeout: DefaultTimeout, Lease: DefaultLease,
-		QuotaTimeout: DefaultQuotaTimeout, QuotaInterval: DefaultQuotaInterval}
+		QuotaTimeout: DefaultQuotaTimeout, QuotaInterval: DefaultQuotaInterval, FirstPolicyWait: DefaultFirstPolicyWait}
 	if c.ControlPlane != want {
 		t.Errorf("%+v, want %+v", c.ControlPlane, want)
 	}
@@ -121,6 +121,7 @@ func TestParseErrors(t *testing.T) {
 		{`{"control_plane":{"cluster":"c","quota_token":"a\nb"}}`, "control_plane.quota_token: must be visible ASCII"},
 		{`{"control_plane":{"cluster":"c","quota_timeout":"1ms"}}`, "control_plane.quota_timeout: must be 10ms..10s"},
 		{`{"control_plane":{"cluster":"c","quota_interval":"2m"}}`, "control_plane.quota_interval: must be 10ms..1m"},
+		{`{"control_plane":{"cluster":"c","first_policy_wait":"11s"}}`, "control_plane.first_policy_wait: must be 0s..10s"},
 		{`{"control_plane":{"cluster":"c","envoy":"in gress"}}`, "control_plane.envoy: must be"},
 		{`{"entries_per_bucket":64,"policy":{"policy":"p","rules":[{"id":"r","algorithm":"sliding_log","limit":64,"window":"1s"}]}}`, "policy.rules[0]: a bucket of entries_per_bucket=64"},
 	} {
@@ -161,4 +162,17 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("non-zero Config with an error")
 		}
 	})
+}
+
+// TestFirstPolicyWaitZeroHoldsNone: "0s" is kept (no hold), not taken for
+// the default.
+func TestFirstPolicyWaitZeroHoldsNone(t *testing.T) {
+	c, err := Parse([]byte(`{"control_plane":{"cluster":"cp","first_policy_wait":"0s"}}`))
+	if err != nil || c.ControlPlane.FirstPolicyWait != 0 {
+		t.Fatalf("first_policy_wait 0s: %v, %v", c.ControlPlane.FirstPolicyWait, err)
+	}
+	c, _ = Parse([]byte(`{"control_plane":{"cluster":"cp","first_policy_wait":"250ms"}}`))
+	if c.ControlPlane.FirstPolicyWait != 250*time.Millisecond {
+		t.Fatalf("first_policy_wait 250ms: %v", c.ControlPlane.FirstPolicyWait)
+	}
 }

@@ -92,18 +92,22 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			k.Envoys = resp.Keys[i].Envoys
 			c.ruleEnvoys[k.RuleID] = k.Envoys
 		}
+		if resp != nil && ok && (i == 0 || cl.keys[i-1].RuleID != k.RuleID) {
+			// Every worker learns the service answers, and its count.
+			c.noteAnswer(r, resp.Keys[i].Envoys, now)
+		}
 		if k.call != cl {
 			// Not asked by this call. A report the service recorded shows it
 			// answers for the key again: the key stops degrading now rather
 			// than at the end of its interval.
 			if resp != nil && recorded(resp.Keys[i].Status) {
-				k.FailedUntil = 0
+				k.FailedUntil, k.unreachedAt = 0, 0
 			}
 			continue
 		}
 		k.call = nil
 		if resp == nil {
-			k.FailedUntil = now + interval
+			k.FailedUntil, k.unreachedAt = now+interval, now
 			continue
 		}
 		if ok {
@@ -164,7 +168,7 @@ func (c *Client) apply(k *Key, r Rule, res *quota.KeyResult, sent, now int64) {
 	interval := int64(c.cfg.Interval)
 	switch res.Status {
 	case quota.StatusGranted, quota.StatusPartial:
-		k.FailedUntil, k.RefusedUntil = 0, 0
+		k.FailedUntil, k.RefusedUntil, k.unreachedAt = 0, 0, 0
 		k.granted = k.granted || res.Granted > 0
 		if res.Granted > 0 && res.ExpiresIn > 0 {
 			c.applyGrant(k, r, now) // an earlier grant first, if one is waiting
@@ -205,10 +209,10 @@ func (c *Client) apply(k *Key, r Rule, res *quota.KeyResult, sent, now int64) {
 		if ra <= 0 {
 			ra = time.Duration(interval)
 		}
-		k.FailedUntil = now + min(int64(ra), interval)
+		k.FailedUntil, k.unreachedAt = now+min(int64(ra), interval), 0
 	default: // stale_policy, unknown_rule, not_fleet, bad_key
 		c.host.Debug("sluice: quota service: key of rule " + k.RuleID + ": " + res.Status)
-		k.FailedUntil = now + interval
+		k.FailedUntil, k.unreachedAt = now+interval, 0
 	}
 }
 

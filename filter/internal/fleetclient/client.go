@@ -17,6 +17,7 @@
 package fleetclient
 
 import (
+	"encoding/binary"
 	"errors"
 	"time"
 
@@ -105,6 +106,13 @@ type Rule struct {
 	// Fingerprint is its rules.CompiledRule.Fingerprint; a lease entry of
 	// another fingerprint reads as absent.
 	Fingerprint uint64
+	// StatusKey is the shared-data key where the workers keep what the
+	// service last told any of them of the rule's keys (see serviceStatus):
+	// how many Envoys share them, so that every worker divides the limit by it
+	// when cut off, and when it last answered, so that a worker degraded for
+	// want of an answer asks again as soon as another was answered; "" keeps
+	// both per worker.
+	StatusKey string
 }
 
 // Policy is the policy in use, as the quota request names it.
@@ -172,6 +180,10 @@ type Key struct {
 	// because the service could not be asked, failed, or answered retry; the
 	// next ask is after it.
 	FailedUntil int64
+	// unreachedAt is when the key's last call found no service (no answer,
+	// a non-200 status, a call not dispatched), Unix ns; 0 when FailedUntil
+	// comes from an answer (retry, a policy mismatch) or is over.
+	unreachedAt int64
 	// Envoys is how many Envoys shared the key at the service's last answer
 	// (quota.KeyResult.Envoys), 0 until one said.
 	Envoys uint32
@@ -245,6 +257,7 @@ type Client struct {
 	calls      map[*call]struct{}
 	orphans    []*Key
 	ruleEnvoys map[string]uint32 // by rule id: the Envoys of the last answer for any of its keys
+
 	// charges: an answer of the service said it books charges
 	// (quota.Response.Charges); until then none is sent.
 	charges    bool
@@ -264,14 +277,78 @@ func New(host Host, cfg Config, m Metrics) *Client {
 }
 
 // Envoys returns how many Envoys share a key of rule ruleID as the service last
-// said: of k itself when it said (k may be nil), else of the rule's key it last
-// answered for, else 0 (unknown). The plugin divides the limit by it when the
-// service cannot be reached (on_quota_failure "local").
+// said: of k itself when it said to this worker (k may be nil), else of any key
+// of the rule as the last answer to any worker of the Envoy said (the rule's
+// StatusKey in shared data), else of the rule's key this worker last heard of,
+// else 0 (unknown). The plugin divides the limit by it when the service cannot
+// be reached (on_quota_failure "local").
 func (c *Client) Envoys(ruleID string, k *Key) uint32 {
 	if k != nil && k.Envoys > 0 {
 		return k.Envoys
 	}
+	if st, ok := c.status(ruleID); ok && st.envoys > 0 {
+		return st.envoys
+	}
 	return c.ruleEnvoys[ruleID]
+}
+
+// Reachable reports whether k, degraded because its last call found no
+// service, may ask again now: a worker of the Envoy was answered for a key of
+// its rule since. It then ends k's degraded interval.
+func (c *Client) Reachable(k *Key) bool {
+	if k.unreachedAt == 0 {
+		return false
+	}
+	if st, ok := c.status(k.RuleID); !ok || st.answeredAt <= k.unreachedAt {
+		return false
+	}
+	k.FailedUntil, k.unreachedAt = 0, 0
+	return true
+}
+
+// serviceStatus is what the service last told any worker of the Envoy of a
+// rule's keys, kept in shared data under the rule's StatusKey, 16 bytes
+// little-endian: envoys u32 | zero u32 | answered_at i64.
+type serviceStatus struct {
+	envoys     uint32 // Envoys sharing a key of the rule (KeyResult.Envoys); 0 unknown
+	answeredAt int64  // when an answer last came, Unix ns
+}
+
+const serviceStatusSize = 16
+
+// status reads rule ruleID's serviceStatus; false when there is none.
+func (c *Client) status(ruleID string) (serviceStatus, bool) {
+	pol := c.policy()
+	if pol == nil || pol.Rule == nil {
+		return serviceStatus{}, false
+	}
+	r, ok := pol.Rule(ruleID)
+	if !ok || r.StatusKey == "" {
+		return serviceStatus{}, false
+	}
+	v, _, err := c.host.GetSharedData(r.StatusKey)
+	if err != nil || len(v) != serviceStatusSize {
+		return serviceStatus{}, false
+	}
+	return serviceStatus{envoys: binary.LittleEndian.Uint32(v), answeredAt: int64(binary.LittleEndian.Uint64(v[8:]))}, true
+}
+
+// noteAnswer writes to r's StatusKey that the service answered at now, and the
+// count of Envoys it said (0: keep the one there). An unconditional write:
+// the last answer wins.
+func (c *Client) noteAnswer(r Rule, envoys uint32, now int64) {
+	if r.StatusKey == "" {
+		return
+	}
+	if envoys == 0 {
+		if v, _, err := c.host.GetSharedData(r.StatusKey); err == nil && len(v) == serviceStatusSize {
+			envoys = binary.LittleEndian.Uint32(v)
+		}
+	}
+	var v [serviceStatusSize]byte
+	binary.LittleEndian.PutUint32(v[:], envoys)
+	binary.LittleEndian.PutUint64(v[8:], uint64(now))
+	_ = c.host.SetSharedData(r.StatusKey, v[:], 0)
 }
 
 // SetConfig replaces the configuration (a new plugin configuration).

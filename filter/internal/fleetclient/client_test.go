@@ -482,3 +482,57 @@ func TestAChargeIsBookedOnceByAServiceThatSaysItBooksCharges(t *testing.T) {
 		t.Fatalf("a lapsed charge was sent: %+v", c.req.Keys[0])
 	}
 }
+
+// TestEveryWorkerKnowsHowManyEnvoysShareARule: the count of Envoys on a rule's
+// keys one worker heard from the service is what every worker of the Envoy
+// divides the limit by when cut off, not only the one whose call heard it (a
+// worker that never asked would otherwise enforce the whole limit by itself).
+func TestEveryWorkerKnowsHowManyEnvoysShareARule(t *testing.T) {
+	a := newFixture(t)
+	b := &fixture{t: t, h: a.h, m: a.m, policy: a.policy}
+	b.c = New(a.h, Config{Interval: interval, Timeout: 200 * time.Millisecond, Tick: 100 * time.Millisecond, EntriesPerBucket: 4096}, Metrics{})
+	b.c.Envoy, b.c.Policy = "envoy-1", a.c.Policy
+	a.policy.Rule = func(id string) (Rule, bool) {
+		return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, StatusKey: "sluice/p/r/status"}, id == "r"
+	}
+	k := a.key("rl:t:p/r:user=a:60s")
+	a.c.Ask([]*Key{k}, a.h.now)
+	a.h.answer(a.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusGranted, Granted: 1, Held: 1, ExpiresIn: time.Minute, Envoys: 3}
+	})
+	if n := a.c.Envoys("r", k); n != 3 {
+		t.Fatalf("the worker that heard it: %d Envoys, want 3", n)
+	}
+	if n := b.c.Envoys("r", nil); n != 3 {
+		t.Errorf("another worker of the Envoy: %d Envoys, want 3", n)
+	}
+}
+
+// TestAWorkerDegradedForWantOfAnAnswerAsksOnceAnotherWasAnswered: a worker
+// whose call found no service degrades for an interval; once another worker
+// of the Envoy is answered for a key of the rule, it may ask again at once
+// (Reachable), rather than admit by itself for the rest of the interval.
+func TestAWorkerDegradedForWantOfAnAnswerAsksOnceAnotherWasAnswered(t *testing.T) {
+	a := newFixture(t)
+	a.policy.Rule = func(id string) (Rule, bool) {
+		return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, StatusKey: "sluice/p/r/status"}, id == "r"
+	}
+	b := &fixture{t: t, h: a.h, m: a.m, policy: a.policy}
+	b.c = New(a.h, Config{Interval: interval, Timeout: 200 * time.Millisecond, Tick: 100 * time.Millisecond, EntriesPerBucket: 4096}, Metrics{})
+	b.c.Envoy, b.c.Policy = "envoy-1", a.c.Policy
+	kb := b.key("rl:t:p/r:user=a:60s")
+	b.c.Ask([]*Key{kb}, b.h.now)
+	b.h.calls[0].onAnswer("", nil) // no service
+	if kb.FailedUntil <= b.h.now || b.c.Reachable(kb) {
+		t.Fatalf("after a failed call: degraded until +%v, reachable %v", time.Duration(kb.FailedUntil-b.h.now), b.c.Reachable(kb))
+	}
+	a.h.now += int64(100 * time.Millisecond)
+	ka := a.key("rl:t:p/r:user=a:60s")
+	a.c.Ask([]*Key{ka}, a.h.now)
+	a.h.answer(a.h.calls[1], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusGranted, Granted: 1, Held: 1, ExpiresIn: time.Minute, Envoys: 2}
+	})
+	if !b.c.Reachable(kb) || kb.FailedUntil != 0 {
+		t.Fatalf("another worker was answered: reachable false or still degraded until %d", kb.FailedUntil)
+	}
+}

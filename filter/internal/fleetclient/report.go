@@ -262,7 +262,7 @@ func (c *Client) dispatch(pol *Policy, cl *call, req *quota.Request, now int64) 
 			if k.call == cl {
 				k.call = nil
 			}
-			k.FailedUntil = now + int64(c.cfg.Interval)
+			k.FailedUntil, k.unreachedAt = now+int64(c.cfg.Interval), now
 			// Never sent: nothing was recorded, so what the report took goes back.
 			if r, ok := pol.Rule(k.RuleID); ok {
 				c.restore(k, r, cl.items[j], now)

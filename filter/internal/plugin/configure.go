@@ -155,6 +155,7 @@ func (p *pluginContext) OnPluginStart(pluginConfigurationSize int) types.OnPlugi
 		proxywasm.LogError("sluice: invalid plugin configuration: control_plane: " + err.Error())
 		return types.OnPluginStartStatusFailed
 	}
+	p.startFirstPolicyHold()
 	if err := proxywasm.SetTickPeriodMilliSeconds(uint32(cfg.Tick.Milliseconds())); err != nil {
 		proxywasm.LogWarn("sluice: setting the tick period: " + err.Error())
 	}
@@ -170,6 +171,7 @@ func (p *pluginContext) OnTick() {
 	if p.sync != nil {
 		p.sync.Tick()
 	}
+	p.firstPolicyTick()
 	p.retireTick()
 	p.fleetTick()
 	p.flushMetrics()

@@ -16,6 +16,7 @@ func (h *httpContext) OnHttpStreamDone() {
 	proxywasm.BeginHostScratch() // nothing read here outlives the callback
 	defer proxywasm.EndHostScratch()
 	h.fleetStreamDone()
+	h.heldSeq = 0
 	if len(h.charges) > 0 {
 		now := clockNow()
 		for i := range h.charges {

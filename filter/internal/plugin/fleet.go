@@ -47,6 +47,9 @@ const (
 type fleetRule struct {
 	mode      fleetMode
 	leaseKeys []string
+	// statusKey is the shared-data key of what the quota service last said
+	// of its keys (fleetclient.Rule.StatusKey).
+	statusKey string
 	// limit is the limit its decisions report (X-RateLimit-Limit,
 	// RateLimit-Policy's q): what the rule's limiter reports per Envoy, a
 	// bucket's capacity (with RateLimit-Policy's w its refill time) or the
@@ -200,6 +203,7 @@ func (p *pluginContext) initFleetRule(c *rules.Compiled, rs *ruleState) {
 	for n := range rs.fleet.leaseKeys {
 		rs.fleet.leaseKeys[n] = prefix + strconv.Itoa(n)
 	}
+	rs.fleet.statusKey = prefix + "status"
 }
 
 // createLeaseBuckets makes the lease buckets of c's fleet rules exist (see

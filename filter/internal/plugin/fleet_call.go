@@ -80,7 +80,7 @@ func (p *pluginContext) fleetPolicy() *fleetclient.Policy {
 				for i := range ps.rules {
 					rs := &ps.rules[i]
 					if rs.cr.ID == id && rs.fleet.mode != fleetNone {
-						return fleetclient.Rule{LeaseKeys: rs.fleet.leaseKeys, Fingerprint: rs.cr.Fingerprint}, true
+						return fleetclient.Rule{LeaseKeys: rs.fleet.leaseKeys, Fingerprint: rs.cr.Fingerprint, StatusKey: rs.fleet.statusKey}, true
 					}
 				}
 				return fleetclient.Rule{}, false

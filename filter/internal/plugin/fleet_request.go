@@ -42,7 +42,7 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64, rounds int) bool {
 	interval := int64(p.cfg.ControlPlane.QuotaInterval)
 	kr := p.fleet.client.Lookup(viewString(p.s.key[ev.keyOff:ev.keyEnd]))
 	switch {
-	case !p.cfg.ControlPlane.Enabled || (kr != nil && kr.FailedUntil > now):
+	case !p.cfg.ControlPlane.Enabled || (kr != nil && kr.FailedUntil > now && !p.fleet.client.Reachable(kr)):
 		until := now + interval
 		if kr != nil {
 			until = kr.FailedUntil

@@ -13,6 +13,7 @@ const (
 	metricRuleOverflow     = ".overflow"       // decided against a full bucket's shared overflow state
 	metricFailedOpen       = "sluice.failed_open"
 	metricNoPolicy         = "sluice.no_policy"
+	metricHeldForPolicy    = "sluice.held_for_policy" // requests held (paused) for the first policy
 	metricCASRetries       = "sluice.cas_retries"
 	metricCASExhausted     = "sluice.cas_exhausted"
 	metricOverflow         = "sluice.bucket_overflow"
@@ -47,6 +48,7 @@ func (c *counter) flush() {
 type metrics struct {
 	failedOpen       counter
 	noPolicy         counter
+	heldForPolicy    counter
 	casRetries       counter
 	casExhausted     counter
 	overflow         counter
@@ -59,6 +61,7 @@ type metrics struct {
 func (m *metrics) define() {
 	m.failedOpen.m, _ = proxywasm.DefineCounterMetric(metricFailedOpen)
 	m.noPolicy.m, _ = proxywasm.DefineCounterMetric(metricNoPolicy)
+	m.heldForPolicy.m, _ = proxywasm.DefineCounterMetric(metricHeldForPolicy)
 	m.casRetries.m, _ = proxywasm.DefineCounterMetric(metricCASRetries)
 	m.casExhausted.m, _ = proxywasm.DefineCounterMetric(metricCASExhausted)
 	m.overflow.m, _ = proxywasm.DefineCounterMetric(metricOverflow)
@@ -69,7 +72,7 @@ func (m *metrics) define() {
 }
 
 func (m *metrics) flush() {
-	for _, c := range [...]*counter{&m.failedOpen, &m.noPolicy, &m.casRetries, &m.casExhausted,
+	for _, c := range [...]*counter{&m.failedOpen, &m.noPolicy, &m.heldForPolicy, &m.casRetries, &m.casExhausted,
 		&m.overflow, &m.corrupt, &m.costInvalid, &m.compensationLost} {
 		c.flush()
 	}

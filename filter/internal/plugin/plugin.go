@@ -122,6 +122,9 @@ type pluginContext struct {
 
 	// fleet is the worker's state of fleet-scoped rules (fleet.go).
 	fleet fleetWorker
+	// first holds requests that arrive before the first policy
+	// (firstpolicy.go).
+	first firstPolicy
 
 	// free is a list of finished HTTP contexts to reuse.
 	free []*httpContext

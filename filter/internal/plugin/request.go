@@ -32,6 +32,9 @@ type httpContext struct {
 	charges []charge
 	// fq is the fleet part (fleet.go): stream id and quota waits.
 	fq fleetReq
+	// heldSeq is non-zero while the request is held for the first policy
+	// (firstpolicy.go).
+	heldSeq uint64
 }
 
 // report is one rule's decision as the headers and filter state show it.
@@ -71,6 +74,9 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	}
 	ps := p.pol
 	if ps == nil {
+		if h.holdForPolicy() {
+			return types.ActionPause // decided on the tick that finds a policy
+		}
 		p.m.noPolicy.Increment(1)
 		if p.cfg.FailMode == config.FailClosed {
 			h.denyNoPolicy()
