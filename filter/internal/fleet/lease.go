@@ -15,8 +15,9 @@
 //
 // A value whose length is not a multiple of EntrySize is corrupt and read as
 // empty. An entry is found by the key's hash (the same SipHash the counter
-// tables use); a full bucket evicts an expired entry first, else the one
-// holding the fewest units.
+// tables use); a full bucket evicts an entry that holds and owes nothing first
+// (its lease ended, no charge due), else the one holding and owing the fewest
+// units.
 package fleet
 
 import "encoding/binary"
@@ -102,6 +103,19 @@ func (e *Entry) TakeCharge(now int64) (units uint64, until int64) {
 	return units, until
 }
 
+// stake is what evicting e at now would lose: the units it holds while its
+// lease lives plus the charge it still owes the service (saturating).
+func (e *Entry) stake(now int64) uint64 {
+	var held, charge uint64
+	if now < e.Expiry {
+		held = e.Held
+	}
+	if now < e.ChargeUntil {
+		charge = e.Charge
+	}
+	return held + min(charge, ^uint64(0)-held)
+}
+
 // Usable reports whether the lease holds at least cost units at now under
 // fingerprint fp.
 func (e *Entry) Usable(fp uint64, now int64, cost uint64) bool {
@@ -136,8 +150,9 @@ func Find(b []byte, hash uint64) (Entry, int, bool) {
 
 // Put appends to dst the bucket value b with e stored: in place of the entry of
 // e.Hash if there is one, else appended if the bucket holds fewer than max
-// entries, else over an entry expired at now or, failing that, the one holding
-// the fewest units. A corrupt b is replaced by e alone. It reports whether an
+// entries, else over an entry that holds and owes nothing at now (its lease
+// ended, no charge due) or, failing that, the one holding and owing the fewest
+// units (stake). A corrupt b is replaced by e alone. It reports whether an
 // entry was evicted.
 func Put(dst, b []byte, e Entry, max int, now int64) ([]byte, bool) {
 	if !Valid(b) {
@@ -156,12 +171,13 @@ func Put(dst, b []byte, e Entry, max int, now int64) ([]byte, bool) {
 		var least uint64
 		for i := 0; i < n; i++ {
 			o := decode(b[i*EntrySize:])
-			if now >= o.Expiry {
+			stake := o.stake(now)
+			if stake == 0 {
 				idx = i
 				break
 			}
-			if idx < 0 || o.Held < least {
-				idx, least = i, o.Held
+			if idx < 0 || stake < least {
+				idx, least = i, stake
 			}
 		}
 	}

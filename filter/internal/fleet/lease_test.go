@@ -88,3 +88,28 @@ func TestAChargeIsTakenOnceUntilItLapses(t *testing.T) {
 		t.Fatalf("a new charge after the lapse: %+v", e)
 	}
 }
+
+// TestAnEntryOwingAChargeIsEvictedLast: a full bucket evicts an expired entry
+// that holds nothing and owes nothing before one whose lease ended but whose
+// charge (units admitted without a lease, not yet reported) is still due, and
+// ranks the others by what they hold and owe together.
+func TestAnEntryOwingAChargeIsEvictedLast(t *testing.T) {
+	var b []byte
+	b, _ = Put(nil, b, Entry{Hash: 1, Charge: 5, ChargeUntil: 1000}, 3, 0) // ended, owes 5
+	b, _ = Put(nil, b, Entry{Hash: 2, Expiry: 10}, 3, 0)                    // ended, owes nothing
+	b, _ = Put(nil, b, Entry{Hash: 3, Held: 3, Expiry: 1000}, 3, 0)
+	b, _ = Put(nil, b, Entry{Hash: 4, Held: 1, Expiry: 1000}, 3, 50)
+	if _, _, ok := Find(b, 2); ok {
+		t.Fatal("the entry that holds and owes nothing was kept")
+	}
+	if _, _, ok := Find(b, 1); !ok {
+		t.Fatal("the entry owing a charge was evicted")
+	}
+	b, _ = Put(nil, b, Entry{Hash: 5, Held: 1, Expiry: 1000}, 3, 50)
+	if _, _, ok := Find(b, 4); ok {
+		t.Fatal("want the entry holding 1 evicted before the one owing 5")
+	}
+	if _, _, ok := Find(b, 1); !ok {
+		t.Fatal("the entry owing 5 was evicted before one holding 1")
+	}
+}
