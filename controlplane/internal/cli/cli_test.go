@@ -387,3 +387,16 @@ rules:
 		t.Errorf("a control plane without Envoy's quota filter to serve warned:\n%s", r.stderr)
 	}
 }
+
+// TestApplyDryRunOfANewPolicyPasses: a dry run of a policy the server does not
+// have yet (the server answers 201 with X-Sluice-Dry-Run and no ETag, since
+// nothing was written) passes, and writes nothing: a CI gate can run it on a
+// newly added policy file.
+func TestApplyDryRunOfANewPolicyPasses(t *testing.T) {
+	c := &ctl{t: t, server: startControlPlane(t)}
+	f := writeFile(t, t.TempDir(), "demo.yaml", demoV1)
+	r := c.must(0, "apply", "--dry-run", "-f", f)
+	mustContain(t, "dry run of a new policy", r.stdout, "policy demo: new", "server dry run passed; would be v1 (nothing written)")
+	r = c.must(1, "diff", "-f", f)
+	mustContain(t, "diff after the dry run", r.stdout, "policy demo: new")
+}

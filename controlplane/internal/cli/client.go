@@ -256,6 +256,9 @@ func (c *client) putPolicy(ctx context.Context, name string, doc []byte, etag st
 	if err != nil {
 		return nil, err
 	}
+	if dryRun && r.Status == http.StatusCreated && r.Header.Get("X-Sluice-Dry-Run") == "true" {
+		return r, nil // nothing was written, so there is no version to tag
+	}
 	if _, err := c.policyETag(r, "PUT of policy "+name); err != nil {
 		return nil, err
 	}
