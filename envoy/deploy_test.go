@@ -883,3 +883,20 @@ func TestTheControlPlaneIsScrapedOverPlainHTTPInEitherMode(t *testing.T) {
 		t.Error("the mTLS patch touches the scrape settings")
 	}
 }
+
+// TestEachServicePortSaysItsProtocol: Istio and Gateway API implementations
+// pick a port's protocol from its appProtocol (else its name): the REST and
+// metrics ports are plain HTTP/1.1, the gRPC port (RLQS) is gRPC.
+func TestEachServicePortSaysItsProtocol(t *testing.T) {
+	_, svc := controlPlaneDeploymentAndService(t)
+	want := map[string]string{"http": "http", "metrics": "http", "grpc": "grpc"}
+	for _, p := range svc.Spec.Ports {
+		got := ""
+		if p.AppProtocol != nil {
+			got = *p.AppProtocol
+		}
+		if w, ok := want[p.Name]; !ok || got != w {
+			t.Errorf("Service port %s: appProtocol %q, want %q", p.Name, got, w)
+		}
+	}
+}
