@@ -136,7 +136,8 @@ push: image
 ## The Kubernetes, Istio and Envoy Gateway manifests of envoy/, the images under
 ## IMAGE_REPO at the digests just built (what make push, crane push or skopeo copy
 ## --preserve-digests publish), the plugin tokens from SLUICE_READ_TOKEN and
-## SLUICE_QUOTA_TOKEN (required: unset, placeholder or shorter than 32 characters is refused).
+## SLUICE_QUOTA_TOKEN (required: unset, placeholder, shorter than 32 characters, or a quota token
+## equal to the read token or SLUICE_ADMIN_TOKEN is refused, as the control plane refuses it).
 ##   make manifests IMAGE_REPO=registry.example.com/sluice
 manifests: image
 	@test -n "$(IMAGE_REPO)" || { echo "make manifests: set IMAGE_REPO, e.g. IMAGE_REPO=registry.example.com/sluice"; exit 2; }

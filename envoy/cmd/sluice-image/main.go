@@ -133,7 +133,8 @@ const exampleRepo = "registry.example.com/sluice"
 // the proxies' tokens from SLUICE_READ_TOKEN and SLUICE_QUOTA_TOKEN into the
 // Secrets that hold them and nowhere else. It fails, writing nothing, when a token
 // variable is unset, a placeholder (change-me…) or shorter than minTokenChars,
-// naming each; and if a digest placeholder would remain or a token placeholder
+// or the quota token equals the read token (or SLUICE_ADMIN_TOKEN, when set),
+// naming each and echoing no token's value; and if a digest placeholder would remain or a token placeholder
 // sits outside a Secret.
 func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv func(string) string) error {
 	if repo == "" {
@@ -166,11 +167,21 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 		case v == "":
 			bad = append(bad, fmt.Errorf("%s is not set: the Secret would keep the placeholder %s", t.env, t.placeholder))
 		case strings.HasPrefix(v, "change-me"):
-			bad = append(bad, fmt.Errorf("%s is a placeholder (%s)", t.env, v))
+			bad = append(bad, fmt.Errorf("%s is a placeholder (it begins with change-me)", t.env))
 		case len(v) < minTokenChars:
 			bad = append(bad, fmt.Errorf("%s has %d characters: use at least %d", t.env, len(v), minTokenChars))
 		default:
 			pairs = append(pairs, t.placeholder, v)
+		}
+	}
+	// The control plane refuses to start with a quota token equal to its admin
+	// or read token (config.Validate): say so now, not as a CrashLoopBackOff.
+	if q := getenv("SLUICE_QUOTA_TOKEN"); q != "" {
+		if q == getenv("SLUICE_READ_TOKEN") {
+			bad = append(bad, errors.New("SLUICE_QUOTA_TOKEN equals SLUICE_READ_TOKEN: the control plane refuses a quota token equal to its read or admin token"))
+		}
+		if q == getenv("SLUICE_ADMIN_TOKEN") {
+			bad = append(bad, errors.New("SLUICE_QUOTA_TOKEN equals SLUICE_ADMIN_TOKEN: the control plane refuses a quota token equal to its read or admin token"))
 		}
 	}
 	if len(bad) > 0 {

@@ -167,3 +167,43 @@ func TestManifestsPinTheBuiltImages(t *testing.T) {
 		}
 	}
 }
+
+// TestManifestsRefuseTokensTheControlPlaneWouldRefuse: a quota token equal to
+// the read token (or to SLUICE_ADMIN_TOKEN, when set) is refused as the control
+// plane refuses it at start (a deployment in CrashLoopBackOff otherwise), and no
+// refusal echoes a token's value into a terminal or a CI log.
+func TestManifestsRefuseTokensTheControlPlaneWouldRefuse(t *testing.T) {
+	oci := t.TempDir()
+	for i, name := range []string{"sluice-wasm", "sluice-controlplane"} {
+		if err := os.MkdirAll(filepath.Join(oci, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		digest := "sha256:" + strings.Repeat(string(rune('a'+i)), 64)
+		if err := os.WriteFile(filepath.Join(oci, name, "index.json"), []byte(`{"manifests":[{"digest":"`+digest+`"}]}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	same := strings.Repeat("s", 40)
+	secret := "change-me-but-secret-" + strings.Repeat("x", 30)
+	for name, env := range map[string]map[string]string{
+		"read = quota":  {"SLUICE_READ_TOKEN": same, "SLUICE_QUOTA_TOKEN": same},
+		"admin = quota": {"SLUICE_READ_TOKEN": strings.Repeat("r", 40), "SLUICE_QUOTA_TOKEN": same, "SLUICE_ADMIN_TOKEN": same},
+		"placeholder":   {"SLUICE_READ_TOKEN": secret, "SLUICE_QUOTA_TOKEN": strings.Repeat("q", 40)},
+	} {
+		var out, errb strings.Builder
+		to := filepath.Join(t.TempDir(), "m")
+		err := manifests(&out, &errb, oci, "reg.test/team", "../../../envoy", to, func(k string) string { return env[k] })
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+			continue
+		}
+		for _, v := range env {
+			if strings.Contains(err.Error(), v) {
+				t.Errorf("%s: the refusal echoes a token: %v", name, err)
+			}
+		}
+		if _, serr := os.Stat(to); serr == nil {
+			t.Errorf("%s: manifests written", name)
+		}
+	}
+}
