@@ -7,10 +7,16 @@ GOTESTFLAGS ?= -race -count=1 -timeout 30m
 # as org.opencontainers.image.version.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 VERSION_LDFLAGS := -X github.com/sluice-proxy/sluice/controlplane/version.Version=$(VERSION)
+# The filter reports VERSION as its build (x-sluice-build, sluicectl status's BUILD).
+WASM_LDFLAGS := -X github.com/sluice-proxy/sluice/filter/internal/policysync.Build=$(VERSION)
 
-.PHONY: all help wasm build envoy run test bench check lint clean
+.PHONY: all help wasm build envoy run test bench check lint clean print-version
 
 all: build
+
+# print-version prints VERSION (the tests compare what the binaries report with it).
+print-version:
+	@echo $(VERSION)
 
 ## help: this list: every target with the first line of its "##" comment.
 help:
@@ -22,7 +28,7 @@ wasm:
 	@echo "==> fetching Go modules (a fresh clone's first build downloads them, then compiles everything: a minute or two)"
 	@$(GO) mod download
 	@echo "==> building $(WASM)"
-	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -o $(WASM) ./filter
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -ldflags='$(WASM_LDFLAGS)' -o $(WASM) ./filter
 
 ## build: the filter and every binary.
 build: wasm

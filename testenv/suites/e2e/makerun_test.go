@@ -172,6 +172,11 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 	}) || !strings.Contains(status, "sluice-dev") || !strings.Contains(status, "SYNCED") {
 		t.Errorf("step 5 (status): %q", status)
 	}
+	// The filter make built says which build it is (make's VERSION, as every
+	// binary does), so a rollout can be followed: not "dev".
+	if v := makeVersion(t); !strings.Contains(status, " "+v+" ") {
+		t.Errorf("step 5 (status): the proxies' BUILD is not make's version %q:\n%s", v, status)
+	}
 	// Exactly ten admitted across both proxies; which requests get the 429s
 	// depends on how the two leases split the last units.
 	if got := sh(cmds[11]); strings.Count(got, "200") != 10 || strings.Count(got, "429") != 2 {
@@ -261,4 +266,17 @@ func TestREADMEIsShortAndLinksItsDocs(t *testing.T) {
 			t.Errorf("README.md links %s: %v", m[1], err)
 		}
 	}
+}
+
+// makeVersion returns the VERSION make builds with (git describe, as the
+// Makefile computes it).
+func makeVersion(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command("make", "-s", "--no-print-directory", "print-version")
+	cmd.Dir = repo
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("make print-version: %v", err)
+	}
+	return strings.TrimSpace(string(out))
 }
