@@ -96,7 +96,7 @@ func TestAChargeIsTakenOnceUntilItLapses(t *testing.T) {
 func TestAnEntryOwingAChargeIsEvictedLast(t *testing.T) {
 	var b []byte
 	b, _ = Put(nil, b, Entry{Hash: 1, Charge: 5, ChargeUntil: 1000}, 3, 0) // ended, owes 5
-	b, _ = Put(nil, b, Entry{Hash: 2, Expiry: 10}, 3, 0)                    // ended, owes nothing
+	b, _ = Put(nil, b, Entry{Hash: 2, Expiry: 10}, 3, 0)                   // ended, owes nothing
 	b, _ = Put(nil, b, Entry{Hash: 3, Held: 3, Expiry: 1000}, 3, 0)
 	b, _ = Put(nil, b, Entry{Hash: 4, Held: 1, Expiry: 1000}, 3, 50)
 	if _, _, ok := Find(b, 2); ok {
