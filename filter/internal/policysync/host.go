@@ -22,7 +22,8 @@ type Host interface {
 	GetHttpCallResponseBody(start, maxSize int) ([]byte, error)
 	// Log writes one line at level.
 	Log(level proxywasm.LogLevel, msg string)
-	// Counter adds delta (> 0) to the counter name; Gauge sets the gauge
+	// Counter defines the counter name and adds delta to it (0 only defines
+	// it, at 0); Gauge sets the gauge
 	// name to value. Errors are ignored: metrics never stop sync.
 	Counter(name string, delta uint64)
 	Gauge(name string, value uint64)
@@ -72,7 +73,9 @@ func (h *proxyWasmHost) Counter(name string, delta uint64) {
 		}
 		h.counters[name] = m
 	}
-	_ = m.Increment(delta)
+	if delta > 0 { // Envoy refuses an increment of 0; defining it is enough
+		_ = m.Increment(delta)
+	}
 }
 
 func (h *proxyWasmHost) Gauge(name string, value uint64) {

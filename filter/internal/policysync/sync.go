@@ -121,6 +121,12 @@ func New(o Options) (*Syncer, error) {
 // only ever written by compare-and-swap, and applies the policy already
 // published, if any, so a restarted worker enforces it at once.
 func (s *Syncer) Start() {
+	// Every counter exists from the start, at 0: a failure rate reads 0, not
+	// no series, until the first failure.
+	s.h.Counter(MetricSyncSuccesses, 0)
+	for _, k := range FailureKinds {
+		s.h.Counter(MetricSyncFailuresPrefix+string(k), 0)
+	}
 	if s.o.Cluster != "" {
 		s.createKeys()
 	}

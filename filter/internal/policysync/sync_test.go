@@ -870,3 +870,20 @@ func TestDeletedPolicyIsDroppedByEveryWorker(t *testing.T) {
 		t.Fatalf("a worker starting after the deletion: %d applies", len(late.applied))
 	}
 }
+
+// TestSyncCountersExistBeforeTheFirstFailure: every sync counter is defined
+// (at 0) when the syncer starts, so a dashboard or an alert on the failures
+// reads 0 rather than no series until the first failure.
+func TestSyncCountersExistBeforeTheFirstFailure(t *testing.T) {
+	e := newEnv(t, 1, nil)
+	h := e.ws[0].h
+	names := []string{MetricSyncSuccesses}
+	for _, k := range FailureKinds {
+		names = append(names, MetricSyncFailuresPrefix+string(k))
+	}
+	for _, n := range names {
+		if _, ok := h.metrics[n]; !ok {
+			t.Errorf("%s is not defined after Start", n)
+		}
+	}
+}
