@@ -83,7 +83,7 @@ func TestMonitoringUsesTheFiltersMetrics(t *testing.T) {
 	defer h.Close()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if _, ok := h.Metric("sluice.policy_sync.successes"); ok {
+		if m, ok := h.Metric("sluice.policy_sync.successes"); ok && m.Value > 0 {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -44,7 +43,7 @@ func TestEverySeriesTheDashboardAndAlertsReadIsServed(t *testing.T) {
 	}
 	// Before the control plane is up: the filter's polls fail.
 	if !proctest.WaitFor(30*time.Second, func() bool {
-		return strings.Contains(get("http://"+admin+"/stats/prometheus"), "sluice_policy_sync_failures")
+		return regexp.MustCompile(`(?m)^sluice_policy_sync_failures\w*\{\} [1-9]`).MatchString(get("http://" + admin + "/stats/prometheus"))
 	}) {
 		t.Fatalf("no failed poll counted:\n%s", get("http://"+admin+"/stats/prometheus"))
 	}
