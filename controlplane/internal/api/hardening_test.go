@@ -3,12 +3,15 @@ package api_test
 import (
 	"bytes"
 	"fmt"
-	"github.com/sluice-proxy/sluice/shared/rules"
+	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/api"
+	"github.com/sluice-proxy/sluice/controlplane/internal/apitest"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // TestRollbackBodyIsStrict: the rollback body is decoded as strictly as a
@@ -175,3 +178,31 @@ func TestOnlyAWriteThatTookPlaceWarns(t *testing.T) {
 		t.Errorf("a create refused by the policy cap warns: %q", w)
 	}
 }
+
+// TestAWrongTokenIsLogged: a request with a bearer token that is neither the
+// admin nor the read token is answered 403 and logged (once in a while, with
+// where it came from and what it asked, never the token), so an operator can
+// find a proxy or a tool holding a stale token.
+func TestAWrongTokenIsLogged(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	r := startReplica(t, boltBackend(t), func(o *api.Options) {
+		o.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return logs.Write(p)
+		}), nil))
+	})
+	c := apitest.New(t, r.ts.URL, "a-stale-token-of-some-proxy")
+	expectCode(t, c.Do("GET", "/v1/policies/p", nil), 403, "forbidden", "a wrong token")
+	mu.Lock()
+	got := logs.String()
+	mu.Unlock()
+	if !strings.Contains(got, "bearer token") || !strings.Contains(got, "/v1/policies/p") || strings.Contains(got, "a-stale-token-of-some-proxy") {
+		t.Errorf("the log of a wrong token: %q, want one naming the path and not the token", got)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

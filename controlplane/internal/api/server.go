@@ -48,6 +48,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -116,6 +117,8 @@ type Server struct {
 	mux     *http.ServeMux
 	log     *slog.Logger
 	metrics *metrics
+	// lastBadToken is when a refused token was last logged, Unix ns.
+	lastBadToken atomic.Int64
 
 	adminSum, readSum [32]byte
 	authOn            bool
@@ -257,6 +260,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, need access) 
 	switch {
 	case who == roleNone:
 		httpjson.Forbidden(w, "invalid_token", "the bearer token is not valid")
+		httpjson.LogRefusedToken(s.log, &s.lastBadToken, r, "neither the admin nor the read token")
 		return roleNone, false
 	case need == write && who != roleAdmin:
 		httpjson.Forbidden(w, "insufficient_scope", "writes need the admin token")

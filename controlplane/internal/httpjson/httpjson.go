@@ -7,10 +7,13 @@ package httpjson
 import (
 	"bytes"
 	"encoding/json"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 )
 
 // Detail is one problem in a request document.
@@ -124,4 +127,19 @@ func CheckJSON(r *http.Request) (message string, ok bool) {
 		return "Content-Type must be application/json, got " + strconv.Quote(ct), false
 	}
 	return "", true
+}
+
+// LogRefusedToken logs, as a warning, a request refused for its bearer token
+// (403 invalid_token): where it came from, what it asked and why (what, e.g.
+// "not the quota token"), never the token itself, so an operator can find a
+// proxy or a tool holding a stale one. At most one line every ten seconds per
+// last (the time of the previous line, Unix ns), however many are refused.
+func LogRefusedToken(log *slog.Logger, last *atomic.Int64, r *http.Request, what string) {
+	now := time.Now().UnixNano()
+	prev := last.Load()
+	if now-prev < int64(10*time.Second) || !last.CompareAndSwap(prev, now) {
+		return
+	}
+	log.Warn("refused a request whose bearer token is "+what+" (more may follow unlogged for 10s)",
+		"remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "user_agent", r.UserAgent())
 }

@@ -104,6 +104,8 @@ type Service struct {
 	lastWarn atomic.Int64
 	// lastCorruptLog is when failUndecodable last logged, Unix ns.
 	lastCorruptLog atomic.Int64
+	// lastBadToken is when a refused token was last logged, Unix ns.
+	lastBadToken atomic.Int64
 }
 
 // cacheKey identifies a compiled policy. A version number alone is not enough: a
@@ -292,6 +294,7 @@ func (s *Service) authorize(w http.ResponseWriter, r *http.Request) (int, bool) 
 	}
 	if !s.TokenOK(token) {
 		httpjson.Forbidden(w, "invalid_token", "the bearer token is not the quota token")
+		httpjson.LogRefusedToken(s.log, &s.lastBadToken, r, "not the quota token")
 		return http.StatusForbidden, false
 	}
 	return 0, true
