@@ -71,7 +71,13 @@ UPSTREAM_PORT ?= 8000
 ADMIN_PORT    ?= 9901
 ADMIN2_PORT   ?= 9902
 RUN_DIR       ?= $(BUILD)/run
-run: build
+run:
+	@# A run directory in use (another make run holds its lock) is refused before
+	@# anything is rebuilt under the running one; sluice-run says what to use instead.
+	@if [ -s $(RUN_DIR)/lock ] && command -v flock >/dev/null && ! flock -n $(RUN_DIR)/lock true; then \
+		echo "make run: $(RUN_DIR) is in use by another make run (pid $$(cat $(RUN_DIR)/lock)); nothing rebuilt"; \
+		echo "  give this one its own directory and ports: make run RUN_DIR=$(RUN_DIR)2 CP_PORT=18080 PROXY_PORT=18010 PROXY2_PORT=18011 UPSTREAM_PORT=18000 ADMIN_PORT=19901 ADMIN2_PORT=19902"; exit 1; fi
+	@$(MAKE) --no-print-directory build
 	@CP_PORT=$(CP_PORT) PROXY_PORT=$(PROXY_PORT) PROXY2_PORT=$(PROXY2_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) RUN_DIR=$(RUN_DIR) REDIS_URL=$(REDIS_URL) \
 		ADMIN_PORT=$(ADMIN_PORT) ADMIN2_PORT=$(ADMIN2_PORT) \
 		BIN_DIR=$(BUILD) $(BUILD)/sluice-run

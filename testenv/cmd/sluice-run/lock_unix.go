@@ -32,8 +32,8 @@ func lockRunDir(dir string) (release func(), err error) {
 			if b, err := os.ReadFile(name); err == nil && strings.TrimSpace(string(b)) != "" {
 				owner += " (pid " + strings.TrimSpace(string(b)) + ")"
 			}
-			return nil, fmt.Errorf("%s is in use by %s: give this one its own directory and ports, e.g. `make run RUN_DIR=%s2 CP_PORT=18080 PROXY_PORT=18010 PROXY2_PORT=18011 UPSTREAM_PORT=18000`",
-				dir, owner, strings.TrimSuffix(dir, "/"))
+			return nil, fmt.Errorf("%s is in use by %s: give this one its own directory and ports, e.g. `make run %s`",
+				dir, owner, freeRunArgs(dir))
 		}
 		return nil, fmt.Errorf("locking %s: %w", name, err)
 	}

@@ -36,7 +36,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -162,7 +161,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "\nsluice-run: stopping (Ctrl-C)")
 		return 0
 	case name := <-sup.exited:
-		fmt.Fprintf(os.Stderr, "sluice-run: %s exited unexpectedly; see %s/%s.log; stopping\n", name, s.runDir, name)
+		fmt.Fprintf(os.Stderr, "sluice-run: %s exited unexpectedly; see %s; stopping\n", name, filepath.Join(s.runDir, name+".log"))
 		return 1
 	}
 }
@@ -174,16 +173,8 @@ func token() string {
 }
 
 func start(ctx context.Context, s settings, sup *supervisor) error {
-	for _, p := range []struct{ name, port, variable string }{
-		{"control plane", s.cpPort, "CP_PORT"}, {"dev proxy", s.proxyPort, "PROXY_PORT"}, {"demo upstream", s.upPort, "UPSTREAM_PORT"},
-		{"second dev proxy", s.proxy2Port, "PROXY2_PORT"}, {"dev proxy's admin", s.adminPort, "ADMIN_PORT"},
-		{"second dev proxy's admin", s.admin2Port, "ADMIN2_PORT"},
-	} {
-		l, err := net.Listen("tcp", "127.0.0.1:"+p.port)
-		if err != nil {
-			return fmt.Errorf("port %s for the %s is taken (%v): choose another, e.g. `make run %s=%d` (beside another make run: `make run RUN_DIR=build/run2 CP_PORT=18080 PROXY_PORT=18010 PROXY2_PORT=18011 UPSTREAM_PORT=18000`)", p.port, p.name, err, p.variable, 18000+len(p.variable))
-		}
-		l.Close()
+	if err := checkPorts(s); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(s.runDir, 0o755); err != nil {
 		return err
@@ -257,6 +248,11 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	for n, addr := range []string{proxy, proxy2} {
 		logFile := filepath.Join(s.runDir, r.logName(n+1)+".log")
 		if err := waitPolicy(ctx, r, addr, logFile, version, workers, 60*time.Second, sup); err != nil {
+			var ex *exitError
+			if errors.As(err, &ex) {
+				// Another process may be the one that exited: its own log says why.
+				logFile = filepath.Join(s.runDir, ex.name+".log")
+			}
 			return fmt.Errorf("the %s on %s does not enforce the policy: %w (see %s)", r.name(), addr, err, logFile)
 		}
 	}

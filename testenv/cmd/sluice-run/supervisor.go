@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -70,7 +69,7 @@ func (s *supervisor) pause(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	case name := <-s.exited:
 		s.exited <- name
-		return errors.New(name + " exited")
+		return &exitError{name}
 	case <-time.After(d):
 		return nil
 	}
@@ -98,3 +97,9 @@ func (s *supervisor) stopAll() {
 		fmt.Fprintf(os.Stderr, "==> stopped %s\n", c.name)
 	}
 }
+
+// exitError says a child of the run (by its log name: "envoy2", "controlplane")
+// exited on its own while the run waited.
+type exitError struct{ name string }
+
+func (e *exitError) Error() string { return e.name + " exited" }
