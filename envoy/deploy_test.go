@@ -566,6 +566,23 @@ func TestRedisStatefulSet(t *testing.T) {
 	if limit := c.Resources.Limits.Memory().Value(); maxmemory == 0 || 2*maxmemory+64<<20 > limit {
 		t.Errorf("maxmemory %d bytes, container limit %d: want room for a copy-on-write of the whole dataset during an AOF rewrite", maxmemory, limit)
 	}
+	// The scheduler places the pod by its request: at least what Redis may hold.
+	if req := c.Resources.Requests.Memory().Value(); req < maxmemory {
+		t.Errorf("memory request %d bytes, below maxmemory %d", req, maxmemory)
+	}
+	// The volume holds the append-only file and, during a rewrite, its new copy:
+	// three times maxmemory at least.
+	if len(sts.Spec.VolumeClaimTemplates) != 1 {
+		t.Fatalf("%d volume claim templates, want 1", len(sts.Spec.VolumeClaimTemplates))
+	}
+	if size := sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests.Storage().Value(); size < 3*maxmemory {
+		t.Errorf("volume of %d bytes for maxmemory %d: want at least 3 × maxmemory for an AOF rewrite", size, maxmemory)
+	}
+	// A Redis that stops answering is restarted; one loading its append-only file
+	// still accepts connections, so the liveness probe is a TCP connect.
+	if lp := c.LivenessProbe; lp == nil || lp.TCPSocket == nil {
+		t.Errorf("liveness probe %+v: want a TCP connect to the Redis port", lp)
+	}
 	var secret string
 	for _, ct := range append(append([]corev1.Container{}, sts.Spec.Template.Spec.InitContainers...), c) {
 		for _, e := range ct.Env {
@@ -585,7 +602,7 @@ func TestRedisStatefulSet(t *testing.T) {
 		t.Errorf("the password (Secret %q) and the control plane's redis URL (%+v) are not one Secret", secret, cpURL)
 	}
 	// The documented Secret's URL names this Service.
-	if b, _ := os.ReadFile("kubernetes/redis.yaml"); !strings.Contains(string(b), "redis://:$REDIS_PASSWORD@"+svc.Name+"."+svc.Namespace+".svc.cluster.local:6379") {
+	if b, _ := os.ReadFile("kubernetes/redis.yaml"); !strings.Contains(string(b), "redis://:%s@"+svc.Name+"."+svc.Namespace+".svc.cluster.local:6379") {
 		t.Error("redis.yaml does not say how to make the Secret's url for this Service")
 	}
 	if pdb.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "redis" {
