@@ -286,7 +286,13 @@ func syntaxError(data []byte, err error) (line, col int, msg string) {
 	if _, perr := goyamlparser.ParseBytes(data, 0); errors.As(perr, &se) && se.Token != nil && se.Token.Position != nil {
 		return se.Token.Position.Line, se.Token.Position.Column, se.Message
 	}
-	return yamlErrLine(err), 0, strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(err.Error(), "yaml: ")
+	if strings.Contains(msg, "did not find expected ',' or '}'") || strings.Contains(msg, "did not find expected ',' or ']'") {
+		// A plain value holding "?" (a query string) or ": " inside {…} or […]:
+		// the reader stops there, and names the line the brackets open on.
+		msg += ` (inside {…} or […], quote a value holding "?" or ": ", e.g. path: "/search?q=a")`
+	}
+	return yamlErrLine(err), 0, msg
 }
 
 func yamlErrLine(err error) int {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/shared/rules"
@@ -82,5 +83,28 @@ func TestJSONFilesAreReadAsTheServerReadsThem(t *testing.T) {
 	_, probs = parsePolicyFile("bad.json", []byte("{\"policy\": \"x\",\n \"rules\": [{\"id\": \"a\", \"algorithm\": \"fixed_window\",\n \"limit\": -5, \"window\": \"1m\"}]}"))
 	if len(probs) != 1 || probs[0].Field != "rules[0].limit" || probs[0].Line != 3 {
 		t.Fatalf("a bad limit: %v", probs)
+	}
+}
+
+// TestAnUnquotedQueryInAFlowStepSaysToQuoteIt: a step written {…} whose path
+// holds an unquoted "?" is refused by the YAML reader; the problem says to quote
+// it, and the quoted form loads.
+func TestAnUnquotedQueryInAFlowStepSaysToQuoteIt(t *testing.T) {
+	dir := t.TempDir()
+	body := "policy: p.json\ntests:\n  - name: a\n    steps:\n      - {at: 0s, path: %s, status: 200}\n"
+	bad := filepath.Join(dir, "bad.test.yaml")
+	if err := os.WriteFile(bad, []byte(strings.Replace(body, "%s", "/search?q=a", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, probs := loadLabFile(bad)
+	if len(probs) != 1 || !strings.Contains(probs[0].Message, `quote a value holding "?"`) {
+		t.Fatalf("problems %+v, want one saying to quote the value", probs)
+	}
+	good := filepath.Join(dir, "good.test.yaml")
+	if err := os.WriteFile(good, []byte(strings.Replace(body, "%s", `"/search?q=a"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, probs := loadLabFile(good); len(probs) != 0 && strings.Contains(probs[0].Message, "YAML") {
+		t.Fatalf("the quoted path: %+v", probs)
 	}
 }
