@@ -5,7 +5,9 @@ import (
 	"crypto/subtle"
 	"crypto/x509"
 	"encoding/base64"
+	"net"
 	"net/http"
+	"net/netip"
 )
 
 // IdentityMode selects who the service believes an Envoy is.
@@ -24,9 +26,27 @@ const (
 	// that terminated mTLS set: the last element's first URI, else its first DNS
 	// (https://www.envoyproxy.io/docs/envoy/latest/configuration/http/http_conn_man/headers#x-forwarded-client-cert).
 	// Safe only when that sidecar is the sole way to the control plane: anyone who
-	// reaches it directly can write the header.
+	// reaches it directly can write the header. The header is read only on a
+	// connection from a loopback peer (SidecarPeer).
 	IdentityXFCC
 )
+
+// SidecarPeer reports whether a connection from addr ("host:port", as
+// http.Request.RemoteAddr) comes from this pod's own sidecar: a loopback
+// address. Istio's sidecar forwards inbound traffic from 127.0.0.6 (its inbound
+// passthrough source) to the application, so under IdentityXFCC a header on a
+// connection from anywhere else was written by someone who reached the control
+// plane without the sidecar (one not injected), and names nobody. (Istio's
+// TPROXY interception mode keeps the client's address as the source: it does not
+// work with IdentityXFCC.)
+func SidecarPeer(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
 
 // DefaultMaxEntriesPerIdentity is Options.MaxEntriesPerIdentity's default.
 const DefaultMaxEntriesPerIdentity = 16384
@@ -48,6 +68,11 @@ func (s *Service) identify(w http.ResponseWriter, r *http.Request) (owner string
 		}
 	case IdentityXFCC:
 		var err error
+		if !SidecarPeer(r.RemoteAddr) {
+			return "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
+				"x-forwarded-client-cert is trusted only from this pod's own sidecar (a loopback peer such as Istio's 127.0.0.6); this call came from "+
+					r.RemoteAddr+": is the control plane's sidecar injected (on a revision-based Istio, the namespace needs istio.io/rev)?", nil), false
+		}
 		if id, err = XFCCIdentity(r.Header.Values("X-Forwarded-Client-Cert")); err != nil {
 			return "", writeError(w, http.StatusUnauthorized, "client_certificate_required",
 				"quota calls need the x-forwarded-client-cert header of the mesh sidecar, with a URI or DNS in its last element (--trust-xfcc): "+err.Error(), nil), false
@@ -72,6 +97,9 @@ func RequestIdentity(mode IdentityMode, r *http.Request) (string, bool) {
 		id := CertificateIdentity(r.TLS.VerifiedChains[0][0])
 		return id, id != ""
 	case IdentityXFCC:
+		if !SidecarPeer(r.RemoteAddr) {
+			return "", false
+		}
 		id, err := XFCCIdentity(r.Header.Values("X-Forwarded-Client-Cert"))
 		return id, err == nil
 	}

@@ -2,6 +2,8 @@ package quota
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -119,4 +121,31 @@ func FuzzXFCCIdentityIsTheTrustedHopsOrNone(f *testing.F) {
 			t.Fatalf("XFCCIdentity(%q): the sidecar's element alone was refused: %v", in, err)
 		}
 	})
+}
+
+// TestXFCCIsTrustedOnlyFromTheLocalSidecar: with --trust-xfcc the header names
+// the caller only when the connection comes from the pod's own sidecar (a
+// loopback peer: Istio's inbound passthrough source 127.0.0.6, or 127.0.0.1);
+// from any other address, someone reaching the control plane without a sidecar
+// (one not injected, as on a revision-based install without istio.io/rev) wrote
+// it, and the call carries no identity.
+func TestXFCCIsTrustedOnlyFromTheLocalSidecar(t *testing.T) {
+	s := New(Options{Backend: NewMemory(), Policies: newPolicies(t), Identity: IdentityXFCC, Token: "t"})
+	const xfcc = `By=spiffe://td/ns/sluice/sa/cp;URI=spiffe://td/ns/edge/sa/gateway`
+	for _, c := range []struct {
+		peer string
+		ok   bool
+	}{{"127.0.0.6:41000", true}, {"127.0.0.1:41000", true}, {"[::1]:41000", true}, {"10.4.2.7:41000", false}, {"192.0.2.9:41000", false}} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/quota", nil)
+		r.RemoteAddr = c.peer
+		r.Header.Set("X-Forwarded-Client-Cert", xfcc)
+		w := httptest.NewRecorder()
+		_, code, ok := s.identify(w, r)
+		if ok != c.ok {
+			t.Errorf("from %s: identified %v (code %d, %s), want %v", c.peer, ok, code, w.Body.String(), c.ok)
+		}
+		if id, ok := RequestIdentity(IdentityXFCC, r); ok != c.ok {
+			t.Errorf("RequestIdentity from %s: %q %v, want %v", c.peer, id, ok, c.ok)
+		}
+	}
 }

@@ -202,6 +202,9 @@ func (s *Server) authenticate(ctx context.Context) (string, error) {
 		}
 	}
 	if q.Identity() == quota.IdentityXFCC {
+		if p, ok := peer.FromContext(ctx); !ok || !quota.SidecarPeer(p.Addr.String()) {
+			return "", status.Error(codes.Unauthenticated, "x-forwarded-client-cert is trusted only from this pod's own sidecar (a loopback peer such as Istio's 127.0.0.6): is the control plane's sidecar injected (on a revision-based Istio, the namespace needs istio.io/rev)?")
+		}
 		id, err := quota.XFCCIdentity(md.Get("x-forwarded-client-cert"))
 		if err != nil {
 			return "", status.Error(codes.Unauthenticated, "RLQS streams need the x-forwarded-client-cert metadata of the mesh sidecar, with a URI or DNS in its last element (--trust-xfcc): "+err.Error())
