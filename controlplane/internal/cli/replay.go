@@ -23,6 +23,7 @@ type replayFlags struct {
 	policyFile, wasm, output, plot string
 	logs, fields                   []string
 	envoys, workers, top           int
+	env                            string
 	reorder                        time.Duration
 }
 
@@ -51,6 +52,7 @@ Exit codes: 0 done; 2 a file or flag is invalid; 3 the filter failed.`,
 	fl.StringVar(&f.policyFile, "policy", "", "the candidate policy file (as apply takes it)")
 	fl.StringArrayVar(&f.logs, "log", nil, "access log file, JSON lines (repeatable; logs of several Envoys may also be concatenated)")
 	fl.StringArrayVar(&f.fields, "field", nil, "read request header from a log member: header=log_field (repeatable; the policy's identity headers come from user_id and tenant_id unless given)")
+	fl.StringVar(&f.env, "env", "", "the env of the counter keys (the filter's env; default: the env member of the log's first line, else default)")
 	fl.IntVar(&f.envoys, "envoys", 1, "deal the requests to this many Envoys in turn: envoy-scoped rules count per Envoy (1: the whole log as one Envoy)")
 	fl.IntVar(&f.workers, "workers", 1, "worker VMs per Envoy (Envoy's --concurrency)")
 	fl.IntVar(&f.top, "top", 10, "keys listed per rule, by denials")
@@ -69,6 +71,9 @@ func (f *replayFlags) check() error {
 	}
 	if f.policyFile == "" || len(f.logs) == 0 {
 		return withCode(ExitUsage, fmt.Errorf("--policy and --log are required"))
+	}
+	if f.env != "" && !rules.ValidName(f.env) {
+		return withCode(ExitUsage, fmt.Errorf("--env %q: not a valid env name (1 to 63 bytes of [a-z0-9_.-] starting with [a-z0-9])", f.env))
 	}
 	if f.envoys < 1 || f.envoys > 1024 {
 		return withCode(ExitUsage, fmt.Errorf("--envoys %d: want 1..1024", f.envoys))
@@ -149,7 +154,7 @@ func (f *replayFlags) run(ctx context.Context, env *Env) error {
 func (f *replayFlags) replay(ctx context.Context, env *Env, bin []byte, pol *rules.Policy, lr *lab.LogReader) (*lab.Report, error) {
 	began := time.Now()
 	last := began
-	rep, err := lab.Replay(ctx, bin, pol, lr, lab.ReplayOptions{Envoys: f.envoys, Workers: f.workers, TopKeys: f.top,
+	rep, err := lab.Replay(ctx, bin, pol, lr, lab.ReplayOptions{Envoys: f.envoys, Workers: f.workers, TopKeys: f.top, Env: f.env,
 		Progress: func(n int64) {
 			if now := time.Now(); now.Sub(last) >= time.Second {
 				last = now

@@ -24,6 +24,9 @@ type LogLine struct {
 	Time time.Time
 	// Method and Path are %REQ(:METHOD)% and %REQ_WITHOUT_QUERY(:PATH)%.
 	Method, Path string
+	// Env is the filter's env the line names (its "env" member), "" when
+	// absent.
+	Env string
 	// ClientIP is %DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT% ("" when absent).
 	ClientIP string
 	// Headers are the request headers the log gives (Fields).
@@ -303,6 +306,7 @@ func (lr *LogReader) Close() {
 // members envoy/envoy.yaml logs.
 type logJSON struct {
 	Timestamp string          `json:"timestamp"`
+	Env       *string         `json:"env"`
 	Method    *string         `json:"method"`
 	Path      *string         `json:"path"`
 	ClientIP  *string         `json:"client_ip"`
@@ -335,7 +339,7 @@ func (lr *LogReader) parse(b []byte) (*LogLine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: timestamp %q is not an RFC 3339 time", ErrBadLine, j.Timestamp)
 	}
-	l := &LogLine{Time: t, Method: value(j.Method), Path: value(j.Path), ClientIP: value(j.ClientIP)}
+	l := &LogLine{Time: t, Method: value(j.Method), Path: value(j.Path), ClientIP: value(j.ClientIP), Env: value(j.Env)}
 	if l.Method == "" {
 		l.Method = "GET"
 	}

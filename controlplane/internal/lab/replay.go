@@ -22,6 +22,10 @@ type ReplayOptions struct {
 	Workers int
 	// TopKeys is how many keys each rule lists by denials (default 10).
 	TopKeys int
+	// Env is the environment name in the candidate's counter keys (the
+	// filter's "env"); "" takes the log's first line's env member (what
+	// envoy/envoy.yaml logs), else "default".
+	Env string
 	// Progress, if set, is called about every 65,536 requests with the
 	// requests replayed so far.
 	Progress func(requests int64)
@@ -143,7 +147,10 @@ func Replay(ctx context.Context, wasm []byte, policy *rules.Policy, lr *LogReade
 		return nil, err
 	}
 	// Start on the log's first second, so windows align as Envoy's did.
-	f, err := NewFleet(ctx, Config{Wasm: wasm, Policy: policy, Envoys: o.Envoys, Workers: o.Workers,
+	if o.Env == "" && rules.ValidName(first.Env) {
+		o.Env = first.Env
+	}
+	f, err := NewFleet(ctx, Config{Wasm: wasm, Policy: policy, Envoys: o.Envoys, Workers: o.Workers, Env: o.Env,
 		Start: first.Time.Truncate(time.Second)})
 	if err != nil {
 		return nil, err

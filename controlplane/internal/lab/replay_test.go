@@ -404,3 +404,35 @@ func TestARequestARuleCannotKeyIsNotCountedUnderIt(t *testing.T) {
 		t.Fatalf("requests %d; per-user matched %d allowed %d, want 2; 1 and 1 (the request without a user is not the rule's)", rep.Requests, r.Matched, r.Allowed)
 	}
 }
+
+// TestReplayKeysAreInTheLogsEnv: the candidate's counter keys are built with
+// the env the log's lines name (envoy.yaml logs the filter's env), so the keys
+// a replay reports are those the proxy counted under; ReplayOptions.Env, when
+// set, wins.
+func TestReplayKeysAreInTheLogsEnv(t *testing.T) {
+	bin := testModule(t)
+	pol := mustPolicy(t, `{"policy":"envs","identity":{"user_header":"x-user-id"},"rules":[
+ {"id":"per-user","match":{"path_prefix":"/api/"},"key":["user"],"algorithm":"fixed_window","limit":1,"window":"1m"}]}`)
+	log := filepath.Join(t.TempDir(), "a.log")
+	writeLog(t, log, genLog(5, 200, 3, DefaultStart.Add(5*time.Second), 10*time.Millisecond), 0, 1)
+	for _, c := range []struct{ env, want string }{{"", "rl:prod:"}, {"staging", "rl:staging:"}} {
+		lr, err := ReadLog([]string{log}, DefaultFields("x-user-id", ""), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Replay(context.Background(), bin, pol, lr, ReplayOptions{Env: c.env})
+		lr.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := rep.Rules[0].TopKeys
+		if len(keys) == 0 {
+			t.Fatalf("env %q: no key denied", c.env)
+		}
+		for _, k := range keys {
+			if !strings.HasPrefix(k.Key, c.want) {
+				t.Errorf("env %q: key %q, want it under %s", c.env, k.Key, c.want)
+			}
+		}
+	}
+}
