@@ -79,3 +79,41 @@ func TestAdmittedPerWindowAtEnvoysCadence(t *testing.T) {
 		}
 	}
 }
+
+// TestATokenBucketAtEnvoysCadenceNeverPassesItsBound: Envoys reporting every
+// 5 s, as Envoy's quota filter does, offered twice a token bucket's rate (10 a
+// second, burst 50) on one key, at any report phase, never admit more than the
+// bucket's capacity plus its refill over any span. The rate they reach is
+// reported, not asserted: a lease lasts at most V = k·window/limit (2.5 s here,
+// docs/fleet.md), shorter than Envoy's report interval, so an Envoy's assignment
+// ends before its next report and what the global bucket refills past C−k
+// meanwhile is lost (docs/rlqs.md, "Token buckets at Envoy's cadence").
+func TestATokenBucketAtEnvoysCadenceNeverPassesItsBound(t *testing.T) {
+	const rate, burst = 10, 50
+	for _, n := range []int{4, 32} {
+		for _, layout := range []string{"spread", "aligned"} {
+			every := 5 * time.Second
+			s := newSimEvery(t, n, 20*time.Millisecond, "tb10", every)
+			phase := make([]time.Duration, n)
+			for i := range phase {
+				if layout == "spread" {
+					phase[i] = every * time.Duration(i) / time.Duration(n)
+				}
+			}
+			id := map[string]string{"policy": "p", "rule": "tb10", "user": "hot"}
+			const run = 120 * time.Second
+			s.runOffered(run, time.Second, 2*rate, phase, id)
+			for _, span := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second} {
+				if got, most := maxIn(append([]int64(nil), s.admitted...), span), burst+int(rate*span/time.Second); got > most {
+					t.Errorf("N=%d %s: %d admitted in %v, over the bound %d", n, layout, got, span, most)
+				}
+			}
+			// The rate over the run, the first burst left out.
+			got := float64(len(s.admitted)-burst) / run.Seconds()
+			t.Logf("N=%d reports every %v, phases %s: %.1f a second of %d (%.0f %%)", n, every, layout, got, rate, 100*got/rate)
+			if got <= 0 {
+				t.Errorf("N=%d %s: nothing admitted past the first burst", n, layout)
+			}
+		}
+	}
+}

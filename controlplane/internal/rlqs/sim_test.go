@@ -61,7 +61,8 @@ const simPolicy = `{"policy":"p","identity":{"user_header":"x-user-id"},"exempt"
  {"id":"w5","match":{"path_prefix":"/w5"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"5s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w10","match":{"path_prefix":"/w10"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"10s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w60","match":{"path_prefix":"/w60"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"1m","scope":"fleet","on_quota_failure":"deny"},
- {"id":"w10local","match":{"path_prefix":"/w10local"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"10s","scope":"fleet"}]}`
+ {"id":"w10local","match":{"path_prefix":"/w10local"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"10s","scope":"fleet"},
+ {"id":"tb10","match":{"path_prefix":"/tb10"},"key":["user"],"algorithm":"token_bucket","limit":10,"burst":50,"window":"1s","scope":"fleet","on_quota_failure":"deny"}]}`
 
 // sim is Envoys running Envoy's rate_limit_quota filter (rlqsclient) against one
 // RLQS server, on a fake clock: reports and responses each take delay to arrive.
