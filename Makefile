@@ -14,7 +14,7 @@ WASM_LDFLAGS := -X github.com/sluice-proxy/sluice/filter/internal/policysync.Bui
 
 all: build
 
-# print-version prints VERSION (the tests compare what the binaries report with it).
+## print-version: the VERSION every binary and the filter report (git describe).
 print-version:
 	@echo $(VERSION)
 
