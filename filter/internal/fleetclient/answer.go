@@ -68,9 +68,13 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			r, ok = pol.Rule(k.RuleID)
 		}
 		switch {
-		case resp != nil && resp.Keys[i].Status == quota.StatusRetry:
-			// Nothing was recorded for the key: what the report took goes back.
-			inc(c.m.Retried, 1)
+		case resp != nil && !recorded(resp.Keys[i].Status):
+			// Nothing was recorded for the key (retry; or a policy mismatch, as
+			// after the store lost the policy and it was written back under a
+			// new epoch): what the report took, its charge included, goes back.
+			if resp.Keys[i].Status == quota.StatusRetry {
+				inc(c.m.Retried, 1)
+			}
 			if ok {
 				c.restore(k, r, cl.items[i], now)
 			}
@@ -87,22 +91,25 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			it.back = 0
 			c.restore(k, r, it, now)
 		}
+		var hold int64
+		if resp != nil && recorded(resp.Keys[i].Status) && cl.items[i].charge > 0 &&
+			lostOthers(c.Envoys(k.RuleID, k), resp.Keys[i].Envoys) && c.mayHold(k.RuleID, now) {
+			hold = now + chargeHold*interval // see Held
+		}
 		if resp != nil && resp.Keys[i].Envoys > 0 {
 			// Reports answer it too: every key of the call learns the fleet's size.
 			k.Envoys = resp.Keys[i].Envoys
 			c.ruleEnvoys[k.RuleID] = k.Envoys
 		}
-		if resp != nil && ok && (i == 0 || cl.keys[i-1].RuleID != k.RuleID) {
-			// Every worker learns the service answers, and its count.
-			c.noteAnswer(r, resp.Keys[i].Envoys, now)
+		if resp != nil && ok && (hold > 0 || i == 0 || cl.keys[i-1].RuleID != k.RuleID) {
+			// Every worker learns the service answers, its count, and a hold.
+			c.noteAnswer(r, resp.Keys[i].Envoys, now, hold)
 		}
 		if k.call != cl {
-			// Not asked by this call. A report the service recorded shows it
-			// answers for the key again: the key stops degrading now rather
-			// than at the end of its interval.
-			if resp != nil && recorded(resp.Keys[i].Status) {
-				k.FailedUntil, k.unreachedAt = 0, 0
-			}
+			// Not asked by this call. A key degraded for want of an answer
+			// stays so until its interval ends (or another worker of the Envoy
+			// was answered, Reachable), however its own report fared.
+			k.hold(hold)
 			continue
 		}
 		k.call = nil
@@ -115,6 +122,7 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 		} else {
 			k.FailedUntil = now + interval
 		}
+		k.hold(hold)
 	}
 	for _, k := range cl.keys {
 		if k.call == nil { // not while another call for the key is in flight
@@ -256,4 +264,20 @@ func (c *Client) applyGrant(k *Key, r Rule, now int64) {
 		return
 	}
 	inc(c.m.Unapplied, 1)
+}
+
+// hold keeps k degraded until at least until (0: no hold), its degraded
+// interval then coming from a booked charge, not a missing answer (Held).
+func (k *Key) hold(until int64) {
+	if until > k.FailedUntil {
+		k.FailedUntil, k.unreachedAt = until, 0
+	}
+}
+
+// lostOthers reports whether an answer counting now Envoys on a key that before
+// counted before (both from the service; 0 unknown) lost some: after a store
+// lost the key's count, its ledger knows only those that reported since, so
+// the others' charges are still to come (Client.Held).
+func lostOthers(before, now uint32) bool {
+	return before > 1 && now > 0 && now < before
 }

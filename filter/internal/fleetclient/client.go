@@ -299,22 +299,60 @@ func (c *Client) Reachable(k *Key) bool {
 	if k.unreachedAt == 0 {
 		return false
 	}
-	if st, ok := c.status(k.RuleID); !ok || st.answeredAt <= k.unreachedAt {
+	st, ok := c.status(k.RuleID)
+	if !ok || st.answeredAt <= k.unreachedAt || c.host.Now() < st.holdUntil {
 		return false
 	}
 	k.FailedUntil, k.unreachedAt = 0, 0
 	return true
 }
 
+// Held reports whether the keys of rule ruleID are held degraded at now, and
+// until when: a worker of the Envoy booked a charge (units admitted without a
+// lease) less than chargeHold intervals ago, and the answer counted fewer
+// Envoys on the key than before (lostOthers): the store lost the key's count,
+// and the fresh count holds only the charges booked so far. The other Envoys'
+// charges reach the service within a report interval of their reconnecting;
+// until they have, a grant would count on budget they already spent. So the
+// Envoy asks for no units meanwhile and decides as the rule's on_quota_failure
+// says (what it admits is charged too).
+func (c *Client) Held(ruleID string, now int64) (until int64, held bool) {
+	st, ok := c.status(ruleID)
+	if !ok || now >= st.holdUntil {
+		return 0, false
+	}
+	return st.holdUntil, true
+}
+
+// chargeHold is how long, in report intervals, an Envoy that booked a charge
+// asks for no units (Held).
+const chargeHold = 2
+
+// mayHold reports whether a charge booked at now starts a hold of rule
+// ruleID's keys: not while one runs, nor within a hold's length after it ended,
+// so that what the keys admit by themselves during a hold (charged when it is
+// booked) does not renew it for as long as traffic lasts.
+func (c *Client) mayHold(ruleID string, now int64) bool {
+	st, ok := c.status(ruleID)
+	return !ok || st.holdUntil == 0 || now >= st.holdUntil+chargeHold*int64(c.cfg.Interval)
+}
+
 // serviceStatus is what the service last told any worker of the Envoy of a
-// rule's keys, kept in shared data under the rule's StatusKey, 16 bytes
-// little-endian: envoys u32 | zero u32 | answered_at i64.
+// rule's keys, kept in shared data under the rule's StatusKey, 24 bytes
+// little-endian: envoys u32 | zero u32 | answered_at i64 | hold_until i64.
 type serviceStatus struct {
 	envoys     uint32 // Envoys sharing a key of the rule (KeyResult.Envoys); 0 unknown
 	answeredAt int64  // when an answer last came, Unix ns
+	holdUntil  int64  // until when its keys ask for no units (Held), Unix ns
 }
 
-const serviceStatusSize = 16
+// The encoded serviceStatus's fields, each at its offset; the size follows.
+const (
+	offStEnvoys       = 0
+	offStAnswered     = 8
+	offStHold         = 16
+	serviceStatusSize = 24
+)
 
 // status reads rule ruleID's serviceStatus; false when there is none.
 func (c *Client) status(ruleID string) (serviceStatus, bool) {
@@ -330,24 +368,29 @@ func (c *Client) status(ruleID string) (serviceStatus, bool) {
 	if err != nil || len(v) != serviceStatusSize {
 		return serviceStatus{}, false
 	}
-	return serviceStatus{envoys: binary.LittleEndian.Uint32(v), answeredAt: int64(binary.LittleEndian.Uint64(v[8:]))}, true
+	le := binary.LittleEndian
+	return serviceStatus{envoys: le.Uint32(v[offStEnvoys:]), answeredAt: int64(le.Uint64(v[offStAnswered:])), holdUntil: int64(le.Uint64(v[offStHold:]))}, true
 }
 
-// noteAnswer writes to r's StatusKey that the service answered at now, and the
-// count of Envoys it said (0: keep the one there). An unconditional write:
-// the last answer wins.
-func (c *Client) noteAnswer(r Rule, envoys uint32, now int64) {
+// noteAnswer writes to r's StatusKey that the service answered at now, the
+// count of Envoys it said (0: keep the one there) and, when hold is later than
+// the one there, that the rule's keys are held until hold (Held). An
+// unconditional write: the last answer wins.
+func (c *Client) noteAnswer(r Rule, envoys uint32, now, hold int64) {
 	if r.StatusKey == "" {
 		return
 	}
-	if envoys == 0 {
-		if v, _, err := c.host.GetSharedData(r.StatusKey); err == nil && len(v) == serviceStatusSize {
-			envoys = binary.LittleEndian.Uint32(v)
+	le := binary.LittleEndian
+	if v, _, err := c.host.GetSharedData(r.StatusKey); err == nil && len(v) == serviceStatusSize {
+		if envoys == 0 {
+			envoys = le.Uint32(v[offStEnvoys:])
 		}
+		hold = max(hold, int64(le.Uint64(v[offStHold:])))
 	}
 	var v [serviceStatusSize]byte
-	binary.LittleEndian.PutUint32(v[:], envoys)
-	binary.LittleEndian.PutUint64(v[8:], uint64(now))
+	le.PutUint32(v[offStEnvoys:], envoys)
+	le.PutUint64(v[offStAnswered:], uint64(now))
+	le.PutUint64(v[offStHold:], uint64(hold))
 	_ = c.host.SetSharedData(r.StatusKey, v[:], 0)
 }
 

@@ -536,3 +536,58 @@ func TestAWorkerDegradedForWantOfAnAnswerAsksOnceAnotherWasAnswered(t *testing.T
 		t.Fatalf("another worker was answered: reachable false or still degraded until %d", kb.FailedUntil)
 	}
 }
+
+// TestAChargeAnsweredStalePolicyIsKept: a report answered stale_policy (the
+// store lost the policy and it was written back under a new epoch) recorded
+// nothing: its charge goes back into the lease for the next report.
+func TestAChargeAnsweredStalePolicyIsKept(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	f.setLease(k, fleet.Entry{Charge: 4, ChargeUntil: f.h.now + int64(time.Hour), LastUse: f.h.now})
+	f.c.charges = true
+	f.c.Ask([]*Key{k}, f.h.now)
+	c := f.h.calls[0]
+	if c.req.Keys[0].Charge != 4 {
+		t.Fatalf("charge sent %d, want 4", c.req.Keys[0].Charge)
+	}
+	f.h.answer(c, func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusStalePolicy} })
+	if e := f.lease(k); e.Charge != 4 {
+		t.Fatalf("after stale_policy the lease holds a charge of %d, want 4 back", e.Charge)
+	}
+}
+
+// TestAChargeOnALostCountHoldsTheKeysForTwoIntervals: a charge booked on a key
+// whose answer counts fewer Envoys than before (the store lost the key's count:
+// its fresh ledger knows only those that reported since) holds the rule's keys
+// degraded for two report intervals, so the other Envoys' charges are booked
+// before any fresh units are granted; one booked on an intact count holds
+// nothing.
+func TestAChargeOnALostCountHoldsTheKeysForTwoIntervals(t *testing.T) {
+	for _, c := range []struct {
+		answered uint32
+		held     bool
+	}{{1, true}, {3, false}} {
+		f := newFixture(t)
+		f.policy.Rule = func(id string) (Rule, bool) {
+			return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, StatusKey: "sluice/p/r/status"}, id == "r"
+		}
+		k := f.key("rl:t:p/r:user=a:60s")
+		k.Envoys = 3
+		f.setLease(k, fleet.Entry{Charge: 5, ChargeUntil: f.h.now + int64(time.Hour), LastUse: f.h.now})
+		f.c.charges = true
+		f.c.Ask([]*Key{k}, f.h.now)
+		if w := f.h.calls[0].req.Keys[0].Want; w != 0 {
+			t.Fatalf("an ask booking a charge wants %d, want 0", w)
+		}
+		f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+			return quota.KeyResult{Status: quota.StatusGranted, Envoys: c.answered}
+		})
+		until, held := f.c.Held("r", f.h.now)
+		if held != c.held {
+			t.Errorf("answered %d Envoys (3 before): held %v, want %v", c.answered, held, c.held)
+		}
+		if held && (until != f.h.now+2*int64(interval) || k.FailedUntil != until) {
+			t.Errorf("held until +%v (key until +%v), want two intervals", time.Duration(until-f.h.now), time.Duration(k.FailedUntil-f.h.now))
+		}
+	}
+}

@@ -175,7 +175,8 @@ func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
 			it.charge, it.chargeUntil = charge, chargeUntil
 		} // else nothing was taken out of the lease: report nothing, return nothing
 		want := uint64(0)
-		if kind == Ask {
+		// An ask that books a charge asks for nothing yet (Client.Held).
+		if kind == Ask && it.charge == 0 {
 			want = max(k.Want, 2*it.used, MinWant)
 			if k.granted {
 				want = max(want, SizedWant)

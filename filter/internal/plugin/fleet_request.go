@@ -48,6 +48,9 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64, rounds int) bool {
 			until = kr.FailedUntil
 		}
 		return p.degrade(ev, now, until)
+	case !rs.cr.Shadow && p.heldAfterCharge(rs, now):
+		until, _ := p.fleet.client.Held(rs.cr.ID, now)
+		return p.degrade(ev, now, until)
 	case kr != nil && kr.RefusedUntil > now:
 		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: max(kr.RetryAfter, time.Duration(kr.RefusedUntil-now)), Reset: kr.RetryAfter}
 	case rounds >= maxQuotaRounds:
@@ -354,4 +357,11 @@ func (h *httpContext) fleetState() (quota string, degraded, ok bool) {
 	default:
 		return quotaLocal, false, true
 	}
+}
+
+// heldAfterCharge reports whether rs's keys are held degraded because a worker
+// of the Envoy booked a charge lately (fleetclient.Client.Held).
+func (p *pluginContext) heldAfterCharge(rs *ruleState, now int64) bool {
+	_, held := p.fleet.client.Held(rs.cr.ID, now)
+	return held
 }
