@@ -92,18 +92,11 @@ func TestAnswersSayHowManyEnvoysShareTheKeyToClientsThatAsk(t *testing.T) {
 	srv := serve(t, New(Options{Backend: NewMemory(), Policies: newPolicies(t), Open: true, Now: clk.Now}))
 	post := func(envoy string, header bool) string {
 		body := strings.Replace(okBody, `"envoy":"e"`, `"envoy":"`+envoy+`"`, 1)
-		hr, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/quota", strings.NewReader(body))
-		hr.Header.Set("Content-Type", "application/json")
+		var h []string
 		if header {
-			hr.Header.Set(quota.EnvoysHeader, "1")
+			h = []string{quota.EnvoysHeader, "1"}
 		}
-		res, err := http.DefaultClient.Do(hr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return string(b)
+		return postQuota(t, srv.URL, body, h...)
 	}
 	for i, e := range []string{"e1", "e2", "e3"} {
 		if b := post(e, true); !strings.Contains(b, `"envoys":`+strconv.Itoa(i+1)+`}`) {
@@ -378,19 +371,31 @@ func TestAChargeIsBookedOnce(t *testing.T) {
 
 	srv := serve(t, s)
 	for _, header := range []bool{true, false} {
-		hr, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/quota", strings.NewReader(okBody))
-		hr.Header.Set("Content-Type", "application/json")
+		var h []string
 		if header {
-			hr.Header.Set(quota.ChargeHeader, "1")
+			h = []string{quota.ChargeHeader, "1"}
 		}
-		res, err := http.DefaultClient.Do(hr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		res.Body.Close()
+		b := postQuota(t, srv.URL, okBody, h...)
 		if says := strings.Contains(string(b), `"charges":true`); says != header {
 			t.Errorf("with the header %v the answer says charges %v: %s", header, says, b)
 		}
 	}
+}
+
+// postQuota posts body to the quota endpoint of the server at url with the
+// headers given as name, value pairs, and returns the answer's body.
+func postQuota(t *testing.T, url, body string, kv ...string) string {
+	t.Helper()
+	hr, _ := http.NewRequest(http.MethodPost, url+"/v1/quota", strings.NewReader(body))
+	hr.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(kv); i += 2 {
+		hr.Header.Set(kv[i], kv[i+1])
+	}
+	res, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
 }

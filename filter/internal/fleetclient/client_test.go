@@ -489,12 +489,8 @@ func TestAChargeIsBookedOnceByAServiceThatSaysItBooksCharges(t *testing.T) {
 // worker that never asked would otherwise enforce the whole limit by itself).
 func TestEveryWorkerKnowsHowManyEnvoysShareARule(t *testing.T) {
 	a := newFixture(t)
-	b := &fixture{t: t, h: a.h, m: a.m, policy: a.policy}
-	b.c = New(a.h, Config{Interval: interval, Timeout: 200 * time.Millisecond, Tick: 100 * time.Millisecond, EntriesPerBucket: 4096}, Metrics{})
-	b.c.Envoy, b.c.Policy = "envoy-1", a.c.Policy
-	a.policy.Rule = func(id string) (Rule, bool) {
-		return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, StatusKey: "sluice/p/r/status"}, id == "r"
-	}
+	a.withStatusKey()
+	b := a.secondWorker()
 	k := a.key("rl:t:p/r:user=a:60s")
 	a.c.Ask([]*Key{k}, a.h.now)
 	a.h.answer(a.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
@@ -514,12 +510,8 @@ func TestEveryWorkerKnowsHowManyEnvoysShareARule(t *testing.T) {
 // (Reachable), rather than admit by itself for the rest of the interval.
 func TestAWorkerDegradedForWantOfAnAnswerAsksOnceAnotherWasAnswered(t *testing.T) {
 	a := newFixture(t)
-	a.policy.Rule = func(id string) (Rule, bool) {
-		return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, StatusKey: "sluice/p/r/status"}, id == "r"
-	}
-	b := &fixture{t: t, h: a.h, m: a.m, policy: a.policy}
-	b.c = New(a.h, Config{Interval: interval, Timeout: 200 * time.Millisecond, Tick: 100 * time.Millisecond, EntriesPerBucket: 4096}, Metrics{})
-	b.c.Envoy, b.c.Policy = "envoy-1", a.c.Policy
+	a.withStatusKey()
+	b := a.secondWorker()
 	kb := b.key("rl:t:p/r:user=a:60s")
 	b.c.Ask([]*Key{kb}, b.h.now)
 	b.h.calls[0].onAnswer("", nil) // no service
@@ -568,9 +560,7 @@ func TestAChargeOnALostCountHoldsTheKeysForTwoIntervals(t *testing.T) {
 		held     bool
 	}{{1, true}, {3, false}} {
 		f := newFixture(t)
-		f.policy.Rule = func(id string) (Rule, bool) {
-			return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, StatusKey: "sluice/p/r/status"}, id == "r"
-		}
+		f.withStatusKey()
 		k := f.key("rl:t:p/r:user=a:60s")
 		k.Envoys = 3
 		f.setLease(k, fleet.Entry{Charge: 5, ChargeUntil: f.h.now + int64(time.Hour), LastUse: f.h.now})
@@ -590,4 +580,21 @@ func TestAChargeOnALostCountHoldsTheKeysForTwoIntervals(t *testing.T) {
 			t.Errorf("held until +%v (key until +%v), want two intervals", time.Duration(until-f.h.now), time.Duration(k.FailedUntil-f.h.now))
 		}
 	}
+}
+
+// withStatusKey gives the fixture's rule a StatusKey, so that its workers
+// share what the service said (Rule.StatusKey).
+func (f *fixture) withStatusKey() {
+	f.policy.Rule = func(id string) (Rule, bool) {
+		return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, StatusKey: "sluice/p/r/status"}, id == "r"
+	}
+}
+
+// secondWorker returns another worker of the same Envoy: a client of its own
+// over the same shared data and policy.
+func (f *fixture) secondWorker() *fixture {
+	b := &fixture{t: f.t, h: f.h, m: f.m, policy: f.policy}
+	b.c = New(f.h, Config{Interval: interval, Timeout: 200 * time.Millisecond, Tick: 100 * time.Millisecond, EntriesPerBucket: 4096}, Metrics{})
+	b.c.Envoy, b.c.Policy = f.c.Envoy, f.c.Policy
+	return b
 }
