@@ -308,6 +308,9 @@ func TestAnEnvoyRestartedMidWindowAdmitsNothingUncounted(t *testing.T) {
 			proctest.AwaitOneWindow(t, time.Hour, 3*time.Minute)
 			f := startFleet(t, kind)
 			f.send(t, "restart", fleetLimit+60)
+			// Logged before the kill: an access log flushes every second or so,
+			// and a SIGKILL loses what it has not written.
+			f.awaitLogged(t, "restart", fleetLimit+60)
 			f.proxies[2].proc.Kill()
 			up := startUpstream(t)
 			p := startProxy(t, kind, proxySpec{name: "fleet-2-again", config: "envoy/envoy.yaml", upstream: up,

@@ -32,14 +32,17 @@ type envoy struct {
 }
 
 // pluginConfig is the filter's configuration for these tests; wait is the
-// long-poll wait, extra more members (e.g. a static "policy") or "".
+// long-poll wait, extra more members (e.g. a static "policy") or "". No
+// request is held for the first policy (first_policy_wait 0s): the probes that
+// wait for a version would otherwise wait for a tick of the virtual clock,
+// which only the probing goroutine advances.
 func pluginConfig(wait time.Duration, extra string) string {
 	if extra != "" {
 		extra = "," + extra
 	}
 	return `{"control_plane":{"cluster":"control_plane","authority":"cp.test","policy":"` + policyName +
 		`","token":"` + readToken + `","wait":"` + wait.String() + `","timeout":"` + (wait + 5*time.Second).String() +
-		`","lease":"` + lease.String() + `"},"tick":"` + tick.String() + `"` + extra + `}`
+		`","lease":"` + lease.String() + `","first_policy_wait":"0s"},"tick":"` + tick.String() + `"` + extra + `}`
 }
 
 // startEnvoy starts the host with pluginConfig(wait, ""); clock nil means
