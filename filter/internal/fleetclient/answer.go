@@ -68,10 +68,12 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			r, ok = pol.Rule(k.RuleID)
 		}
 		switch {
-		case resp != nil && !recorded(resp.Keys[i].Status):
+		case resp != nil && !recorded(resp.Keys[i].Status) && resp.Keys[i].Status != quota.StatusBadKey:
 			// Nothing was recorded for the key (retry; or a policy mismatch, as
 			// after the store lost the policy and it was written back under a
-			// new epoch): what the report took, its charge included, goes back.
+			// new epoch, which the next sync resolves): what the report took,
+			// its charge included, goes back. A key the rule cannot build
+			// (bad_key) never will be recorded: its report is dropped.
 			if resp.Keys[i].Status == quota.StatusRetry {
 				inc(c.m.Retried, 1)
 			}

@@ -41,6 +41,11 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64, rounds int) bool {
 	}
 	interval := int64(p.cfg.ControlPlane.QuotaInterval)
 	kr := p.fleet.client.Lookup(viewString(p.s.key[ev.keyOff:ev.keyEnd]))
+	var heldUntil int64
+	held := false
+	if !rs.cr.Shadow {
+		heldUntil, held = p.fleet.client.Held(rs.cr.ID, now)
+	}
 	switch {
 	case !p.cfg.ControlPlane.Enabled || (kr != nil && kr.FailedUntil > now && !p.fleet.client.Reachable(kr)):
 		until := now + interval
@@ -48,9 +53,10 @@ func (p *pluginContext) readDecideFleet(ev *eval, now int64, rounds int) bool {
 			until = kr.FailedUntil
 		}
 		return p.degrade(ev, now, until)
-	case !rs.cr.Shadow && p.heldAfterCharge(rs, now):
-		until, _ := p.fleet.client.Held(rs.cr.ID, now)
-		return p.degrade(ev, now, until)
+	case held:
+		// A worker of this Envoy booked a charge on a count the store lost:
+		// no fresh units until the other Envoys' charges are in.
+		return p.degrade(ev, now, heldUntil)
 	case kr != nil && kr.RefusedUntil > now:
 		ev.dec = limit.Decision{Allowed: false, Limit: lim, RetryAfter: max(kr.RetryAfter, time.Duration(kr.RefusedUntil-now)), Reset: kr.RetryAfter}
 	case rounds >= maxQuotaRounds:
@@ -357,11 +363,4 @@ func (h *httpContext) fleetState() (quota string, degraded, ok bool) {
 	default:
 		return quotaLocal, false, true
 	}
-}
-
-// heldAfterCharge reports whether rs's keys are held degraded because a worker
-// of the Envoy booked a charge lately (fleetclient.Client.Held).
-func (p *pluginContext) heldAfterCharge(rs *ruleState, now int64) bool {
-	_, held := p.fleet.client.Held(rs.cr.ID, now)
-	return held
 }
