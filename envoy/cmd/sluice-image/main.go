@@ -159,33 +159,9 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 		exampleRepo+"/"+ociimage.WasmName+placeholder, repo+"/"+ociimage.WasmName+"@"+digests[ociimage.WasmName],
 		exampleRepo+"/"+ociimage.ControlPlaneName+placeholder, repo+"/"+ociimage.ControlPlaneName+"@"+digests[ociimage.ControlPlaneName],
 	)
-	var pairs []string
-	var bad []error
-	for _, t := range []struct{ env, placeholder string }{{"SLUICE_READ_TOKEN", "change-me-read-token"}, {"SLUICE_QUOTA_TOKEN", "change-me-quota-token"}} {
-		v := getenv(t.env)
-		switch {
-		case v == "":
-			bad = append(bad, fmt.Errorf("%s is not set: the Secret would keep the placeholder %s", t.env, t.placeholder))
-		case strings.HasPrefix(v, "change-me"):
-			bad = append(bad, fmt.Errorf("%s is a placeholder (it begins with change-me)", t.env))
-		case len(v) < minTokenChars:
-			bad = append(bad, fmt.Errorf("%s has %d characters: use at least %d", t.env, len(v), minTokenChars))
-		default:
-			pairs = append(pairs, t.placeholder, v)
-		}
-	}
-	// The control plane refuses to start with a quota token equal to its admin
-	// or read token (config.Validate): say so now, not as a CrashLoopBackOff.
-	if q := getenv("SLUICE_QUOTA_TOKEN"); q != "" {
-		if q == getenv("SLUICE_READ_TOKEN") {
-			bad = append(bad, errors.New("SLUICE_QUOTA_TOKEN equals SLUICE_READ_TOKEN: the control plane refuses a quota token equal to its read or admin token"))
-		}
-		if q == getenv("SLUICE_ADMIN_TOKEN") {
-			bad = append(bad, errors.New("SLUICE_QUOTA_TOKEN equals SLUICE_ADMIN_TOKEN: the control plane refuses a quota token equal to its read or admin token"))
-		}
-	}
-	if len(bad) > 0 {
-		return fmt.Errorf("%w\n(the proxies' tokens must be those of the control plane's Secret sluice-tokens; openssl rand -hex 32 makes one)", errors.Join(bad...))
+	pairs, err := tokenPairs(getenv)
+	if err != nil {
+		return err
 	}
 	tokens := strings.NewReplacer(pairs...)
 	// fill pins the images, and puts the tokens into Secret documents only: a
@@ -264,4 +240,42 @@ func generated(src, repo, dest, doc string) string {
 		}
 	}
 	return b.String()
+}
+
+// tokenPairs reads the proxies' tokens from SLUICE_READ_TOKEN and
+// SLUICE_QUOTA_TOKEN and returns the placeholder, token pairs to fill the
+// Secrets with. It refuses, naming each variable and echoing no token's value,
+// a token unset, a placeholder or shorter than minTokenChars, and a quota token
+// equal to the read token or to SLUICE_ADMIN_TOKEN (the control plane refuses
+// to start with one).
+func tokenPairs(getenv func(string) string) ([]string, error) {
+	var pairs []string
+	var bad []error
+	for _, t := range []struct{ env, placeholder string }{{"SLUICE_READ_TOKEN", "change-me-read-token"}, {"SLUICE_QUOTA_TOKEN", "change-me-quota-token"}} {
+		v := getenv(t.env)
+		switch {
+		case v == "":
+			bad = append(bad, fmt.Errorf("%s is not set: the Secret would keep the placeholder %s", t.env, t.placeholder))
+		case strings.HasPrefix(v, "change-me"):
+			bad = append(bad, fmt.Errorf("%s is a placeholder (it begins with change-me)", t.env))
+		case len(v) < minTokenChars:
+			bad = append(bad, fmt.Errorf("%s has %d characters: use at least %d", t.env, len(v), minTokenChars))
+		default:
+			pairs = append(pairs, t.placeholder, v)
+		}
+	}
+	// The control plane refuses to start with a quota token equal to its admin
+	// or read token (config.Validate): say so now, not as a CrashLoopBackOff.
+	if q := getenv("SLUICE_QUOTA_TOKEN"); q != "" {
+		if q == getenv("SLUICE_READ_TOKEN") {
+			bad = append(bad, errors.New("SLUICE_QUOTA_TOKEN equals SLUICE_READ_TOKEN: the control plane refuses a quota token equal to its read or admin token"))
+		}
+		if q == getenv("SLUICE_ADMIN_TOKEN") {
+			bad = append(bad, errors.New("SLUICE_QUOTA_TOKEN equals SLUICE_ADMIN_TOKEN: the control plane refuses a quota token equal to its read or admin token"))
+		}
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%w\n(the proxies' tokens must be those of the control plane's Secret sluice-tokens; openssl rand -hex 32 makes one)", errors.Join(bad...))
+	}
+	return pairs, nil
 }
