@@ -95,7 +95,7 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 		}
 		var hold int64
 		if resp != nil && recorded(resp.Keys[i].Status) && cl.items[i].charge > 0 &&
-			lostOthers(c.Envoys(k.RuleID, k), resp.Keys[i].Envoys) && c.mayHold(k.RuleID, now) {
+			lostOthers(k.Envoys, resp.Keys[i].Envoys) && c.mayHold(k.RuleID, now) {
 			hold = now + chargeHold*interval // see Held
 		}
 		if resp != nil && resp.Keys[i].Envoys > 0 {
@@ -276,10 +276,11 @@ func (k *Key) hold(until int64) {
 	}
 }
 
-// lostOthers reports whether an answer counting now Envoys on a key that before
-// counted before (both from the service; 0 unknown) lost some: after a store
-// lost the key's count, its ledger knows only those that reported since, so
-// the others' charges are still to come (Client.Held).
+// lostOthers reports whether an answer counting now Envoys on a key that the
+// service's last answer for that very key counted before (0 unknown: a key new
+// to this worker, whose fresh ledger says nothing of a loss) lost some: after a
+// store lost the key's count, its ledger knows only those that reported since,
+// so the others' charges are still to come (Client.Held).
 func lostOthers(before, now uint32) bool {
 	return before > 1 && now > 0 && now < before
 }

@@ -556,13 +556,14 @@ func TestAChargeAnsweredStalePolicyIsKept(t *testing.T) {
 // nothing.
 func TestAChargeOnALostCountHoldsTheKeysForTwoIntervals(t *testing.T) {
 	for _, c := range []struct {
-		answered uint32
-		held     bool
-	}{{1, true}, {3, false}} {
+		before, answered uint32
+		held             bool
+	}{{3, 1, true}, {3, 3, false}, {0, 1, false}} { // 0: a key new to the worker, its fresh ledger no loss
 		f := newFixture(t)
 		f.withStatusKey()
 		k := f.key("rl:t:p/r:user=a:60s")
-		k.Envoys = 3
+		k.Envoys = c.before
+		f.c.ruleEnvoys["r"] = 3 // the rule's other keys were shared by three
 		f.setLease(k, fleet.Entry{Charge: 5, ChargeUntil: f.h.now + int64(time.Hour), LastUse: f.h.now})
 		f.c.charges = true
 		f.c.Ask([]*Key{k}, f.h.now)
@@ -574,7 +575,7 @@ func TestAChargeOnALostCountHoldsTheKeysForTwoIntervals(t *testing.T) {
 		})
 		until, held := f.c.Held("r", f.h.now)
 		if held != c.held {
-			t.Errorf("answered %d Envoys (3 before): held %v, want %v", c.answered, held, c.held)
+			t.Errorf("answered %d Envoys (%d before on the key): held %v, want %v", c.answered, c.before, held, c.held)
 		}
 		if held && (until != f.h.now+2*int64(interval) || k.FailedUntil != until) {
 			t.Errorf("held until +%v (key until +%v), want two intervals", time.Duration(until-f.h.now), time.Duration(k.FailedUntil-f.h.now))
