@@ -143,6 +143,14 @@ const (
 	StatusBadKey = "bad_key"
 )
 
+// Recorded reports whether a key answered status had its report recorded by the
+// service (its used units, returns and charge taken): StatusGranted,
+// StatusPartial or StatusRefused. Retry and the policy mismatches record
+// nothing.
+func Recorded(status string) bool {
+	return status == StatusGranted || status == StatusPartial || status == StatusRefused
+}
+
 // Response is the service's answer to a Request (HTTP 200).
 type Response struct {
 	// Policy ["policy"] and Version ["version"] are the current policy and version

@@ -104,17 +104,11 @@ func (m *metrics) count(req *quota.Request, resp *quota.Response) {
 		r := &resp.Keys[i]
 		m.granted.Add(float64(r.Granted))
 		m.returned.Add(float64(r.Returned))
-		if booked(r.Status) {
+		if quota.Recorded(r.Status) {
 			m.charged.Add(float64(req.Keys[i].Charge))
 		}
 		m.keys.WithLabelValues(r.Status).Inc()
 	}
-}
-
-// booked reports whether a key answered status had its report recorded (its
-// charge booked): granted, partial or refused.
-func booked(status string) bool {
-	return status == quota.StatusGranted || status == quota.StatusPartial || status == quota.StatusRefused
 }
 
 func (m *metrics) touch(policy, rule, key string) { m.active.touch(policy, rule, key, time.Now()) }

@@ -68,7 +68,7 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			r, ok = pol.Rule(k.RuleID)
 		}
 		switch {
-		case resp != nil && !recorded(resp.Keys[i].Status) && resp.Keys[i].Status != quota.StatusBadKey:
+		case resp != nil && !quota.Recorded(resp.Keys[i].Status) && resp.Keys[i].Status != quota.StatusBadKey:
 			// Nothing was recorded for the key (retry; or a policy mismatch, as
 			// after the store lost the policy and it was written back under a
 			// new epoch, which the next sync resolves): what the report took,
@@ -94,7 +94,7 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			c.restore(k, r, it, now)
 		}
 		var hold int64
-		if resp != nil && recorded(resp.Keys[i].Status) && cl.items[i].charge > 0 &&
+		if resp != nil && quota.Recorded(resp.Keys[i].Status) && cl.items[i].charge > 0 &&
 			lostOthers(k.Envoys, resp.Keys[i].Envoys) && c.mayHold(k.RuleID, now) {
 			hold = now + chargeHold*interval // see Held
 		}
@@ -131,12 +131,6 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			c.resume(k)
 		}
 	}
-}
-
-// recorded reports whether a key answered status had its report recorded by
-// the service (granted, partial or refused; not retry nor a policy mismatch).
-func recorded(status string) bool {
-	return status == quota.StatusGranted || status == quota.StatusPartial || status == quota.StatusRefused
 }
 
 func (c *Client) resume(k *Key) {
