@@ -17,6 +17,15 @@ import "unsafe"
 // module without them costs nothing per body chunk, trailer or data frame.
 // gRPC and foreign-function callbacks are not exported at all: sluice makes
 // no gRPC calls and calls no foreign functions.
+//
+// Nor are proxy_on_log and proxy_on_done: every stream ends with
+// proxy_on_delete, which runs the stream-done callback, and every root
+// context that shuts down gets proxy_on_delete as well, which runs
+// OnPluginDone. proxy-wasm-cpp-host skips on_log when it is not exported and
+// answers a missing on_done with true, so deletion follows at once
+// (src/context.cc ContextBase::onLog, onDone, onDelete; WasmBase::startShutdown).
+// Each callback Envoy enters costs a Go entry per stream; two fewer of them
+// is a measured part of a request's cost (docs/benchmarks.md).
 
 //go:wasmexport proxy_abi_version_0_2_1
 func proxyABIVersion021() {}
@@ -59,12 +68,6 @@ func proxyOnResponseHeaders(contextID, numHeaders, endOfStream uint32) uint32 {
 func proxyOnHttpCallResponse(rootContextID, token, numHeaders, bodySize, numTrailers uint32) {
 	onHttpCallResponse(rootContextID, token, numHeaders, bodySize, numTrailers)
 }
-
-//go:wasmexport proxy_on_done
-func proxyOnDone(contextID uint32) bool { return onDone(contextID) }
-
-//go:wasmexport proxy_on_log
-func proxyOnLog(contextID uint32) { onLog(contextID) }
 
 //go:wasmexport proxy_on_delete
 func proxyOnDelete(contextID uint32) { onDelete(contextID) }

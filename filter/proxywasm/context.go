@@ -38,7 +38,6 @@ type callout struct {
 type httpStream struct {
 	ctx    types.HttpContext
 	rootID uint32
-	done   bool // OnHttpStreamDone has been called
 }
 
 // freeHTTPStreams holds httpStream records of deleted streams for reuse, so
@@ -71,7 +70,6 @@ func recycleHTTPStream(s *httpStream) {
 type tcpStream struct {
 	ctx    types.TcpContext
 	rootID uint32
-	done   bool // OnStreamDone has been called
 }
 
 // SetVMContext registers the plugin's VM context. Call it exactly once, from
@@ -311,75 +309,34 @@ func DispatchUpstreamConnectionClose(id, peerType uint32) {
 	})
 }
 
-// onDone implements proxy_on_done(context_id) (spec v0.2.1 "Contexts").
-// For a root context it returns PluginContext.OnPluginDone (false defers
-// deletion until PluginDone). For streams it returns true and does nothing
-// else: the stream-done callback runs from on_log (see onLog), because
-// Envoy calls on_log before on_done for HTTP streams (envoy context.cc
-// Context::log, Context::onDestroy; docs/ENVOY.md, Lifecycle).
-func onDone(id uint32) (ok bool) {
-	activeContextID = id
-	ok = true
-	defer catchPanic("proxy_on_done")
-	if root, isRoot := roots[id]; isRoot {
-		ok = root.plugin.OnPluginDone()
-	}
-	return ok
-}
-
-// onLog implements proxy_on_log(context_id) (spec v0.2.1 "Contexts"). It
-// calls HttpContext.OnHttpStreamDone (or TcpContext.OnStreamDone), as the
-// tetratelabs SDK does; this is the last callback in which the stream's
-// request, response and properties are readable. Envoy's HTTP order is
-// on_log → on_done → on_delete; its TCP order and the spec's are on_done →
-// on_log → on_delete: either way on_log comes before on_delete.
-func onLog(id uint32) {
-	activeContextID = id
-	defer catchPanic("proxy_on_log")
-	streamDone(id)
-}
-
 // onDelete implements proxy_on_delete(context_id) (spec v0.2.1
-// "Contexts"). It forgets the context (for a root, with its pending HTTP
-// callouts) and, if on_log never came, calls the stream-done callback so it
-// runs exactly once per stream.
+// "Contexts"), the last callback of every context; the module exports
+// neither proxy_on_log nor proxy_on_done (abi_exports_wasip1.go). For a root
+// context it runs PluginContext.OnPluginDone, whose result is ignored
+// (without on_done exported the host deletes the root at once, so it
+// cannot be deferred), and forgets the context with its pending HTTP
+// callouts. For a stream it runs the stream-done callback
+// (HttpContext.OnHttpStreamDone or TcpContext.OnStreamDone), exactly once.
+// Shared data, the clock and metrics are usable here; the stream's headers
+// and properties are not to be relied on.
 func onDelete(id uint32) {
 	activeContextID = id
 	defer catchPanic("proxy_on_delete")
-	if _, ok := roots[id]; ok {
-		delete(roots, id)
+	if root, ok := roots[id]; ok {
+		delete(roots, id) // forgotten first, so that a panic cannot leak it
+		root.plugin.OnPluginDone()
 		return
 	}
 	// Forget the stream before calling into the plugin, so that a panic
 	// cannot leak it.
 	if s, ok := httpStreams[id]; ok {
 		delete(httpStreams, id)
-		if !s.done {
-			s.done = true
-			s.ctx.OnHttpStreamDone()
-		}
+		s.ctx.OnHttpStreamDone()
 		recycleHTTPStream(s) // not reached if the callback panics: s is left to the GC
 		return
 	}
 	if s, ok := tcpStreams[id]; ok {
 		delete(tcpStreams, id)
-		if !s.done {
-			s.done = true
-			s.ctx.OnStreamDone()
-		}
-	}
-}
-
-// streamDone calls the stream's done callback unless it already ran. The
-// flag is set first so a panicking callback is not called again.
-func streamDone(id uint32) {
-	if s, ok := httpStreams[id]; ok && !s.done {
-		s.done = true
-		s.ctx.OnHttpStreamDone()
-		return
-	}
-	if s, ok := tcpStreams[id]; ok && !s.done {
-		s.done = true
 		s.ctx.OnStreamDone()
 	}
 }

@@ -158,11 +158,8 @@ func TestHTTPStreamEnvoyOrder(t *testing.T) {
 	onResponseHeaders(2, 4, false)
 	DispatchResponseBody(2, 20, true)
 	DispatchResponseTrailers(2, 2)
-	// Envoy: on_log, then on_done, then on_delete (docs/ENVOY.md, Lifecycle).
-	onLog(2)
-	if !onDone(2) {
-		t.Fatal("on_done for a stream must return true")
-	}
+	// Envoy: on_log, then on_done, then on_delete (docs/ENVOY.md,
+	// Lifecycle); the module exports only on_delete.
 	onDelete(2)
 	assertEvents(t, r,
 		"2 new_http",
@@ -179,43 +176,25 @@ func TestHTTPStreamEnvoyOrder(t *testing.T) {
 	assertEvents(t, r)
 }
 
+// TestStreamDoneExactlyOnce: the stream-done callback runs from on_delete,
+// once, however often the host deletes.
 func TestStreamDoneExactlyOnce(t *testing.T) {
-	tests := []struct {
-		name  string
-		calls []string
-	}{
-		{"envoy order log done delete", []string{"log", "done", "delete"}},
-		{"spec order done log delete", []string{"done", "log", "delete"}},
-		{"no log", []string{"done", "delete"}},
-		{"delete only", []string{"delete"}},
-		{"log twice", []string{"log", "log", "delete"}},
-	}
-	for _, tc := range tests {
-		for _, kind := range []string{"http", "tcp"} {
-			t.Run(tc.name+" "+kind, func(t *testing.T) {
-				installFakeHost(t)
-				r := newRecorder()
-				r.noHTTP = kind == "tcp"
-				startRoot(t, r)
-				onContextCreate(2, 1)
-				r.events = nil
-				for _, c := range tc.calls {
-					switch c {
-					case "log":
-						onLog(2)
-					case "done":
-						onDone(2)
-					case "delete":
-						onDelete(2)
-					}
-				}
-				want := "2 http_stream_done"
-				if kind == "tcp" {
-					want = "2 tcp_stream_done"
-				}
-				assertEvents(t, r, want)
-			})
-		}
+	for _, kind := range []string{"http", "tcp"} {
+		t.Run(kind, func(t *testing.T) {
+			installFakeHost(t)
+			r := newRecorder()
+			r.noHTTP = kind == "tcp"
+			startRoot(t, r)
+			onContextCreate(2, 1)
+			r.events = nil
+			onDelete(2)
+			onDelete(2)
+			want := "2 http_stream_done"
+			if kind == "tcp" {
+				want = "2 tcp_stream_done"
+			}
+			assertEvents(t, r, want)
+		})
 	}
 }
 
@@ -233,8 +212,6 @@ func TestTCPStream(t *testing.T) {
 	DispatchUpstreamData(3, 6, true)
 	DispatchDownstreamConnectionClose(3, 2)
 	DispatchUpstreamConnectionClose(3, 1)
-	onDone(3)
-	onLog(3)
 	onDelete(3)
 	assertEvents(t, r,
 		"3 new_http", "3 new_tcp", "3 new_connection", "3 downstream_data 5 0",
@@ -250,9 +227,7 @@ func TestRootContextLifecycle(t *testing.T) {
 	startRoot(t, r)
 	onTick(1)
 	onQueueReady(1, 42)
-	if onDone(1) {
-		t.Fatal("on_done(root) must return OnPluginDone's false")
-	}
+	onDelete(1) // OnPluginDone's false cannot defer it: on_done is not exported
 	onDelete(1)
 	assertEvents(t, r, "1 tick", "1 queue_ready 42", "1 plugin_done")
 	if len(roots) != 0 {
@@ -308,7 +283,6 @@ func TestStreamWithoutContextContinues(t *testing.T) {
 	if got := onRequestHeaders(2, 1, true); got != types.ActionContinue {
 		t.Fatalf("action = %d", got)
 	}
-	onLog(2)
 	onDelete(2)
 	assertEvents(t, r, "2 new_http", "2 new_tcp")
 }
@@ -340,8 +314,8 @@ func TestPanicsFailOpenAndAreLogged(t *testing.T) {
 			func() bool { return DispatchRequestTrailers(2, 0) == types.ActionContinue },
 			"4 proxywasm: recovered panic in proxy_on_request_trailers: runtime error: index out of range [3] with length 0"},
 		{"int value in stream done", "http_stream_done", 42,
-			func() bool { onLog(2); return true },
-			"4 proxywasm: recovered panic in proxy_on_log: panic"},
+			func() bool { onDelete(2); return true },
+			"4 proxywasm: recovered panic in proxy_on_delete: panic"},
 		{"panicking Error method in tick", "tick", panicErr{},
 			func() bool { onTick(1); return true },
 			"4 proxywasm: recovered panic in proxy_on_tick: panic"},
@@ -349,8 +323,8 @@ func TestPanicsFailOpenAndAreLogged(t *testing.T) {
 			func() bool { return onConfigure(1, 0) },
 			"4 proxywasm: recovered panic in proxy_on_configure: cfg"},
 		{"plugin done", "plugin_done", "done",
-			func() bool { return onDone(1) },
-			"4 proxywasm: recovered panic in proxy_on_done: done"},
+			func() bool { onDelete(1); return true },
+			"4 proxywasm: recovered panic in proxy_on_delete: done"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

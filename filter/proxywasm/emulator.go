@@ -527,18 +527,15 @@ func (e *Emulator) ResponseHeaders(id uint32, headers [][2]string, endOfStream b
 	return onResponseHeaders(id, uint32(len(headers)), endOfStream)
 }
 
-// StreamDone ends stream id in Envoy's HTTP order: proxy_on_log,
-// proxy_on_done, proxy_on_delete (docs/ENVOY.md, Lifecycle). The stream's
+// StreamDone ends stream id as Envoy ends it for this module: proxy_on_delete
+// (Envoy's HTTP order is proxy_on_log, proxy_on_done, proxy_on_delete, and
+// the module exports only the last; docs/ENVOY.md, Lifecycle). The stream's
 // state stays readable until 16 more streams have finished.
 func (e *Emulator) StreamDone(id uint32) {
 	s := e.streams[id]
 	if s == nil || s.done {
 		return
 	}
-	e.effective = id
-	onLog(id)
-	e.effective = id
-	onDone(id)
 	e.effective = id
 	onDelete(id)
 	s.done = true

@@ -7,9 +7,8 @@ import (
 )
 
 // OnHttpStreamDone releases the concurrency slots the request acquired.
-// filter/proxywasm calls it exactly once per stream, from proxy_on_log or,
-// if Envoy never sent that, proxy_on_delete (also for streams reset before
-// a response). A release that fails (CAS retries exhausted) is left to the
+// filter/proxywasm calls it exactly once per stream, from proxy_on_delete,
+// which ends every stream (also one reset before a response). A release that fails (CAS retries exhausted) is left to the
 // rule's lease, which reclaims the slot.
 func (h *httpContext) OnHttpStreamDone() {
 	p := h.p

@@ -59,7 +59,7 @@
 // in flight when it lost the lease drops the result, and a holder takes the
 // lease again by compare-and-swap after compiling and preparing a policy,
 // just before publishing it. Lease defaults to max(1 s, 10 ticks); a
-// holder stopped gracefully (proxy_on_done) releases it.
+// holder stopped gracefully (its root context deleted) releases it.
 //
 // Publishing is safe against a concurrent publisher whatever the timing
 // (the lease keeps publishers to one in the normal case, but a holder can
