@@ -118,6 +118,9 @@ func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 	h, err := host.New(context.Background(), host.Config{
 		Wasm: module, VMID: "sluice", PluginName: "sluice", NoCanary: true,
 		PluginConfig: []byte(cfg), Clock: host.NewVirtualClock(epoch), LogLevel: host.LogInfo,
+		// A control plane nobody serves (loopback port 1 refuses): its
+		// policy poll fails, and the static policy stays in use.
+		Clusters: map[string]string{"cp": "127.0.0.1:1"},
 	})
 	if err != nil {
 		t.Fatalf("host.New: %v", err)
@@ -201,6 +204,27 @@ func TestRequestHostCallBudget(t *testing.T) {
 		}
 		if n := r.costliest["proxy_set_shared_data"]; n != 1 {
 			t.Errorf("proxy_set_shared_data: %d, want 1", n)
+		}
+	})
+
+	// The shipped configuration pulls the policy from a control plane,
+	// which checks for a newly published policy on the request path: that
+	// check must take the request's one clock reading, not read its own.
+	t.Run("allowed_with_control_plane", func(t *testing.T) {
+		cfg := `{"tick":"10s","policy":` + benchPolicy(rule) +
+			`,"control_plane":{"cluster":"cp","policy":"bench","wait":"1s","timeout":"2s","lease":"1m","first_policy_wait":"0s"}}`
+		r := measureHostcalls(t, hostcallCase{module: buildWasmTB(t), pluginConfig: cfg,
+			user: "user-0", path: path, status: 200, warm: others})
+		if allowedTotal == 0 {
+			t.Fatal("the allowed case did not run (run the whole test)")
+		}
+		if n := r.costliest.clockReads(); n > budgetClockReads {
+			t.Errorf("clock reads (proxy_get_current_time_nanoseconds + clock_time_get): %d, want ≤ %d", n, budgetClockReads)
+		}
+		// One shared-data read more at most: the published policy's meta,
+		// read at most every policysync.RequestCheckInterval.
+		if n := r.costliest.total(); n > allowedTotal+1 {
+			t.Errorf("hostcalls per request: %d, want ≤ %d (a static policy's %d, and the meta read)", n, allowedTotal+1, allowedTotal)
 		}
 	})
 

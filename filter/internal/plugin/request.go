@@ -69,8 +69,10 @@ var propSourceAddress = []string{"source", "address"}
 // rule, then commit or deny (see the package doc).
 func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) types.Action {
 	p := h.p
+	var now int64 // the request's one clock reading, once taken
 	if p.sync != nil {
-		p.sync.Check() // a newly published policy applies from this request on
+		now = clockNow()
+		p.sync.Check(now) // a newly published policy applies from this request on
 	}
 	ps := p.pol
 	if ps == nil {
@@ -113,7 +115,9 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		return types.ActionContinue
 	}
 	p.readKeyParts(ps, req)
-	now := clockNow()
+	if now == 0 {
+		now = clockNow()
+	}
 	out := h.evaluate(ps, req, now)
 	var action types.Action = types.ActionContinue
 	switch {

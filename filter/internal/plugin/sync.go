@@ -1,6 +1,8 @@
 package plugin
 
 import (
+	"time"
+
 	"github.com/sluice-proxy/sluice/filter/internal/policysync"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
@@ -23,6 +25,9 @@ func (p *pluginContext) startSync() error {
 		Check:   func(c *rules.Compiled) error { return p.cfg.CheckPolicy(c, "policy") },
 		Prepare: p.createBuckets,
 		Apply:   p.swapPolicy,
+		// The host's clock in one hostcall, the clock the request path
+		// passes to Check (time.Now would make two WASI calls).
+		Now: func() time.Time { return time.Unix(0, clockNow()) },
 	})
 	if err != nil {
 		return err

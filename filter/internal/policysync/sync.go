@@ -181,9 +181,11 @@ func (s *Syncer) Tick() {
 
 // Check runs on the request path: at most every RequestCheckInterval it
 // reads the published meta and applies a new policy, so that under traffic
-// a change is enforced before the next tick.
-func (s *Syncer) Check() {
-	now := s.nowNanos()
+// a change is enforced before the next tick. now is the request's clock
+// reading (Unix ns, the clock Options.Now reads): the request path reads
+// the clock once, and the check must not read it again (time.Now costs two
+// WASI clock calls under wasip1).
+func (s *Syncer) Check(now int64) {
 	if now-s.lastCheck < int64(RequestCheckInterval) && now >= s.lastCheck {
 		return
 	}

@@ -161,7 +161,7 @@ func TestOnePollPerEnvoyAndPropagation(t *testing.T) {
 	}
 	e.clk.advance(RequestCheckInterval)
 	for _, w := range e.ws {
-		w.s.Check()
+		w.s.Check(nowOf(w.s))
 		if w.version() != 1 || len(w.applied) != 1 {
 			t.Errorf("worker applied %d policies, version %d; want 1, 1", len(w.applied), w.version())
 		}
@@ -198,14 +198,14 @@ func TestCheckIsThrottled(t *testing.T) {
 	if other == hw {
 		other = e.ws[1]
 	}
-	other.s.Check() // reads meta now
+	other.s.Check(nowOf(other.s)) // reads meta now
 	hw.h.respond(hw.h.lastCall(), "200", etag(1), policyDoc(1, 10))
-	other.s.Check() // within RequestCheckInterval: no read
+	other.s.Check(nowOf(other.s)) // within RequestCheckInterval: no read
 	if other.version() != 0 {
 		t.Fatalf("Check applied within the throttle interval")
 	}
 	e.clk.advance(RequestCheckInterval)
-	other.s.Check()
+	other.s.Check(nowOf(other.s))
 	if other.version() != 1 {
 		t.Fatalf("Check after the interval applied version %d, want 1", other.version())
 	}
@@ -816,7 +816,7 @@ func TestDeletedPolicyIsDroppedByEveryWorker(t *testing.T) {
 	hw.h.respond(hw.h.lastCall(), "200", tag(1, "aa"), policyDoc(1, 10))
 	e.clk.advance(RequestCheckInterval)
 	for _, w := range e.ws {
-		w.s.Check()
+		w.s.Check(nowOf(w.s))
 	}
 	// A 404 without a tag: a failure, the policy stays.
 	hw.h.respond(hw.h.lastCall(), "404", nil, `{"error":{"code":"not_found"}}`)
@@ -838,7 +838,7 @@ func TestDeletedPolicyIsDroppedByEveryWorker(t *testing.T) {
 	hw.h.respond(hw.h.lastCall(), "404", tag(2, ""), `{"error":{"code":"not_found"}}`)
 	e.clk.advance(RequestCheckInterval)
 	for _, w := range e.ws {
-		w.s.Check()
+		w.s.Check(nowOf(w.s))
 		if n := len(w.applied); n != 2 || w.applied[1] != nil {
 			t.Fatalf("worker after the deletion: %d applies, last %v; want the deletion (nil)", n, w.applied[n-1])
 		}
@@ -855,7 +855,7 @@ func TestDeletedPolicyIsDroppedByEveryWorker(t *testing.T) {
 	hw.h.respond(hw.h.lastCall(), "200", tag(3, "bb"), policyDoc(3, 20))
 	e.clk.advance(RequestCheckInterval)
 	for _, w := range e.ws {
-		w.s.Check()
+		w.s.Check(nowOf(w.s))
 		if n := len(w.applied); n != 3 || w.applied[2] == nil || w.applied[2].Version != 3 {
 			t.Fatalf("worker after re-creation: %d applies", n)
 		}
@@ -887,3 +887,6 @@ func TestSyncCountersExistBeforeTheFirstFailure(t *testing.T) {
 		}
 	}
 }
+
+// nowOf is what the request path passes to Check: s's clock now.
+func nowOf(s *Syncer) int64 { return s.nowNanos() }
