@@ -10,7 +10,7 @@ VERSION_LDFLAGS := -X github.com/sluice-proxy/sluice/controlplane/version.Versio
 # The filter reports VERSION as its build (x-sluice-build, sluicectl status's BUILD).
 WASM_LDFLAGS := -X github.com/sluice-proxy/sluice/filter/internal/policysync.Build=$(VERSION)
 
-.PHONY: all help wasm build envoy run test bench check lint clean print-version
+.PHONY: all help wasm build envoy run test bench bench-envoy check lint clean print-version
 
 all: build
 
@@ -97,6 +97,13 @@ test: build
 ## bench: every benchmark (go test -bench over all packages, 6 runs each).
 bench: wasm
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./...
+
+## bench-envoy: the filter-chain benchmark in the real Envoy (make envoy; wrk from Debian):
+## 8 copies of a filter in Envoy's chain, sluice against gopeer (filter/testdata/gopeer) and
+## Envoy's local_ratelimit, rounds interleaved; SLUICE_CPEER_WASM=path adds a C limiter,
+## SLUICE_BASELINE_WASM=path another sluice.wasm. About 12 minutes (docs/benchmarks.md).
+bench-envoy: wasm
+	SLUICE_CHAIN_ROUNDS=$${SLUICE_CHAIN_ROUNDS:-5} $(GO) test -run '^$$' -bench FilterChain -benchtime 1x -timeout 90m ./testenv/suites/realenvoy/
 
 ## check: formatting, vet (native and wasip1) and a tidy go.mod; fails if anything would change.
 check:
