@@ -43,6 +43,12 @@ func div128(hi, lo, d uint64) (q, r uint64) {
 	if d == 0 || hi >= d {
 		return 1<<64 - 1, 0
 	}
+	if hi == 0 {
+		// The common case (a debt below 2^64 ticks): one native 64-bit
+		// division, where bits.Div64 is a long division in Go code under
+		// wasm.
+		return lo / d, lo % d
+	}
 	return bits.Div64(hi, lo, d)
 }
 
