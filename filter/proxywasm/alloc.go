@@ -48,15 +48,18 @@ const (
 // longer. Results obtained outside a scope are fresh allocations owned by
 // the caller forever, and a later scope never touches them.
 //
-// Open the scope at the start of a callback and end it before the callback
-// returns; scopes do not nest: BeginHostScratch inside an open scope does
-// nothing (the scope still ends at the first EndHostScratch).
+// Open the scope in a callback; it ends at EndHostScratch or, at the
+// latest, when the callback returns (the binding ends it then, so a
+// callback need not defer EndHostScratch). Scopes do not nest:
+// BeginHostScratch inside an open scope does nothing (the scope still ends
+// at the first EndHostScratch).
 func BeginHostScratch() { arenaOpen = true }
 
 // EndHostScratch closes the scope opened by BeginHostScratch and makes every
 // arena buffer handed out since then reusable: the caller promises that it
 // holds no view of any host result obtained inside the scope. Outside a
-// scope it does nothing. See BeginHostScratch.
+// scope it does nothing. Every callback's return does the same. See
+// BeginHostScratch.
 func EndHostScratch() {
 	arenaOpen = false
 	arenaOff = 0
@@ -102,7 +105,7 @@ func arenaAlloc(n uint32) []byte {
 // WasmBase::copyToPointerSize). Arena buffers are not zeroed: the host
 // overwrites all size bytes.
 func allocate(size uint32) (p unsafe.Pointer) {
-	defer catchPanic("proxy_on_memory_allocate")
+	defer endAllocate()
 	n := size
 	if n == 0 {
 		n = 1
@@ -147,4 +150,13 @@ func bytesString(b []byte) string {
 		return ""
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// endAllocate, deferred by allocate, stops a panic at the export boundary
+// as endCallback does; it leaves the host-scratch scope alone (allocate runs
+// inside a hostcall of a callback whose scope is open).
+func endAllocate() {
+	if r := recover(); r != nil {
+		logPanic("proxy_on_memory_allocate", r)
+	}
 }

@@ -449,7 +449,7 @@ func TestDispatchHttpCall(t *testing.T) {
 			t.Fatal(err)
 		}
 	}}
-	httpStreams[2].ctx = r2
+	httpStreamOf(2).ctx = r2
 	if a := onRequestHeaders(2, 3, true); a != types.ActionContinue {
 		t.Fatalf("action %d", a)
 	}

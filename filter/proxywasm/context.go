@@ -12,10 +12,9 @@ import (
 // parent is its root. One VM runs one callback at a time, so plain maps
 // suffice.
 var (
-	vmContext   types.VMContext
-	roots       = map[uint32]*rootContext{}
-	httpStreams = map[uint32]*httpStream{}
-	tcpStreams  = map[uint32]*tcpStream{}
+	vmContext  types.VMContext
+	roots      = map[uint32]*rootContext{}
+	tcpStreams = map[uint32]*tcpStream{}
 
 	// activeContextID is the context the running callback belongs to, or
 	// the one named by the last SetEffectiveContext. It decides which root
@@ -37,7 +36,69 @@ type callout struct {
 
 type httpStream struct {
 	ctx    types.HttpContext
+	id     uint32
 	rootID uint32
+}
+
+// The HTTP stream registry: a direct-mapped table, with a map for the
+// streams it cannot place. Every callback of a stream looks it up, so the
+// common case is an index and a compare, no hashing: Envoy numbers a VM's
+// contexts from one counter (cpp-host WasmBase::allocContextId), so up to
+// streamSlots streams in flight each find their own slot.
+const streamSlots = 1024
+
+var (
+	// streamTable holds a stream at slot id % streamSlots.
+	streamTable [streamSlots]*httpStream
+	// streamSpill holds the streams whose slot another stream holds.
+	streamSpill = map[uint32]*httpStream{}
+)
+
+// httpStreamOf returns the live HTTP stream id, or nil.
+func httpStreamOf(id uint32) *httpStream {
+	if s := streamTable[id%streamSlots]; s != nil && s.id == id {
+		return s
+	}
+	if len(streamSpill) == 0 {
+		return nil
+	}
+	return streamSpill[id]
+}
+
+// putHTTPStream registers s under its id.
+func putHTTPStream(s *httpStream) {
+	slot := &streamTable[s.id%streamSlots]
+	if *slot == nil || (*slot).id == s.id {
+		*slot = s
+		return
+	}
+	streamSpill[s.id] = s
+}
+
+// dropHTTPStream forgets stream id and returns it (nil if unknown).
+func dropHTTPStream(id uint32) *httpStream {
+	slot := &streamTable[id%streamSlots]
+	if s := *slot; s != nil && s.id == id {
+		*slot = nil
+		return s
+	}
+	s, ok := streamSpill[id]
+	if !ok {
+		return nil
+	}
+	delete(streamSpill, id)
+	return s
+}
+
+// liveHTTPStreams counts the registered HTTP streams (for tests).
+func liveHTTPStreams() int {
+	n := len(streamSpill)
+	for _, s := range streamTable {
+		if s != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // freeHTTPStreams holds httpStream records of deleted streams for reuse, so
@@ -47,15 +108,15 @@ var freeHTTPStreams []*httpStream
 
 const maxFreeHTTPStreams = 1024
 
-func newHTTPStream(ctx types.HttpContext, rootID uint32) *httpStream {
+func newHTTPStream(ctx types.HttpContext, id, rootID uint32) *httpStream {
 	if n := len(freeHTTPStreams); n > 0 {
 		s := freeHTTPStreams[n-1]
 		freeHTTPStreams[n-1] = nil
 		freeHTTPStreams = freeHTTPStreams[:n-1]
-		*s = httpStream{ctx: ctx, rootID: rootID}
+		*s = httpStream{ctx: ctx, id: id, rootID: rootID}
 		return s
 	}
-	return &httpStream{ctx: ctx, rootID: rootID}
+	return &httpStream{ctx: ctx, id: id, rootID: rootID}
 }
 
 // recycleHTTPStream returns a deleted stream's record to the free list,
@@ -84,7 +145,8 @@ type tcpStream struct {
 func SetVMContext(vm types.VMContext) {
 	vmContext = vm
 	clear(roots)
-	clear(httpStreams)
+	clear(streamTable[:])
+	clear(streamSpill)
 	clear(tcpStreams)
 	activeContextID = 0
 }
@@ -92,11 +154,11 @@ func SetVMContext(vm types.VMContext) {
 // rootIDOf returns the root context id that owns context id, and whether
 // id is known.
 func rootIDOf(id uint32) (uint32, bool) {
+	if s := httpStreamOf(id); s != nil {
+		return s.rootID, true
+	}
 	if _, ok := roots[id]; ok {
 		return id, true
-	}
-	if s, ok := httpStreams[id]; ok {
-		return s.rootID, true
 	}
 	if s, ok := tcpStreams[id]; ok {
 		return s.rootID, true
@@ -108,7 +170,8 @@ func rootIDOf(id uint32) (uint32, bool) {
 // parent_context_id) (spec v0.2.1 "Contexts").
 func onContextCreate(id, parentID uint32) {
 	activeContextID = id
-	defer catchPanic("proxy_on_context_create")
+	callbackName = "proxy_on_context_create"
+	defer endCallback()
 	if parentID == 0 {
 		if vmContext == nil {
 			logAlways(LogLevelError, "proxywasm: proxy_on_context_create: no VMContext; call SetVMContext from init")
@@ -128,7 +191,7 @@ func onContextCreate(id, parentID uint32) {
 		return
 	}
 	if hc := root.plugin.NewHttpContext(id); hc != nil {
-		httpStreams[id] = newHTTPStream(hc, parentID)
+		putHTTPStream(newHTTPStream(hc, id, parentID))
 		return
 	}
 	if tc := root.plugin.NewTcpContext(id); tc != nil {
@@ -145,7 +208,8 @@ func onVMStart(rootID, vmConfigurationSize uint32) (ok bool) {
 	activeContextID = rootID
 	refreshLogLevel()
 	ok = true
-	defer catchPanic("proxy_on_vm_start")
+	callbackName = "proxy_on_vm_start"
+	defer endCallback()
 	if vmContext == nil {
 		logAlways(LogLevelError, "proxywasm: proxy_on_vm_start: no VMContext; call SetVMContext from init")
 		return false
@@ -160,7 +224,8 @@ func onConfigure(rootID, pluginConfigurationSize uint32) (ok bool) {
 	activeContextID = rootID
 	refreshLogLevel()
 	ok = true
-	defer catchPanic("proxy_on_configure")
+	callbackName = "proxy_on_configure"
+	defer endCallback()
 	root, known := roots[rootID]
 	if !known {
 		logAlways(LogLevelError, "proxywasm: proxy_on_configure: unknown root context "+strconv.FormatUint(uint64(rootID), 10))
@@ -174,7 +239,8 @@ func onConfigure(rootID, pluginConfigurationSize uint32) (ok bool) {
 func onTick(rootID uint32) {
 	activeContextID = rootID
 	refreshLogLevel()
-	defer catchPanic("proxy_on_tick")
+	callbackName = "proxy_on_tick"
+	defer endCallback()
 	if root, ok := roots[rootID]; ok {
 		root.plugin.OnTick()
 	}
@@ -184,7 +250,8 @@ func onTick(rootID uint32) {
 // (spec v0.2.1 "Shared queues").
 func onQueueReady(rootID, queueID uint32) {
 	activeContextID = rootID
-	defer catchPanic("proxy_on_queue_ready")
+	callbackName = "proxy_on_queue_ready"
+	defer endCallback()
 	if root, ok := roots[rootID]; ok {
 		root.plugin.OnQueueReady(queueID)
 	}
@@ -195,8 +262,9 @@ func onQueueReady(rootID, queueID uint32) {
 func httpCallback(where string, id uint32, f func(types.HttpContext) types.Action) (a types.Action) {
 	activeContextID = id
 	a = types.ActionContinue
-	defer catchPanic(where)
-	if s, ok := httpStreams[id]; ok {
+	callbackName = where
+	defer endCallback()
+	if s := httpStreamOf(id); s != nil {
 		a = f(s.ctx)
 	}
 	return a
@@ -206,7 +274,8 @@ func httpCallback(where string, id uint32, f func(types.HttpContext) types.Actio
 func tcpCallback(where string, id uint32, f func(types.TcpContext) types.Action) (a types.Action) {
 	activeContextID = id
 	a = types.ActionContinue
-	defer catchPanic(where)
+	callbackName = where
+	defer endCallback()
 	if s, ok := tcpStreams[id]; ok {
 		a = f(s.ctx)
 	}
@@ -321,18 +390,18 @@ func DispatchUpstreamConnectionClose(id, peerType uint32) {
 // and properties are not to be relied on.
 func onDelete(id uint32) {
 	activeContextID = id
-	defer catchPanic("proxy_on_delete")
-	if root, ok := roots[id]; ok {
-		delete(roots, id) // forgotten first, so that a panic cannot leak it
-		root.plugin.OnPluginDone()
-		return
-	}
-	// Forget the stream before calling into the plugin, so that a panic
+	callbackName = "proxy_on_delete"
+	defer endCallback()
+	// Forget the context before calling into the plugin, so that a panic
 	// cannot leak it.
-	if s, ok := httpStreams[id]; ok {
-		delete(httpStreams, id)
+	if s := dropHTTPStream(id); s != nil {
 		s.ctx.OnHttpStreamDone()
 		recycleHTTPStream(s) // not reached if the callback panics: s is left to the GC
+		return
+	}
+	if root, ok := roots[id]; ok {
+		delete(roots, id)
+		root.plugin.OnPluginDone()
 		return
 	}
 	if s, ok := tcpStreams[id]; ok {

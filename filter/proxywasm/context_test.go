@@ -166,8 +166,8 @@ func TestHTTPStreamEnvoyOrder(t *testing.T) {
 		"2 request_headers 3 0", "2 request_body 10 1", "2 request_trailers 1",
 		"2 response_headers 4 0", "2 response_body 20 1", "2 response_trailers 2",
 		"2 http_stream_done")
-	if len(httpStreams) != 0 {
-		t.Fatalf("stream not deleted: %v", httpStreams)
+	if liveHTTPStreams() != 0 {
+		t.Fatalf("stream not deleted: %d live", liveHTTPStreams())
 	}
 	// Callbacks after delete continue and reach nobody.
 	if got := onRequestHeaders(2, 1, true); got != types.ActionContinue {
@@ -351,7 +351,37 @@ func TestPanicInStreamDoneAtDeleteStillForgetsStream(t *testing.T) {
 	onContextCreate(2, 1)
 	r.panicIn["http_stream_done"] = "x"
 	onDelete(2)
-	if len(httpStreams) != 0 {
+	if liveHTTPStreams() != 0 {
 		t.Fatal("stream leaked after panic in OnHttpStreamDone")
+	}
+}
+
+// TestStreamsSharingATableSlot: streams whose ids fall in one slot of the
+// stream table (ids streamSlots apart) are all live at once, each gets its
+// own callbacks, and each is forgotten once deleted, whichever goes first.
+func TestStreamsSharingATableSlot(t *testing.T) {
+	for _, order := range [][]uint32{{2, 2 + streamSlots, 2 + 2*streamSlots}, {2 + 2*streamSlots, 2, 2 + streamSlots}} {
+		installFakeHost(t)
+		r := newRecorder()
+		startRoot(t, r)
+		ids := []uint32{2, 2 + streamSlots, 2 + 2*streamSlots}
+		for _, id := range ids {
+			onContextCreate(id, 1)
+		}
+		for i, id := range ids {
+			onRequestHeaders(id, uint32(i), true)
+		}
+		for _, id := range order {
+			onDelete(id)
+		}
+		want := []string{"2 new_http", "1026 new_http", "2050 new_http",
+			"2 request_headers 0 1", "1026 request_headers 1 1", "2050 request_headers 2 1"}
+		for _, id := range order {
+			want = append(want, strconv.FormatUint(uint64(id), 10)+" http_stream_done")
+		}
+		assertEvents(t, r, want...)
+		if n := liveHTTPStreams(); n != 0 {
+			t.Fatalf("%d streams live after every delete", n)
+		}
 	}
 }

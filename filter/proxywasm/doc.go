@@ -45,10 +45,10 @@
 //
 // By default every such buffer is a fresh heap allocation. A callback that
 // reads host data on the request path can open a host-scratch scope with
-// BeginHostScratch and close it with EndHostScratch before it returns: in
-// between, the buffers come from one reused slab, so that reading headers,
-// properties and shared data allocates nothing once warm, and every result
-// obtained in the scope is valid only until EndHostScratch.
+// BeginHostScratch; it ends at EndHostScratch or when the callback returns:
+// in between, the buffers come from one reused slab, so that reading
+// headers, properties and shared data allocates nothing once warm, and
+// every result obtained in the scope is valid only until the scope ends.
 //
 // # Imports outside the wasm build
 //

@@ -57,7 +57,8 @@ func DispatchHttpCall(cluster string, headers [][2]string, body []byte, trailers
 // token, num_headers, body_size, num_trailers) (spec v0.2.1 "HTTP calls").
 func onHttpCallResponse(rootID, token, numHeaders, bodySize, numTrailers uint32) {
 	activeContextID = rootID
-	defer catchPanic("proxy_on_http_call_response")
+	callbackName = "proxy_on_http_call_response"
+	defer endCallback()
 	root, ok := roots[rootID]
 	if !ok {
 		return

@@ -57,15 +57,28 @@ func LogError(msg string) { Log(LogLevelError, msg) }
 // LogCritical logs msg at critical level (5) with proxy_log; see Log.
 func LogCritical(msg string) { Log(LogLevelCritical, msg) }
 
-// catchPanic, deferred directly by every callback, stops a panic at the
-// export boundary and logs it at error level through proxy_log. The caller
-// has already set its fail-open result.
-func catchPanic(where string) {
+// callbackName is the export whose callback is running, for endCallback's
+// log; each callback sets it before deferring endCallback.
+var callbackName string
+
+// endCallback, deferred by every callback (arguments-free, so the defer is
+// a direct call), ends it: it closes the host-scratch scope the callback
+// may have left open (a scope never outlives its callback:
+// BeginHostScratch), and stops a panic at the export boundary, logging it at
+// error level through proxy_log with the stack. The caller has already set
+// its fail-open result.
+func endCallback() {
+	arenaOpen, arenaOff = false, 0
 	if r := recover(); r != nil {
-		var stack [4096]byte
-		n := runtime.Stack(stack[:], false)
-		logAlways(LogLevelError, "proxywasm: recovered panic in "+where+": "+panicString(r)+"\n"+string(stack[:n]))
+		logPanic(callbackName, r)
 	}
+}
+
+// logPanic logs a panic recovered in the export where.
+func logPanic(where string, r any) {
+	var stack [4096]byte
+	n := runtime.Stack(stack[:], false)
+	logAlways(LogLevelError, "proxywasm: recovered panic in "+where+": "+panicString(r)+"\n"+string(stack[:n]))
 }
 
 // panicString describes a panic value without fmt: errors and strings as

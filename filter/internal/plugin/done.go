@@ -13,7 +13,6 @@ import (
 func (h *httpContext) OnHttpStreamDone() {
 	p := h.p
 	proxywasm.BeginHostScratch() // nothing read here outlives the callback
-	defer proxywasm.EndHostScratch()
 	h.fleetStreamDone()
 	h.heldSeq = 0
 	if len(h.charges) > 0 {

@@ -102,9 +102,8 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 	// copies), so every buffer a hostcall returns comes from the binding's
 	// reused scratch: a warm request allocates nothing. The policy sync
 	// check and the hash key above keep what they read, so they run
-	// outside the scope.
+	// outside the scope. The scope ends when the callback returns.
 	proxywasm.BeginHostScratch()
-	defer proxywasm.EndHostScratch()
 	req := p.readRequest(ps)
 	s := &p.s
 	s.matched = ps.compiled.Match(req, s.matched[:0])

@@ -15,7 +15,6 @@ func (h *httpContext) OnHttpResponseHeaders(numHeaders int, endOfStream bool) ty
 		return types.ActionContinue // the local reply carries its headers
 	}
 	proxywasm.BeginHostScratch() // nothing read here outlives the callback
-	defer proxywasm.EndHostScratch()
 	if h.hasReport && !h.report.rule.cr.Shadow && h.report.rule.headersOnAllow {
 		h.addLimitHeaders()
 	}

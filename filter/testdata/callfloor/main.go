@@ -81,7 +81,6 @@ type stream struct {
 
 func (s *stream) OnHttpRequestHeaders(int, bool) types.Action {
 	proxywasm.BeginHostScratch()
-	defer proxywasm.EndHostScratch()
 	path, _ := proxywasm.GetHttpRequestHeader(":path")
 	user, _ := proxywasm.GetHttpRequestHeader("x-user-id")
 	now, _ := proxywasm.GetCurrentTimeNanoseconds()

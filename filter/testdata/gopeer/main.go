@@ -88,7 +88,6 @@ type stream struct{ types.DefaultHttpContext }
 
 func (*stream) OnHttpRequestHeaders(int, bool) types.Action {
 	proxywasm.BeginHostScratch()
-	defer proxywasm.EndHostScratch()
 	_, _ = proxywasm.GetHttpRequestHeader(":path")
 	user, err := proxywasm.GetHttpRequestHeader("x-user-id")
 	if err != nil || len(user) == 0 || len(user) > maxUser {
