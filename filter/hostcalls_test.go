@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-proxy/sluice/testenv/filterstate"
 	"github.com/sluice-proxy/sluice/testenv/host"
 )
 
@@ -86,6 +87,11 @@ type hostcallCase struct {
 	// and the configuration made of rules and responseHeaders.
 	module       []byte
 	pluginConfig string
+	// afterWarm, when set, runs after the warm-up requests (a fleet case
+	// seeds its lease there).
+	afterWarm func(t testing.TB, h *host.Host)
+	// wantState are filter-state members every counted request must have.
+	wantState map[string]string
 }
 
 // hostcallResult is what measuring a case found: the per-request counts
@@ -94,6 +100,9 @@ type hostcallCase struct {
 type hostcallResult struct {
 	costliest callCounts // the request with the most calls
 	distinct  map[string]int
+	// entries is the most entries into the module (Go) one request made:
+	// callbacks plus allocator calls; callbacks and allocs split it.
+	entries, callbacks, allocs uint64
 }
 
 // measureHostcalls starts one worker VM of the filter with the default
@@ -152,14 +161,29 @@ func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 			send(u)
 		}
 	}
+	if c.afterWarm != nil {
+		c.afterWarm(t, h)
+	}
 	res := hostcallResult{distinct: map[string]int{}}
 	seen := map[string]callCounts{}
 	for i := range hostcallRequests {
 		h.ResetImportCalls()
 		resp := send(c.user)
 		got := callCounts(h.ImportCalls())
+		var cb uint64
+		for _, n := range h.CallbackCalls() {
+			cb += n
+		}
+		if al := h.AllocatorCalls(); cb+al > res.entries {
+			res.entries, res.callbacks, res.allocs = cb+al, cb, al
+		}
 		if resp.Status != c.status {
 			t.Fatalf("request %d: status %d, want %d", i, resp.Status, c.status)
+		}
+		for k, v := range c.wantState {
+			if got := filterstate.Fields(resp.FilterState)[k]; got != v {
+				t.Fatalf("request %d: filter state %s = %q, want %q (%s)", i, k, got, v, resp.FilterState)
+			}
 		}
 		k := got.String()
 		res.distinct[k]++
@@ -174,6 +198,7 @@ func measureHostcalls(t *testing.T, c hostcallCase) hostcallResult {
 	}
 	res.costliest = seen[worst]
 	t.Logf("costliest request: %s", worst)
+	t.Logf("most entries into the module: %d (%d callbacks, %d allocator calls)", res.entries, res.callbacks, res.allocs)
 	return res
 }
 
@@ -372,4 +397,77 @@ func TestCallFloorMakesSluicesHostCalls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Entries into the module per request: every callback the host enters and
+// every allocator call it makes to place a hostcall's result. Each entry
+// into Go costs what its wrapper and the binding's dispatch cost, on top
+// of what the callback does, so a request's entries are bounded as its
+// hostcalls are (docs/benchmarks.md, "A request at a C filter's cost").
+const (
+	// budgetEntryCallbacks: proxy_on_context_create,
+	// proxy_on_request_headers, proxy_on_response_headers and
+	// proxy_on_delete (proxy_on_log and proxy_on_done are not exported).
+	budgetEntryCallbacks = 4
+	// budgetEntriesAllowed: the callbacks and two allocator calls, the
+	// x-user-id value and the rule's bucket.
+	budgetEntriesAllowed = budgetEntryCallbacks + 2
+	// budgetEntriesDenied: an allowed request's, and the x-request-id value
+	// the local reply carries as trace_id.
+	budgetEntriesDenied = budgetEntriesAllowed + 1
+	// budgetEntriesPerExtraRule: each further rule's bucket read.
+	budgetEntriesPerExtraRule = 1
+	// budgetEntriesFleetWarm: a fleet rule spending from a warm lease reads
+	// its lease entry instead of a bucket: as many as an allowed request.
+	budgetEntriesFleetWarm = budgetEntriesAllowed
+	// budgetHostcallsFleetWarm: an allowed request's hostcalls, the lease
+	// read and compare-and-swap write in place of the bucket's.
+	budgetHostcallsFleetWarm = budgetAllowedTotal
+)
+
+// TestRequestGoEntryBudget pins the entries into the module (callbacks and
+// allocator calls) of one request, for an allowed request, a denied one,
+// one through five rules, and one spending a fleet rule's warm lease; the
+// fleet case's hostcalls too (the others' are TestRequestHostCallBudget's).
+func TestRequestGoEntryBudget(t *testing.T) {
+	const rule = `{"id":"r0","key":["user"],"algorithm":"token_bucket","limit":1000000000000,"window":"1s"}`
+	const path = "/v1/api/items"
+	others := []string{"user-0", "user-1", "user-2"}
+	check := func(t *testing.T, r hostcallResult, want uint64) {
+		t.Helper()
+		if r.entries > want {
+			t.Errorf("entries into the module per request: %d (%d callbacks, %d allocator calls), want ≤ %d",
+				r.entries, r.callbacks, r.allocs, want)
+		}
+		if r.callbacks > budgetEntryCallbacks {
+			t.Errorf("callbacks per request: %d, want ≤ %d", r.callbacks, budgetEntryCallbacks)
+		}
+	}
+	t.Run("allowed", func(t *testing.T) {
+		check(t, measureHostcalls(t, hostcallCase{rules: []string{rule}, user: "user-0", path: path, status: 200, warm: others}),
+			budgetEntriesAllowed)
+	})
+	t.Run("denied", func(t *testing.T) {
+		limit1 := `{"id":"r0","key":["user"],"algorithm":"token_bucket","limit":1,"window":"1h"}`
+		check(t, measureHostcalls(t, hostcallCase{rules: []string{limit1}, user: "user-0", path: path, status: 429, warm: others,
+			requestID: "9b2a6c1e-4f1d-4e53-9d7c-2a1f0c3b5e77"}), budgetEntriesDenied)
+	})
+	t.Run("five_rules", func(t *testing.T) {
+		check(t, measureHostcalls(t, hostcallCase{rules: fiveRules(), user: "user-0", path: path, status: 200, warm: others}),
+			budgetEntriesAllowed+4*budgetEntriesPerExtraRule)
+	})
+	t.Run("fleet_warm_lease", func(t *testing.T) {
+		doc := benchPolicy(fleetBenchRule + `,"scope":"fleet"}`)
+		r := measureHostcalls(t, hostcallCase{module: buildWasmTB(t), pluginConfig: `{"tick":"1m","policy":` + doc + `}`,
+			user: "hot", path: path, status: 200, warm: []string{"hot"},
+			afterWarm: func(t testing.TB, h *host.Host) { seedLease(t, h, doc, "hot") },
+			wantState: map[string]string{"quota": "local"}})
+		check(t, r, budgetEntriesFleetWarm)
+		if n := r.costliest.total(); n > budgetHostcallsFleetWarm {
+			t.Errorf("hostcalls per request: %d, want ≤ %d", n, budgetHostcallsFleetWarm)
+		}
+		if n := r.costliest["proxy_http_call"]; n != 0 {
+			t.Errorf("proxy_http_call: %d, want 0 (a warm lease spends without asking)", n)
+		}
+	})
 }

@@ -65,9 +65,24 @@ func (h *Host) ResetImportCalls() {
 func (h *Host) CallbackCalls() map[string]uint64 {
 	out := make(map[string]uint64)
 	for name, n := range h.entries {
+		if name == h.allocName {
+			continue
+		}
 		if c := n.Load(); c > 0 {
 			out[name] = c
 		}
 	}
 	return out
+}
+
+// AllocatorCalls returns how many times the host entered the module's
+// allocator (malloc, else proxy_on_memory_allocate, as proxy-wasm-cpp-host
+// chooses) to place a hostcall's result in guest memory, since the Host
+// started or since the last ResetImportCalls, summed over every VM. Each is
+// an entry into the module like a callback, made from inside a hostcall.
+func (h *Host) AllocatorCalls() uint64 {
+	if n := h.entries[h.allocName]; n != nil {
+		return n.Load()
+	}
+	return 0
 }

@@ -126,6 +126,9 @@ type Host struct {
 	metrics *metricStore
 	calls   importCounters // written only by instantiateImports
 	entries importCounters // callbacks that entered the module; filled in New
+	// allocName is the allocator export the host calls to place results:
+	// "malloc" when exported, else "proxy_on_memory_allocate".
+	allocName string
 
 	workers []*vm
 
@@ -236,6 +239,11 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	h.entries = importCounters{}
 	for name := range h.exports {
 		h.entries.counter(name)
+	}
+	// CPPHOST getFunctions: malloc is preferred over proxy_on_memory_allocate.
+	h.allocName = "proxy_on_memory_allocate"
+	if _, ok := h.exports["malloc"]; ok {
+		h.allocName = "malloc"
 	}
 	// CPPHOST src/bytecode_util.cc getAbiVersion: the first marker found.
 	for _, m := range []string{"proxy_abi_version_0_2_1", "proxy_abi_version_0_2_0", "proxy_abi_version_0_1_0"} {

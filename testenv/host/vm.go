@@ -169,9 +169,7 @@ func (v *vm) start() error {
 	}
 	v.phase = phaseNormal
 	// CPPHOST getFunctions: malloc is preferred over proxy_on_memory_allocate.
-	if v.alloc = v.fns["malloc"]; v.alloc == nil {
-		v.alloc = v.fns["proxy_on_memory_allocate"]
-	}
+	v.alloc = v.fns[v.h.allocName]
 	if v.alloc == nil {
 		v.failed = fmt.Errorf("host: %s: missing malloc function (neither malloc nor proxy_on_memory_allocate is exported)", v.name)
 		return v.failed
@@ -449,6 +447,7 @@ func (v *vm) allocate(size uint32) (uint32, error) {
 	prev := v.phase
 	v.phase = phaseAlloc
 	defer func() { v.phase = prev }()
+	v.h.entries[v.h.allocName].Add(1)
 	if v.h.cfg.Trace {
 		v.trace = append(v.trace, v.alloc.Definition().Name()+"("+strconv.FormatUint(uint64(size), 10)+")")
 	}
