@@ -104,6 +104,14 @@ type ruleState struct {
 	// ,"rule":"<id>".
 	replyPrefix []byte
 	stateRule   []byte
+	// statePrefix is the filter state of a request this rule reports, up
+	// to its key member, for each stateHead (index stateHeadIndex):
+	// {"rate_limited":…,"shadow":…,"policy_version":<the policy's>,"rule":"<id>"
+	// in one constant, so writeState appends it at once.
+	statePrefix [4][]byte
+	// policyVersion is the version of the policy the rule belongs to (the
+	// one statePrefix names).
+	policyVersion uint64
 	// headers and headersOnAllow are the policy's response headers
 	// (response_headers, else the configuration's headers and
 	// headers_on_allow), kept with each rule so that a report carries them.
@@ -294,6 +302,12 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		}
 		rs.replyPrefix = replyBodyPrefix(cr.Status, msg, cr.ID)
 		rs.stateRule = strictjson.AppendString([]byte(`,"rule":`), cr.ID)
+		rs.policyVersion = c.Version
+		for i := range rs.statePrefix {
+			b := append([]byte(stateHead(i&2 != 0, i&1 != 0)), `,"policy_version":`...)
+			b = strconv.AppendUint(b, c.Version, 10)
+			rs.statePrefix[i] = append(b, rs.stateRule...)
+		}
 		rs.headers, rs.headersOnAllow = headers, onAllow
 		p.initFleetRule(c, rs)
 		r := cr.Rule

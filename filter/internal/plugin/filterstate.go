@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
@@ -43,23 +44,28 @@ type stateRecord struct {
 func (h *httpContext) writeState(st stateRecord) {
 	p := h.p
 	r := &h.report
-	b := append(p.s.state[:0], stateHead(st.rateLimited, h.hasReport && r.shadow)...)
-	if st.hasVersion {
-		b = append(b, `,"policy_version":`...)
-		b = strconv.AppendUint(b, st.version, 10)
+	var b []byte
+	if h.hasReport && st.hasVersion && st.version == r.rule.policyVersion {
+		// The common case: head, version and rule in one constant.
+		b = append(p.s.state[:0], r.rule.statePrefix[stateHeadIndex(st.rateLimited, r.shadow)]...)
+	} else {
+		b = append(p.s.state[:0], stateHead(st.rateLimited, h.hasReport && r.shadow)...)
+		if st.hasVersion {
+			b = append(b, `,"policy_version":`...)
+			b = strconv.AppendUint(b, st.version, 10)
+		}
+		if h.hasReport {
+			b = append(b, r.rule.stateRule...)
+		}
 	}
 	if h.hasReport {
-		b = append(b, r.rule.stateRule...)
 		if h.keyEnd <= len(p.s.key) {
 			b = append(b, `,"key":`...)
 			b = strictjson.AppendString(b, viewString(p.s.key[h.keyOff:h.keyEnd]))
 		}
-		b = append(b, `,"limit":`...)
-		b = strconv.AppendUint(b, r.limit, 10)
-		b = append(b, `,"remaining":`...)
-		b = strconv.AppendUint(b, r.remaining, 10)
-		b = append(b, `,"reset":`...)
-		b = strconv.AppendUint(b, r.resetSeconds, 10)
+		b = appendUintMember(b, `,"limit":`, r.limit)
+		b = appendUintMember(b, `,"remaining":`, r.remaining)
+		b = appendUintMember(b, `,"reset":`, r.resetSeconds)
 		if quota, degraded, ok := h.fleetState(); ok {
 			b = append(b, `,"scope":"fleet","quota":"`...)
 			b = append(b, quota...)
@@ -84,6 +90,39 @@ func (h *httpContext) writeState(st stateRecord) {
 	if cap(b) <= maxKeepBytes {
 		p.s.state = b[:0]
 	}
+}
+
+// stateHeadIndex is the index of stateHead(rateLimited, shadow) in
+// ruleState.statePrefix.
+func stateHeadIndex(rateLimited, shadow bool) int {
+	i := 0
+	if rateLimited {
+		i = 2
+	}
+	if shadow {
+		i++
+	}
+	return i
+}
+
+// appendUintMember appends name (a JSON member's `,"name":`) and v in
+// decimal, byte by byte: one call where append and strconv.AppendUint make
+// four under wasm, where every call and every copy is a function call.
+func appendUintMember(b []byte, name string, v uint64) []byte {
+	digits := 1
+	for x := v; x >= 10; x /= 10 {
+		digits++
+	}
+	n := len(b)
+	b = slices.Grow(b, len(name)+digits)[:n+len(name)+digits]
+	for i := 0; i < len(name); i++ {
+		b[n+i] = name[i]
+	}
+	for i := len(b) - 1; i >= n+len(name); i-- {
+		b[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return b
 }
 
 // stateHead is the start of the filter state: its rate_limited and shadow
