@@ -113,11 +113,9 @@ type localReply struct {
 func (h *httpContext) sendReply(lr localReply) {
 	p := h.p
 	b := append(p.s.body[:0], lr.prefix...)
-	b = strconv.AppendUint(b, lr.limit, 10)
-	b = append(b, `,"remaining":`...)
-	b = strconv.AppendUint(b, lr.remaining, 10)
-	b = append(b, `,"reset":`...)
-	b = strconv.AppendUint(b, lr.resetSeconds, 10)
+	b = appendUintMember(b, "", lr.limit)
+	b = appendUintMember(b, `,"remaining":`, lr.remaining)
+	b = appendUintMember(b, `,"reset":`, lr.resetSeconds)
 	b = append(b, `},"timestamp":"`...)
 	b = p.appendTimestamp(b, lr.now)
 	b = append(b, `","trace_id":`...)
@@ -192,7 +190,7 @@ const replyTextBytes = 1024
 // what was appended.
 func appendView(text []byte, v uint64) ([]byte, string) {
 	start := len(text)
-	text = strconv.AppendUint(text, v, 10)
+	text = appendUintMember(text, "", v)
 	return text, viewString(text[start:])
 }
 
