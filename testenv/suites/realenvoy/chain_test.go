@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-proxy/sluice/testenv/internal/bootstrap"
 	"github.com/sluice-proxy/sluice/testenv/testkit/envoyproc"
@@ -48,7 +49,25 @@ type chainVariant struct {
 	module string // "sluice", "baseline", "gopeer", "cpeer", or "" (no Wasm filter)
 	config string // the plugin configuration
 	native bool   // Envoy's local_ratelimit instead of a Wasm filter
+	// fleet: the policy comes from the control plane (chainFleetPolicy),
+	// whose quota service leases the fleet rule's budget.
+	fleet bool
 }
+
+// chainFleetPolicy is the fleet variant's policy, published to the control
+// plane: one fleet token bucket per user that no run spends, so after the
+// warm-up every request spends from its key's warm lease; and a probe of
+// one request an hour per user on /probe/ (8 units: each of the chain's
+// copies counts the request on the one shared key), which the benchmark
+// never sends, by which the test sees the published policy in force.
+var chainFleetPolicy = `{"policy":"bench","identity":{"user_header":"x-user-id"},"rules":[` +
+	`{"id":"r1","match":{"path_prefix":"/api/"},"key":["user"],"algorithm":"token_bucket","limit":100000000,"window":"1m","scope":"fleet"},` +
+	`{"id":"probe","match":{"path_prefix":"/probe/"},"key":["user"],"algorithm":"fixed_window","limit":` + strconv.Itoa(chainK) + `,"window":"1h","scope":"fleet"}]}`
+
+// chainFleetConfig is the fleet variant's plugin configuration: the
+// shipped one's control plane (tokens from Envoy's environment).
+const chainFleetConfig = `{"env":"dev","control_plane":{"cluster":"control_plane","policy":"bench",` +
+	`"token_env":"SLUICE_READ_TOKEN","quota_token_env":"SLUICE_QUOTA_TOKEN","wait":"30s","timeout":"35s"}}`
 
 // chainRule is a token bucket per user at limit a minute, on /api/.
 func chainRule(id string, limit int) string {
@@ -75,6 +94,7 @@ func chainVariants(withC bool) []chainVariant {
 		{name: "g_gopeer", k: chainK, status: 200, module: "gopeer", config: peer},
 		{name: "s_sluice_1", k: chainK, status: 200, module: "sluice", config: chainPolicy(chainRule("r1", never))},
 		{name: "s_sluice_5", k: chainK, status: 200, module: "sluice", config: five},
+		{name: "f_sluice_fleet", k: chainK, status: 200, module: "sluice", config: chainFleetConfig, fleet: true},
 		{name: "g_gopeer_k1", k: 1, status: 200, module: "gopeer", config: peer},
 		{name: "s_sluice_1_k1", k: 1, status: 200, module: "sluice", config: chainPolicy(chainRule("r1", never))},
 		{name: "g_gopeer_denied_k1", k: 1, status: 429, module: "gopeer", config: `{"limit":1}`},
@@ -114,7 +134,11 @@ func chainListener(v chainVariant, addr string, modules map[string]string) strin
 			continue
 		}
 		cfg, _ := json.Marshal(v.config)
-		// One vm_id per module, as Envoy shares a VM between the copies;
+		env := ""
+		if v.fleet {
+			env = ", environment_variables: {host_env_keys: [SLUICE_READ_TOKEN, SLUICE_QUOTA_TOKEN]}"
+		}
+		// One vm_id per variant, as Envoy shares a VM between the copies;
 		// each copy is its own plugin (root context).
 		fmt.Fprintf(&filters, `
           - name: envoy.filters.http.wasm
@@ -123,10 +147,10 @@ func chainListener(v chainVariant, addr string, modules map[string]string) strin
               config:
                 name: %s_%d
                 root_id: bench
-                vm_config: {vm_id: %s, runtime: envoy.wasm.runtime.v8, code: {local: {filename: %q}}}
+                vm_config: {vm_id: %s, runtime: envoy.wasm.runtime.v8, code: {local: {filename: %q}}%s}
                 configuration: {"@type": type.googleapis.com/google.protobuf.StringValue, value: %s}
                 failure_policy: FAIL_CLOSED`,
-			v.name, i, v.name, modules[v.module], cfg)
+			v.name, i, v.name, modules[v.module], env, cfg)
 	}
 	return fmt.Sprintf(`
   - name: %s
@@ -149,8 +173,9 @@ func chainListener(v chainVariant, addr string, modules map[string]string) strin
 }
 
 // startChain runs one Envoy (2 workers) with a listener per variant and
-// returns it with the listeners' addresses, in the variants' order.
-func startChain(t testing.TB, vs []chainVariant, modules map[string]string) (*envoyproc.Envoy, []string) {
+// returns it with the listeners' addresses, in the variants' order. cp is
+// the control plane's address, which a fleet variant needs ("" for none).
+func startChain(t testing.TB, vs []chainVariant, modules map[string]string, cp string) (*envoyproc.Envoy, []string) {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("static_resources:\n  listeners:")
@@ -159,14 +184,63 @@ func startChain(t testing.TB, vs []chainVariant, modules map[string]string) (*en
 		addrs[i] = proctest.FreeAddr(t)
 		b.WriteString(chainListener(v, addrs[i], modules))
 	}
+	if cp != "" {
+		host, port, _ := strings.Cut(cp, ":")
+		fmt.Fprintf(&b, `
+  clusters:
+  - name: control_plane
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: control_plane
+      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: %s, port_value: %s}}}}]}]`, host, port)
+	}
 	b.WriteString("\n")
 	path := filepath.Join(t.TempDir(), "chain.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e := envoyproc.Start(t, envoyproc.Options{Name: "chain", Root: repo, Config: path,
+	e := envoyproc.Start(t, envoyproc.Options{Name: "chain", Root: repo, Config: path, Env: tokens,
 		Rewrite: bootstrap.Rewrite{Listeners: addrs, Admin: proctest.FreeAddr(t)}})
 	return e, addrs
+}
+
+// awaitStat waits until Envoy's admin /stats shows name at value (a
+// filter's metric: Envoy strips the wasmcustom prefix there), failing the
+// test after 30 s.
+func awaitStat(t testing.TB, admin, name, value string) {
+	t.Helper()
+	want := name + ": " + value
+	var last string
+	if !proctest.WaitFor(30*time.Second, func() bool {
+		resp, err := http.Get("http://" + admin + "/stats?filter=" + regexp.QuoteMeta(name))
+		if err != nil {
+			return false
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		last = string(body)
+		for _, line := range strings.Split(last, "\n") {
+			if strings.TrimPrefix(line, "wasmcustom.") == want {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("Envoy's %s is not %s after 30 s: %q", name, value, last)
+	}
+}
+
+// startChainControlPlane starts a control plane (an embedded store) with
+// chainFleetPolicy published, when one of vs needs it; it returns its
+// address and the policy's version ("", 0 when none does).
+func startChainControlPlane(t testing.TB, vs []chainVariant) (string, uint64) {
+	t.Helper()
+	if !slices.ContainsFunc(vs, func(v chainVariant) bool { return v.fleet }) {
+		return "", 0
+	}
+	cp := startControlPlane(t, "chain control plane", "--data-dir", t.TempDir())
+	return cp.addr, proctest.PutPolicy(t, cp.addr, "bench", adminToken, chainFleetPolicy)
 }
 
 // chainModules builds the Wasm modules the variants need: sluice's is the
@@ -191,7 +265,13 @@ func chainModules(t testing.TB) map[string]string {
 // chainGet sends one GET /api/items as user and returns the status.
 func chainGet(t testing.TB, addr, user string) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/api/items", nil)
+	return chainGetPath(t, addr, "/api/items", user)
+}
+
+// chainGetPath sends one GET path as user and returns the status.
+func chainGetPath(t testing.TB, addr, path, user string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
 	req.Header.Set("x-user-id", user)
 	resp, err := fresh.Do(req)
 	if err != nil {
@@ -210,8 +290,21 @@ func chainGet(t testing.TB, addr, user string) int {
 func TestFilterChainConfigurationsAnswer(t *testing.T) {
 	modules := chainModules(t)
 	vs := chainVariants(modules["cpeer"] != "")
-	_, addrs := startChain(t, vs, modules)
+	cp, _ := startChainControlPlane(t, vs)
+	_, addrs := startChain(t, vs, modules, cp)
 	for i, v := range vs {
+		if v.fleet {
+			// The published policy is in force: a user's second probe in
+			// the hour is refused by the fleet rule.
+			n := 0
+			if !proctest.WaitFor(30*time.Second, func() bool {
+				n++
+				user := "probe-" + strconv.Itoa(n)
+				return chainGetPath(t, addrs[i], "/probe/x", user) == 200 && chainGetPath(t, addrs[i], "/probe/x", user) == 429
+			}) {
+				t.Errorf("%s: the published fleet policy is not in force after 30 s", v.name)
+			}
+		}
 		if v.status == 429 && chainGet(t, addrs[i], "user-1") != 200 {
 			t.Errorf("%s: the user's first request was not admitted", v.name)
 		}
@@ -229,8 +322,10 @@ func TestFilterChainConfigurationsAnswer(t *testing.T) {
 // its ratio to gopeer (and to the C peer, when given). With
 // SLUICE_BASELINE_WASM naming another build of sluice.wasm, the sluice
 // variants run with it too (z_baseline_*), for a before-and-after in one
-// run. A run takes about 12 minutes, so it runs only when
-// SLUICE_CHAIN_ROUNDS is set, as make bench-envoy sets it. Needs wrk
+// run. SLUICE_CHAIN_VARIANTS, a regular expression, keeps only the variants
+// it matches (and the chain without a filter). A run takes about 12
+// minutes, so it runs only when SLUICE_CHAIN_ROUNDS is set, as make
+// bench-envoy sets it. Needs wrk
 // (Debian's wrk); run it alone, nothing else on the machine:
 //
 //	make bench-envoy
@@ -248,6 +343,13 @@ func BenchmarkFilterChain(b *testing.B) {
 	secs := envInt("SLUICE_CHAIN_SECONDS", 5)
 	modules := chainModules(b)
 	vs := chainVariants(modules["cpeer"] != "")
+	if only := os.Getenv("SLUICE_CHAIN_VARIANTS"); only != "" {
+		re, err := regexp.Compile(only)
+		if err != nil {
+			b.Fatalf("SLUICE_CHAIN_VARIANTS: %v", err)
+		}
+		vs = slices.DeleteFunc(vs, func(v chainVariant) bool { return v.k != 0 && !re.MatchString(v.name) })
+	}
 	script := filepath.Join(b.TempDir(), "users.lua")
 	if err := os.WriteFile(script, []byte(`local i = 0
 request = function() i = i + 1; return wrk.format("GET", "/api/items", {["x-user-id"] = "user-" .. (i % `+
@@ -255,11 +357,19 @@ request = function() i = i + 1; return wrk.format("GET", "/api/items", {["x-user
 `), 0o600); err != nil {
 		b.Fatal(err)
 	}
+	cp, version := startChainControlPlane(b, vs)
 	rps := map[string][]float64{} // by variant, one per round
 	for range b.N {
 		for r := range rounds {
 			for _, v := range vs {
-				e, addrs := startChain(b, []chainVariant{v}, modules)
+				cpv := ""
+				if v.fleet {
+					cpv = cp
+				}
+				e, addrs := startChain(b, []chainVariant{v}, modules, cpv)
+				if v.fleet { // the filter has the published policy (its only one)
+					awaitStat(b, e.Admin, "sluice.policy_version", strconv.FormatUint(version, 10))
+				}
 				addr := addrs[0]
 				// Warm-up: every user's first request (a denying variant's
 				// one admitted request), the VMs' code and buffers.
