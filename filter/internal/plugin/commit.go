@@ -77,7 +77,7 @@ func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) o
 				proxywasm.LogDebug("sluice: rule " + rs.cr.ID + ": cost header missing a valid value, clamped or defaulted")
 			}
 		}
-		stateBytes += rs.layout.Limiter().StateSize()
+		stateBytes += rs.stateSize
 		s.evals = append(s.evals, ev)
 	}
 	if len(s.evals) == 0 {
@@ -123,9 +123,10 @@ func (p *pluginContext) readDecideLocal(ev *eval, now int64) bool {
 	rs := ev.rule
 	value, cas, err := proxywasm.GetSharedData(rs.keys[ev.bucket])
 	switch {
+	case err == nil:
 	case errors.Is(err, proxywasm.ErrNotFound):
 		value, cas = nil, casAbsent
-	case err != nil:
+	default:
 		proxywasm.LogDebug("sluice: reading " + rs.keys[ev.bucket] + ": " + err.Error())
 		return false
 	}
@@ -141,7 +142,7 @@ func (p *pluginContext) readDecideLocal(ev *eval, now int64) bool {
 	if ev.lim != nil {
 		lim, cost = ev.lim, ev.decideCost
 	}
-	next := p.s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
+	next := p.s.next[ev.nextOff : ev.nextOff+rs.stateSize] // lim's too (table.Layout.CommitAs)
 	ev.dec = lim.Decide(ev.slot.State, next, now, cost)
 	return true
 }
@@ -264,7 +265,7 @@ func (p *pluginContext) writeBucket(ev *eval, now int64) error {
 	if cap(s.bucket) < size {
 		s.bucket = make([]byte, size)
 	}
-	next := s.next[ev.nextOff : ev.nextOff+lim.StateSize()]
+	next := s.next[ev.nextOff : ev.nextOff+ev.rule.stateSize]
 	out := ev.rule.layout.CommitAs(lim, s.bucket[:0], ev.value, ev.slot, ev.hash, next, now)
 	return proxywasm.SetSharedData(ev.rule.keys[ev.bucket], out, ev.cas)
 }

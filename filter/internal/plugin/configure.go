@@ -112,6 +112,10 @@ type ruleState struct {
 	// policyVersion is the version of the policy the rule belongs to (the
 	// one statePrefix names).
 	policyVersion uint64
+	// stateSize is the rule's limiter state size in bytes
+	// (limit.Limiter.StateSize; a degraded fleet rule's local limiter has
+	// the same), read once.
+	stateSize int
 	// headers and headersOnAllow are the policy's response headers
 	// (response_headers, else the configuration's headers and
 	// headers_on_allow), kept with each rule so that a report carries them.
@@ -283,6 +287,7 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 		layout, _ := table.New(cr.Limiter, p.cfg.EntriesPerBucket) // checked by CheckPolicy
 		rs := &ps.rules[i]
 		rs.index, rs.cr, rs.layout = i, cr, layout
+		rs.stateSize = cr.Limiter.StateSize()
 		rs.keys = make([]string, p.cfg.BucketsPerRule)
 		prefix := bucketKeyPrefix(c.Name, cr.ID, layoutName)
 		for n := range rs.keys {

@@ -119,6 +119,9 @@ type Layout struct {
 	entrySize int
 	size      int
 	header    [headerSize]byte
+	// head0 and head1 are header as two little-endian words, compared
+	// with a bucket's without a call to the runtime's memequal.
+	head0, head1 uint64
 }
 
 // New returns the Layout of buckets of entries entries (1..MaxEntries) of l's state,
@@ -142,6 +145,7 @@ func New(l limit.Limiter, entries int) (*Layout, error) {
 	binary.LittleEndian.PutUint32(h[hFingerprint:], l.Fingerprint())
 	binary.LittleEndian.PutUint16(h[hEntries:], uint16(entries))
 	binary.LittleEndian.PutUint32(h[hStateSize:], uint32(t.stateSize))
+	t.head0, t.head1 = binary.LittleEndian.Uint64(h[0:8]), binary.LittleEndian.Uint64(h[8:16])
 	return t, nil
 }
 
@@ -222,7 +226,7 @@ func (t *Layout) check(b []byte) Status {
 	if ss > MaxBucketSize || len(b) != headerSize+(n+1)*(entryHead+ss) {
 		return Corrupt
 	}
-	if [headerSize]byte(b[:headerSize]) != t.header {
+	if binary.LittleEndian.Uint64(b[0:8]) != t.head0 || binary.LittleEndian.Uint64(b[8:16]) != t.head1 {
 		return Stale
 	}
 	return OK
