@@ -193,18 +193,25 @@ func (t *tat) Idle(state []byte, now int64) bool {
 
 // IdleAt returns when the bucket is full again: now + ceil(D/L), or the stored TAT
 // (rounded up) when it is deeper than the deepest debt.
+//
+// With a debt D = (tat−now)·L + frac (frac < L), ceil(D/L) = tat−now, plus one
+// if frac > 0: so a state the limiter believes is idle at its TAT rounded up,
+// with no division (clamping a deeper debt changes nothing: the stored TAT is
+// later than the clamped one), and a state it reads as fresh at now.
 func (t *tat) IdleAt(state []byte, now int64) int64 {
 	now = clampNow(now)
-	hi, lo, over := t.debt(state, now)
-	idle := addSat(now, ceilDiv128(hi, lo, t.limit))
-	if over { // the stored TAT, beyond the clamped debt
-		at := int64(ld64(state, tatAt))
-		if ld64(state, tatFrac) != 0 {
-			at++
-		}
-		idle = max(idle, at)
+	if len(state) != tatSize {
+		return now
 	}
-	return idle
+	at := int64(ld64(state, tatAt))
+	frac := ld64(state, tatFrac)
+	if frac >= t.limit || at < now || uint64(at-now) > t.maxAhead {
+		return now // fresh, or not this limiter's state (debt reads it as 0)
+	}
+	if frac != 0 {
+		return addSat(at, 1)
+	}
+	return at
 }
 
 // tatSkew is how far beyond the deepest debt a stored TAT is still believed (and

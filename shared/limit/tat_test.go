@@ -189,3 +189,52 @@ func TestTATAdjust(t *testing.T) {
 		t.Fatalf("after refund: %+v", d)
 	}
 }
+
+// TestTATIdleAtIsWhenTheDebtIsPaid: IdleAt, computed from the stored TAT
+// without a division, is now + ceil(D/L) for the debt D the limiter reads
+// (or the stored TAT rounded up when that is deeper than the deepest debt),
+// for states the limiter wrote, states from the future and garbage alike.
+func TestTATIdleAtIsWhenTheDebtIsPaid(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, c := range []Config{
+		{Algorithm: TokenBucket, Limit: 5, Window: 15 * sec},
+		{Algorithm: TokenBucket, Limit: 1000000007, Window: 3 * sec, Burst: 9},
+		{Algorithm: GCRA, Limit: 7, Window: time.Hour, Burst: 3},
+	} {
+		tl := newTAT(c)
+		want := func(state []byte, now int64) int64 { // the definition, with the division
+			now = clampNow(now)
+			hi, lo, over := tl.debt(state, now)
+			idle := addSat(now, ceilDiv128(hi, lo, tl.limit))
+			if over {
+				at := int64(ld64(state, tatAt))
+				if ld64(state, tatFrac) != 0 {
+					at++
+				}
+				idle = max(idle, at)
+			}
+			return idle
+		}
+		now := int64(1_800_000_000_000_000_000)
+		state := make([]byte, tatSize)
+		for i := range 20000 {
+			switch i % 3 {
+			case 0: // what Decide writes
+				next := make([]byte, tatSize)
+				tl.Decide(state, next, now, 1+r.Uint64N(3))
+				copy(state, next)
+			case 1: // a TAT around now, up to beyond the deepest debt
+				st64(state, tatAt, uint64(now+r.Int64N(int64(tl.maxAhead)*2+2)-int64(tl.maxAhead)/2))
+				st64(state, tatFrac, r.Uint64N(tl.limit+2))
+			default: // garbage
+				st64(state, tatAt, r.Uint64())
+				st64(state, tatFrac, r.Uint64())
+			}
+			at := now + r.Int64N(int64(2*sec)) - int64(sec)
+			if got, w := tl.IdleAt(state, at), want(state, at); got != w {
+				t.Fatalf("%v: IdleAt(tat %d frac %d, now %d) = %d, want %d", c, int64(ld64(state, tatAt)), ld64(state, tatFrac), at, got, w)
+			}
+			now += r.Int64N(int64(sec) / 10)
+		}
+	}
+}
