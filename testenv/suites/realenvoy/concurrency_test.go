@@ -46,7 +46,13 @@ func TestAConcurrencySlotIsFreedWhenItsStreamEnds(t *testing.T) {
 			slow := 0
 			go func() {
 				defer wg.Done()
-				slow = p.do(t, "GET", "/slow?delay=3000", "X-User-Id", user).status
+				// A probe holds the slot while it runs, so the slow request
+				// may be refused on its first tries: it retries until admitted.
+				for try := 0; try < 50; try++ {
+					if slow = p.do(t, "GET", "/slow?delay=3000", "X-User-Id", user).status; slow != http.StatusServiceUnavailable {
+						return
+					}
+				}
 			}()
 			n := 0
 			if !proctest.WaitFor(10*time.Second, func() bool {
