@@ -241,36 +241,47 @@ func (b *bucket) toReturn() uint64 {
 	return b.settled - spent
 }
 
-// credit is an assignment sent, as coverage: its units no report spent yet.
+// credit is an assignment sent, as coverage: its units no report spent yet,
+// counted twice, for the two uses that err in opposite directions.
 type credit struct {
-	units, left uint64
-	at, ttl     int64 // as sent's
+	units uint64
+	// left is what it can still cover of reported use (cover): spent oldest
+	// assignment first, so that it is never short for use a grant paid for.
+	left uint64
+	// held is what the Envoy may at most still hold of it (keep): every unit
+	// reported since it was sent is taken from it, whichever assignment admitted
+	// it, so that a grant is never withheld for units the Envoy no longer holds.
+	held    uint64
+	at, ttl int64 // as sent's
 }
 
 // cover spends a report's allowed units from the assignments that may have
-// admitted them and adds what none covers to owed. An assignment sent at s with
-// TTL t, followed by another sent at s', is dead by min(s+t, s') plus margin at
-// the Envoy; a report that arrives after that plus margin was sent after it died
-// (settle's rule), so it can cover no later report, and it is dropped with its
-// units left: units granted and then returned, or forfeited when their window
-// ended, are never coverage for later use, as the lifetime totals made them.
-// But a report counts what the Envoy admitted since its previous report
-// (b.lastReport, not yet moved to now), so an assignment that died since then
-// may have admitted some of this report's units while it lived: it covers what
-// the live assignments (spent first, oldest first, as keep reads them) do not.
+// admitted them and adds what none covers to owed. A report counts what the
+// Envoy admitted since its previous report (b.lastReport, not yet moved to now),
+// so every assignment alive at some moment since then may have: those still live,
+// and those that died since. An assignment sent at s with TTL t, followed by
+// another sent at s', is dead by min(s+t, s') plus margin at the Envoy; a report
+// that arrives after that plus margin was sent after it died (settle's rule), so
+// it can cover no later report, and it is dropped after this one with its units
+// left: units granted and then returned, or forfeited when their window ended,
+// are never coverage for later use. They are spent oldest first: an assignment
+// replaced between two reports may have admitted all of the report (a late
+// replacement), and spending the new one for it would leave the new one short
+// for what it admits next, which would then be charged although its grant
+// counted it already. Each report is also taken whole from what the live
+// assignment may still hold (credit.held, keep).
 func (b *bucket) cover(now int64, allowed uint64, margin time.Duration) {
+	if n := len(b.credits); n > 0 {
+		last := &b.credits[n-1]
+		last.held -= min(last.held, allowed)
+	}
 	dead := 0
 	for i := range b.credits {
-		if now < diesAt(b.credits, i)+2*int64(margin) {
-			break
+		dies := diesAt(b.credits, i) + 2*int64(margin)
+		if now >= dies {
+			dead = i + 1
 		}
-		dead++
-	}
-	for i := dead; i < len(b.credits); i++ {
-		allowed = b.credits[i].spend(allowed)
-	}
-	for i := 0; i < dead; i++ {
-		if diesAt(b.credits, i)+2*int64(margin) > b.lastReport {
+		if now < dies || dies > b.lastReport {
 			allowed = b.credits[i].spend(allowed)
 		}
 	}
@@ -286,15 +297,15 @@ func (c *credit) spend(units uint64) uint64 {
 	return units - take
 }
 
-// keep is the units of the live token bucket no report has spent yet: the last
-// assignment sent, while it lives (0 when it ended, was a DENY_ALL, or none was
-// sent). A grant of no more than that would replace it for nothing
-// (quota.Assignment.Keep).
+// keep is the units the live token bucket may still hold: the last assignment
+// sent, while it lives, less every unit reported since it was sent (0 when it
+// ended, was a DENY_ALL, or none was sent). A grant of no more than that would
+// replace it for nothing (quota.Assignment.Keep).
 func (b *bucket) keep(now int64) uint64 {
 	if len(b.credits) == 0 || b.tbUntil <= now {
 		return 0
 	}
-	return b.credits[len(b.credits)-1].left
+	return b.credits[len(b.credits)-1].held
 }
 
 // toCharge is the units reported allowed that no live assignment covered and

@@ -118,3 +118,46 @@ func TestUnitsSpentBeforeAnAssignmentEndedAreNotChargedWhenReportedAfterIt(t *te
 		t.Fatalf("a unit the assignment admitted while it lived was charged again: %v → %v", base, got)
 	}
 }
+
+// TestAReportStraddlingAReplacementIsChargedOnce: a report counts what the
+// Envoy admitted since its previous one, so when a grant replaced the last one
+// between two reports (a slow store round sent it late), that report's units
+// were admitted by the old assignment, or by the new, or both. Spending them from
+// the new one first would leave the new one short for what it admits next, and
+// that would be charged although its grant counted it already. The assignments
+// that can no longer cover later reports are spent first, oldest first.
+func TestAReportStraddlingAReplacementIsChargedOnce(t *testing.T) {
+	const s = int64(time.Second)
+	margin := DefaultMargin
+	b := &bucket{}
+	b.report(1*s, 0, margin)
+	b.lastReport = 1 * s
+	b.credits = append(b.credits, credit{units: 10, left: 10, held: 10, at: 1 * s, ttl: 6 * s})
+	// Replaced at 4 s: the old one admitted 10 before that, reported at 5 s.
+	b.credits = append(b.credits, credit{units: 10, left: 10, held: 10, at: 4 * s, ttl: 6 * s})
+	b.report(5*s, 10, margin)
+	b.lastReport = 5 * s
+	// The new one admits its 10 by 9.5 s, reported then.
+	b.report(9*s+s/2, 10, margin)
+	if b.toCharge() != 0 {
+		t.Fatalf("%d units charged: every unit reported was granted, and counted, once", b.toCharge())
+	}
+}
+
+// TestAGrantIsNotWithheldForUnitsAReportSpent: what a live token bucket still
+// holds (keep, which withholds a grant no larger) is never more than its units
+// less everything reported since it was sent, whichever assignment admitted
+// them: a grant withheld for units the Envoy no longer holds leaves it denied.
+func TestAGrantIsNotWithheldForUnitsAReportSpent(t *testing.T) {
+	const s = int64(time.Second)
+	margin := DefaultMargin
+	b := &bucket{}
+	b.lastReport = 1 * s
+	b.credits = append(b.credits, credit{units: 10, left: 10, held: 10, at: 1 * s, ttl: 6 * s})
+	b.credits = append(b.credits, credit{units: 10, left: 10, held: 10, at: 4 * s, ttl: 6 * s})
+	b.tbUntil = 10 * s
+	b.report(5*s, 10, margin)
+	if got := b.keep(5 * s); got != 0 {
+		t.Fatalf("keep = %d after a report of 10 since the live assignment of 10 was sent: want 0", got)
+	}
+}

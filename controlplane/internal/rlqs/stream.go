@@ -337,7 +337,7 @@ func (r *round) apply(ctx context.Context) {
 			units, bb := res.Granted, b
 			r.after = append(r.after, func(at int64) {
 				bb.pending = append(bb.pending, sent{units: units, at: at, ttl: int64(ttl)})
-				bb.credits = append(bb.credits, credit{units: units, left: units, at: at, ttl: int64(ttl)})
+				bb.credits = append(bb.credits, credit{units: units, left: units, held: units, at: at, ttl: int64(ttl)})
 				bb.tbUntil = at + int64(ttl)
 			})
 			continue
