@@ -258,7 +258,7 @@ func (f *fleetLimiter) share(d *decision) uint64 {
 	}
 	if f.alg == limit.FixedWindow {
 		n := others + 1
-		fairW := (lim + n - 1) / n
+		fairW := max(lim/n, 1)
 		got := min(me.granted, fairW)
 		if me.tag != tag {
 			got = 0
@@ -492,6 +492,9 @@ func (f *fleetLimiter) size(d *decision) uint64 {
 	if !dec.Allowed && dec.Remaining > 0 {
 		want = min(want, dec.Remaining)
 		fit()
+		if ao != nil && want <= ao.keep {
+			want = 0 // what is left would replace no more than the live assignment holds
+		}
 		dec = f.lim.Decide(d.cur, d.tmp, now, want)
 	}
 	if dec.Allowed {

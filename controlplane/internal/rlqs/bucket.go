@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 	"github.com/sluice-proxy/sluice/shared/limit"
 	sq "github.com/sluice-proxy/sluice/shared/quota"
@@ -126,6 +128,14 @@ type bucket struct {
 	interval   time.Duration // the report interval, estimated (observe)
 	tbUntil    int64         // the live token bucket's end (sent.at + ttl), 0 if none
 	nanos      int32         // fill_interval.nanos of the last token bucket sent
+
+	// Follow-ups (docs/rlqs.md, "Between reports"): the bucket's id as last
+	// reported, kept when it is at most maxFollowUpID bytes (nil otherwise: no
+	// follow-ups); when the next one is due (Unix ns, 0 for none); and what the
+	// last report asked for.
+	id   *rlqsv3.BucketId
+	due  int64
+	want uint64
 }
 
 // report takes a usage report at now: it adds allowed to the counts and settles
@@ -298,14 +308,22 @@ func (c *credit) spend(units uint64) uint64 {
 }
 
 // keep is the units the live token bucket may still hold: the last assignment
-// sent, while it lives, less every unit reported since it was sent (0 when it
-// ended, was a DENY_ALL, or none was sent). A grant of no more than that would
-// replace it for nothing (quota.Assignment.Keep).
+// sent, while it lives, less what it may have admitted since it was sent (0 when
+// it ended, was a DENY_ALL, or none was sent). That is every unit reported since
+// it was sent, whichever assignment admitted them, but no more than the requests
+// the bucket's pace brings in the time since: a report that straddles the
+// assignment's start counts the old one's too. A grant of no more
+// than that would replace it for nothing (quota.Assignment.Keep).
 func (b *bucket) keep(now int64) uint64 {
 	if len(b.credits) == 0 || b.tbUntil <= now {
 		return 0
 	}
-	return b.credits[len(b.credits)-1].held
+	c := b.credits[len(b.credits)-1]
+	spent := c.units - c.held
+	if b.pace > 0 && now > c.at {
+		spent = min(spent, uint64(time.Duration(now-c.at)/b.pace))
+	}
+	return c.units - spent
 }
 
 // toCharge is the units reported allowed that no live assignment covered and

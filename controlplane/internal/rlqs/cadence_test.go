@@ -34,85 +34,137 @@ func (s *sim) runOffered(d, w time.Duration, offered int, phase []time.Duration,
 }
 
 // TestAdmittedPerWindowAtEnvoysCadence: Envoys reporting every 5 s, as Envoy's
-// quota filter does, or every second, offered twice the limit, never admit more
-// than the limit in a window, and every full window after the first admits at
-// least 95 % of it. 5 s windows are reported, not asserted beyond the limit: a
-// 5 s report reaches a 5 s window once (docs/rlqs.md, "At Envoy's cadence").
+// quota filter does, or every second, offered twice the limit, at any report
+// phase, never admit more than the limit in a window, and every full window
+// after the first admits at least 95 % of it (10 s and 1 min windows) or, once
+// every bucket's report interval is known (5 s windows: after the first two),
+// at least 90 %, with no Envoy admitted nothing in two windows in a row. A 5 s
+// window sees one report of each Envoy's; the server's follow-ups serve it
+// between reports (docs/rlqs.md, "Between reports").
 func TestAdmittedPerWindowAtEnvoysCadence(t *testing.T) {
 	for _, w := range []struct {
-		rule     string
-		window   time.Duration
-		asserted bool
+		rule   string
+		window time.Duration
+		least  int // admitted in every full window past the first skip, of 100
+		skip   int
 	}{
-		{"w10", 10 * time.Second, true},
+		{"w10", 10 * time.Second, 95, 1},
 		// on_quota_failure "local", the default: units admitted without an
 		// assignment are charged, and units an assignment admitted never are.
-		{"w10local", 10 * time.Second, true},
-		{"w60", time.Minute, true},
-		{"w5", 5 * time.Second, false},
+		{"w10local", 10 * time.Second, 95, 1},
+		{"w60", time.Minute, 95, 1},
+		{"w5", 5 * time.Second, 90, 2},
 	} {
 		for _, n := range []int{4, 32} {
 			for _, every := range []time.Duration{5 * time.Second, time.Second} {
-				for _, layout := range []string{"spread", "aligned"} {
+				for _, layout := range []string{"spread", "aligned", "late"} {
 					s := newSimEvery(t, n, 20*time.Millisecond, w.rule, every)
 					phase := make([]time.Duration, n)
 					for i := range phase {
-						if layout == "spread" {
+						switch layout {
+						case "spread":
 							phase[i] = every * time.Duration(i) / time.Duration(n)
+						case "late": // every report in the last moments of a window
+							phase[i] = min(every, w.window) - 300*time.Millisecond
 						}
 					}
 					id := map[string]string{"policy": "p", "rule": w.rule, "user": "hot"}
-					s.runOffered(6*w.window+2*every, w.window, 200, phase, id)
+					s.runOffered(8*w.window+2*every, w.window, 200, phase, id)
 					ws := s.perWindow(w.window, s.unix())
 					for i, got := range ws {
 						if got > 100 {
 							t.Errorf("%s N=%d every %v %s: window %d admitted %d > 100", w.rule, n, every, layout, i, got)
 						}
 					}
-					if full := slices.Min(ws[1:]); w.asserted && full < 95 {
-						t.Errorf("%s N=%d every %v %s: full windows admitted %v of 100: want at least 95 in every one", w.rule, n, every, layout, ws[1:])
+					if full := slices.Min(ws[w.skip:]); full < w.least {
+						t.Errorf("%s N=%d every %v %s: full windows admitted %v of 100: want at least %d in every one past the first %d", w.rule, n, every, layout, ws, w.least, w.skip)
 					}
-					t.Logf("%s N=%d reports every %v, phases %s: admitted per window %v (limit 100, offered 200); fewest by one Envoy %v",
-						w.rule, n, every, layout, ws, s.fewestPerWindow(w.window, s.unix()))
+					starved := s.starvedWindows(w.window, s.unix(), w.skip)
+					if n*w.least/100 <= 100/2 && starved > 1 {
+						// (With more Envoys than half the limit some get nothing in
+						// a window by arithmetic; they are not held to it.)
+						t.Errorf("%s N=%d every %v %s: an Envoy admitted nothing in %d windows in a row", w.rule, n, every, layout, starved)
+					}
+					t.Logf("%s N=%d reports every %v, phases %s: admitted per window %v (limit 100, offered 200); fewest by one Envoy %v; most windows in a row one Envoy got none: %d",
+						w.rule, n, every, layout, ws, s.fewestPerWindow(w.window, s.unix()), starved)
 				}
 			}
 		}
 	}
 }
 
-// TestATokenBucketAtEnvoysCadenceNeverPassesItsBound: Envoys reporting every
-// 5 s, as Envoy's quota filter does, offered twice a token bucket's rate (10 a
-// second, burst 50) on one key, at any report phase, never admit more than the
-// bucket's capacity plus its refill over any span. The rate they reach is
-// reported, not asserted: a lease lasts at most V = k·window/limit (2.5 s here,
-// docs/fleet.md), shorter than Envoy's report interval, so an Envoy's assignment
-// ends before its next report and what the global bucket refills past C−k
-// meanwhile is lost (docs/rlqs.md, "Token buckets at Envoy's cadence").
-func TestATokenBucketAtEnvoysCadenceNeverPassesItsBound(t *testing.T) {
+// starvedWindows is the most full windows of w in a row, past the first skip, in
+// which one Envoy (by runOffered's record) admitted nothing.
+func (s *sim) starvedWindows(w time.Duration, until int64, skip int) int {
+	var per [][]int
+	for start := s.base; start+int64(w) <= until; start += int64(w) {
+		c := make([]int, len(s.envoys))
+		for k, at := range s.admitted {
+			if at >= start && at < start+int64(w) {
+				c[s.by[k]]++
+			}
+		}
+		per = append(per, c)
+	}
+	most := 0
+	for e := range s.envoys {
+		run := 0
+		for _, c := range per[min(skip, len(per)):] {
+			if c[e] == 0 {
+				run++
+				most = max(most, run)
+			} else {
+				run = 0
+			}
+		}
+	}
+	return most
+}
+
+// TestATokenBucketAtEnvoysCadenceReachesItsRateAndNeverPassesItsBound: Envoys
+// reporting every 5 s, as Envoy's quota filter does, offered twice a token
+// bucket's rate (10 a second, burst 50) on one key, at any report phase, never
+// admit more than the bucket's capacity plus its refill over any span, and,
+// once every bucket's report interval is known (its second report), admit at
+// least 95 % of the rate. A lease lasts at most V = k·window/limit (2.5 s here,
+// docs/fleet.md), shorter than Envoy's report interval: each assignment dies
+// before the Envoy's next report, and only the server's follow-ups between
+// reports keep its Envoy served (docs/rlqs.md, "Between reports").
+func TestATokenBucketAtEnvoysCadenceReachesItsRateAndNeverPassesItsBound(t *testing.T) {
 	const rate, burst = 10, 50
 	for _, n := range []int{4, 32} {
-		for _, layout := range []string{"spread", "aligned"} {
+		for _, layout := range []string{"spread", "aligned", "two"} {
 			every := 5 * time.Second
 			s := newSimEvery(t, n, 20*time.Millisecond, "tb10", every)
 			phase := make([]time.Duration, n)
 			for i := range phase {
-				if layout == "spread" {
+				switch layout {
+				case "spread":
 					phase[i] = every * time.Duration(i) / time.Duration(n)
+				case "two":
+					phase[i] = every / 2 * time.Duration(i%2)
 				}
 			}
 			id := map[string]string{"policy": "p", "rule": "tb10", "user": "hot"}
-			const run = 120 * time.Second
+			const run, warm = 120 * time.Second, 10 * time.Second
+			from := s.unix() + int64(warm)
 			s.runOffered(run, time.Second, 2*rate, phase, id)
 			for _, span := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second} {
 				if got, most := maxIn(append([]int64(nil), s.admitted...), span), burst+int(rate*span/time.Second); got > most {
 					t.Errorf("N=%d %s: %d admitted in %v, over the bound %d", n, layout, got, span, most)
 				}
 			}
-			// The rate over the run, the first burst left out.
-			got := float64(len(s.admitted)-burst) / run.Seconds()
-			t.Logf("N=%d reports every %v, phases %s: %.1f a second of %d (%.0f %%)", n, every, layout, got, rate, 100*got/rate)
-			if got <= 0 {
-				t.Errorf("N=%d %s: nothing admitted past the first burst", n, layout)
+			// The rate past the first two report intervals.
+			warmed := 0
+			for _, at := range s.admitted {
+				if at >= from {
+					warmed++
+				}
+			}
+			got := float64(warmed) / (run - warm).Seconds()
+			t.Logf("N=%d reports every %v, phases %s: %.2f a second of %d (%.1f %%)", n, every, layout, got, rate, 100*got/rate)
+			if got < 0.95*rate {
+				t.Errorf("N=%d %s: %.2f a second admitted, offered twice the rate of %d: want at least 95 %% of it", n, layout, got, rate)
 			}
 		}
 	}

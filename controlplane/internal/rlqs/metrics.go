@@ -19,11 +19,13 @@ import "github.com/prometheus/client_golang/prometheus"
 //	                                                   bucket could admit, clamped to that (bucket.admittable)
 //	sluice_controlplane_rlqs_unavailable_total         reports left unanswered because the quota
 //	                                                   store failed
+//	sluice_controlplane_rlqs_follow_ups_total          buckets asked for without a report: an assignment
+//	                                                   pushed before the last one dies (stream.followUps)
 //	sluice_controlplane_rlqs_report_duration_seconds   report received → response sent (histogram)
 type metrics struct {
 	streams, buckets                       prometheus.Gauge
 	refused, reports, invalid, unavailable prometheus.Counter
-	charged, clamped                       prometheus.Counter
+	charged, clamped, followUps            prometheus.Counter
 	actions, abandoned                     *prometheus.CounterVec
 	duration                               prometheus.Histogram
 }
@@ -46,6 +48,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Units Envoys reported allowed beyond every assignment (admitted by a fail-open behaviour), taken from the budget."}),
 		clamped: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_reports_clamped_total",
 			Help: "RLQS bucket usages reporting more requests allowed than the bucket's assignment (or one window of a fail-open rule) could admit, clamped to that."}),
+		followUps: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_follow_ups_total",
+			Help: "RLQS buckets asked for without a report: the next assignment pushed before the last one dies, while the bucket has requests."}),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_actions_total",
 			Help: "Bucket actions decided: token_bucket, deny_all, allow_all (exempt), abandon, none (the Envoy keeps its assignment)."}, []string{"action"}),
 		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rlqs_abandoned_total",
@@ -55,7 +59,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.buckets, m.refused, m.reports, m.invalid, m.unavailable, m.charged, m.clamped, m.actions, m.abandoned, m.duration)
+		reg.MustRegister(m.streams, m.buckets, m.refused, m.reports, m.invalid, m.unavailable, m.charged, m.clamped, m.followUps, m.actions, m.abandoned, m.duration)
 	}
 	return m
 }

@@ -238,6 +238,13 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 	defer func() { s.streams.Add(-1); s.m.streams.Dec() }()
 	ss := s.newStream(owner)
 	defer ss.close()
+	// Follow-ups run beside the reports, on their own goroutine: mu orders the
+	// two over the stream's state and its sends, and the stream's end waits for it.
+	ctx, cancel := context.WithCancel(st.Context())
+	wake := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.followUpLoop(ctx, ss, st, wake) }()
+	defer func() { cancel(); <-done }()
 	for {
 		msg, err := st.Recv()
 		if err != nil {
@@ -245,6 +252,12 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 				return nil
 			}
 			return err
+		}
+		select {
+		case err := <-done:
+			done <- err // for the deferred wait
+			return err
+		default:
 		}
 		start := time.Now()
 		// Not msg.ValidateAll: Envoy sends time_elapsed in whole seconds, 0 for a new
@@ -255,21 +268,74 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 			return status.Error(codes.InvalidArgument, "invalid usage report: no domain")
 		}
 		s.m.reports.Inc()
-		resp, after := ss.handle(st.Context(), msg)
-		if len(resp.BucketAction) > 0 {
-			if err := resp.ValidateAll(); err != nil {
-				s.log.Error("rlqs: built an invalid response", "err", err)
-				return status.Error(codes.Internal, "the server built an invalid response")
-			}
-			if err := st.Send(resp); err != nil {
-				return err
-			}
+		ss.mu.Lock()
+		err = s.answer(st, ss, func() (*rlqsv3.RateLimitQuotaResponse, []func(int64)) { return ss.handle(st.Context(), msg) })
+		ss.mu.Unlock()
+		if err != nil {
+			return err
 		}
-		at := s.o.Now()
-		for _, f := range after {
-			f(at)
+		select {
+		case wake <- struct{}{}:
+		default:
 		}
 		s.m.duration.Observe(time.Since(start).Seconds())
+	}
+}
+
+// answer runs one round of ss (a report's or the follow-ups'), sends its
+// response if it has actions, and records what was sent at the time after the
+// send. The caller holds ss.mu.
+func (s *Server) answer(st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer, ss *stream, round func() (*rlqsv3.RateLimitQuotaResponse, []func(int64))) error {
+	resp, after := round()
+	if len(resp.BucketAction) > 0 {
+		if err := resp.ValidateAll(); err != nil {
+			s.log.Error("rlqs: built an invalid response", "err", err)
+			return status.Error(codes.Internal, "the server built an invalid response")
+		}
+		if err := st.Send(resp); err != nil {
+			return err
+		}
+	}
+	at := s.o.Now()
+	for _, f := range after {
+		f(at)
+	}
+	return nil
+}
+
+// followUpTick is the shortest wait between two rounds of a stream's
+// follow-ups: those due within it are answered together, so a stream of many
+// buckets scans them at most this often.
+const followUpTick = 100 * time.Millisecond
+
+// followUpLoop answers ss's follow-ups when they fall due (stream.followUps),
+// until ctx ends or a send fails; wake says a report's answer may have moved the
+// next one.
+func (s *Server) followUpLoop(ctx context.Context, ss *stream, st rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer, wake <-chan struct{}) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		ss.mu.Lock()
+		next := ss.nextFollowUp()
+		ss.mu.Unlock()
+		wait := time.Hour
+		if next > 0 {
+			wait = max(time.Duration(next-s.o.Now()), followUpTick)
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+			continue
+		case <-timer.C:
+		}
+		ss.mu.Lock()
+		err := s.answer(st, ss, func() (*rlqsv3.RateLimitQuotaResponse, []func(int64)) { return ss.followUps(ctx) })
+		ss.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 }
 

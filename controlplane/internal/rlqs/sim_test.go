@@ -111,20 +111,36 @@ func newSimEvery(t *testing.T, n int, delay time.Duration, rule string, reportEv
 	for range n {
 		ss := s.srv.newStream("")
 		var c *rlqsclient.Client
+		var scheduled int64 // when the stream's next follow-up is scheduled, 0 if none
+		// answer runs one of the server's rounds and delivers its response, then
+		// schedules the stream's next follow-up, as the stream's goroutine does.
+		var answer func(round func() (*rlqsv3.RateLimitQuotaResponse, []func(int64)))
+		answer = func(round func() (*rlqsv3.RateLimitQuotaResponse, []func(int64))) {
+			resp, after := round()
+			if err := resp.ValidateAll(); len(resp.BucketAction) > 0 && err != nil {
+				t.Errorf("invalid response: %v", err) // an empty one is never sent
+			}
+			at := s.unix()
+			for _, f := range after {
+				f(at)
+			}
+			if len(resp.BucketAction) > 0 {
+				s.clk.AfterFunc(delay, func() { c.Apply(resp) })
+			}
+			if due := ss.nextFollowUp(); due > 0 && (scheduled == 0 || due < scheduled) {
+				scheduled = due
+				s.clk.AfterFunc(time.Duration(max(due-s.unix(), 0)), func() {
+					if scheduled == due {
+						scheduled = 0
+					}
+					answer(func() (*rlqsv3.RateLimitQuotaResponse, []func(int64)) { return ss.followUps(context.Background()) })
+				})
+			}
+		}
 		c = rlqsclient.New(nil, s.clk, rlqsclient.Config{Domain: simEnv, Settings: settings, ReportEvery: reportEvery,
 			Loopback: func(r *rlqsv3.RateLimitQuotaUsageReports) {
 				s.clk.AfterFunc(delay, func() {
-					resp, after := ss.handle(context.Background(), r)
-					if err := resp.ValidateAll(); len(resp.BucketAction) > 0 && err != nil {
-						t.Errorf("invalid response: %v", err) // an empty one is never sent
-					}
-					at := s.unix()
-					for _, f := range after {
-						f(at)
-					}
-					if len(resp.BucketAction) > 0 {
-						s.clk.AfterFunc(delay, func() { c.Apply(resp) })
-					}
+					answer(func() (*rlqsv3.RateLimitQuotaResponse, []func(int64)) { return ss.handle(context.Background(), r) })
 				})
 			}})
 		s.envoys = append(s.envoys, c)

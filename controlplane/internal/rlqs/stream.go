@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	mrand "math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	"github.com/sluice-proxy/sluice/shared/limit"
 	sq "github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
@@ -27,8 +29,10 @@ func (s *Server) newStream(owner string) *stream {
 	return &stream{s: s, owner: owner, entry: quota.EntryName(owner, "rlqs:"+hex.EncodeToString(id[:])), buckets: make(map[bucketID]*bucket)}
 }
 
-// stream is one RLQS stream's state; only its own goroutine uses it.
+// stream is one RLQS stream's state, used by its report loop and its follow-ups
+// (Server.followUpLoop) under mu.
 type stream struct {
+	mu      sync.Mutex
 	s       *Server
 	owner   string
 	entry   string // its ledger entries' name
@@ -121,6 +125,8 @@ type round struct {
 	// tooMany counts the buckets abandoned this round because a bound was full,
 	// logged once per report.
 	tooMany map[string]int
+	// followUp is set for a round of follow-ups (no report).
+	followUp bool
 }
 
 // abandonAction is an AbandonAction for bucket id: Envoy erases the bucket.
@@ -253,6 +259,11 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 		return
 	}
 	interval := b.observe(now)
+	b.due = 0 // this report's answer schedules the next follow-up, if any
+	b.id = nil
+	if idBytes(u.BucketId) <= maxFollowUpID {
+		b.id = u.BucketId
+	}
 	var want uint64
 	if d := allowed + denied; d > 0 {
 		// What the last report interval asked for (denied requests are demand too)
@@ -262,6 +273,7 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 		need := d + 1
 		want = need + need*uint64(ttlSeconds(interval)+1)/uint64(refillPeriod/time.Second)
 	}
+	b.want = want
 	ret := b.toReturn()
 	var charge uint64
 	if fr.Rule.Rule.QuotaFailure() != rules.QuotaFailureDeny {
@@ -270,14 +282,22 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 	if want == 0 && ret == 0 && charge == 0 && b.unrecordedUsed == 0 {
 		return
 	}
+	r.ask(b, u.BucketId, quota.Assignment{Return: ret, Charge: charge, Want: want, Interval: interval, Keep: b.keep(now)})
+}
+
+// ask queues the quota service ask a for bucket b (whose id is id), the fields
+// every ask of the bucket shares filled in.
+func (r *round) ask(b *bucket, id *rlqsv3.BucketId, a quota.Assignment) {
 	ss := r.ss
-	fit := func(units uint64, life time.Duration) uint64 {
+	a.Rule, a.Key, a.Entry, a.Owner, a.Used = b.rule, b.key, ss.entry, ss.owner, b.unrecordedUsed
+	a.MinLife = time.Second + ss.s.o.Margin
+	a.Fit = func(units uint64, life time.Duration) uint64 {
 		ttl := ss.grantTTL(b, life)
 		if ttl < time.Second {
 			return 0
 		}
 		m := tokensFor(units, ttl)
-		if rest := life - s.o.Margin; b.pace > 0 && rest-ttl < time.Second && rest >= b.interval {
+		if rest := life - ss.s.o.Margin; b.pace > 0 && rest-ttl < time.Second && rest >= b.interval {
 			// The bucket's last grant before the lease ends (its TTL runs to the
 			// end, short of it by what Envoy's whole seconds cannot reach), made
 			// while others still report in the lease: no more tokens than the
@@ -285,13 +305,17 @@ func (r *round) account(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, k
 			// not spend stays with the key for them.
 			m = min(m, max(1, uint64(ttl/b.pace)))
 		}
+		if b.pace > 0 && paced(b.rule) && ss.followed(b, ttl) {
+			// A token bucket followed up before it ends: no more tokens than the
+			// requests until then and one, so that what the follow-up replaces
+			// unspent, which comes back only once it settles, stays small.
+			m = min(m, 1+uint64(ss.followAfter(ttl)/b.pace))
+		}
 		return reserved(m, uint64((ttl+time.Second)/time.Second), uint64(refillPeriod/time.Second))
 	}
-	r.asks = append(r.asks, quota.Assignment{Rule: fr, Key: b.key, Entry: r.ss.entry, Owner: r.ss.owner,
-		Used: b.unrecordedUsed, Return: ret, Charge: charge, Want: want, Interval: interval, MinLife: time.Second + s.o.Margin, Fit: fit,
-		Keep: b.keep(now)})
+	r.asks = append(r.asks, a)
 	r.askFor = append(r.askFor, b)
-	r.idFor = append(r.idFor, u.BucketId)
+	r.idFor = append(r.idFor, id)
 }
 
 // apply asks the quota service for the round's asks at once and turns each
@@ -339,11 +363,19 @@ func (r *round) apply(ctx context.Context) {
 				bb.pending = append(bb.pending, sent{units: units, at: at, ttl: int64(ttl)})
 				bb.credits = append(bb.credits, credit{units: units, left: units, held: units, at: at, ttl: int64(ttl)})
 				bb.tbUntil = at + int64(ttl)
+				ss.followLive(bb, at, 0)
 			})
 			continue
 		}
 		if a.Want == 0 {
 			continue // a report only
+		}
+		ss.followLive(b, now, res.RetryAfter)
+		if b.tbUntil > now && (r.followUp || b.due != 0) {
+			// Nothing granted now, more later: the live token bucket is left alone
+			// (its units were paid for) until the follow-up.
+			s.m.actions.WithLabelValues("none").Inc()
+			continue
 		}
 		if a.Keep > 0 {
 			// Its live token bucket still holds units: a grant no larger would only
@@ -369,6 +401,145 @@ func (r *round) apply(ctx context.Context) {
 			bb.tbUntil = 0
 		})
 	}
+}
+
+// maxFollowUpID is the largest bucket id (its names' and values' bytes) a stream
+// keeps to follow its bucket up; a bucket of a larger id is answered only when
+// it reports, so what a stream keeps per bucket stays bounded whatever its ids.
+const maxFollowUpID = 1024
+
+// idBytes is the bytes of id's names and values.
+func idBytes(id *rlqsv3.BucketId) int {
+	n := 0
+	for k, v := range id.GetBucket() {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// paced reports whether fr's keys are the buckets (token_bucket, gcra), whose
+// leases follow one another at any time, rather than windows or slots.
+func paced(fr *quota.FleetRule) bool {
+	switch fr.Rule.Config.Algorithm {
+	case limit.TokenBucket, limit.GCRA:
+		return true
+	}
+	return false
+}
+
+// followed reports whether a token bucket of ttl sent to b now dies before the
+// next report is answered (a TTL shorter than ttlFor's), so that b is followed
+// up: while its requests keep coming, the server pushes the next assignment
+// before the Envoy falls back to its expired behaviour. Envoy applies an
+// assignment whenever one arrives; the server "proactively pushes" them (the
+// filter's documentation, rate_limit_quota_filter.rst).
+func (ss *stream) followed(b *bucket, ttl time.Duration) bool {
+	return b.id != nil && b.interval > 0 && ttl < ss.ttlFor(b)
+}
+
+// followAfter is how long after it is sent a token bucket of ttl of the buckets
+// is followed up: early enough for the follow-up's answer to reach the Envoy
+// before it ends (twice the margin: the round, the way there), at least half
+// its life.
+func (ss *stream) followAfter(ttl time.Duration) time.Duration {
+	return max(ttl-2*ss.s.o.Margin, ttl/2)
+}
+
+// followLive schedules b's follow-up after an answer at now (retry: how long
+// until the key may grant more, 0 if unknown). While its last token bucket lives
+// and dies before the next report, at its end for a window's (the window's next
+// units come then), and for the buckets followAfter its start, or sooner when
+// the key will have more and the bucket may be spent by then (keep then
+// withholds a grant it does not need); when none lives, once the key has more.
+func (ss *stream) followLive(b *bucket, now int64, retry time.Duration) {
+	if len(b.credits) > 0 && b.tbUntil > now {
+		c := b.credits[len(b.credits)-1]
+		if !ss.followed(b, time.Duration(c.ttl)) {
+			return
+		}
+		if !paced(b.rule) {
+			ss.followAt(b, b.tbUntil)
+			return
+		}
+		t := c.at + int64(ss.followAfter(time.Duration(c.ttl)))
+		switch kept := b.keep(now); {
+		case kept > 0 && b.pace > 0:
+			t = min(t, c.at+int64(b.pace)*int64(min(c.units, 1<<20))) // when its units should be spent
+		case kept == 0 && retry > 0:
+			t = min(t, now+int64(ss.retryFollowUp(b, retry)))
+		}
+		ss.followAt(b, max(t, now+int64(followUpTick)))
+		return
+	}
+	if retry > 0 {
+		ss.followAt(b, now+int64(ss.retryFollowUp(b, retry)))
+	}
+}
+
+
+// retryFollowUp is how long after an answer that granted less than asked the
+// bucket is followed up again: when the key may grant more (retry), but no
+// sooner than its next request is due (its pace, at most a second) nor
+// followUpTick, so that many Envoys waiting on one key do not all ask at every
+// unit it refills.
+func (ss *stream) retryFollowUp(b *bucket, retry time.Duration) time.Duration {
+	return max(retry, followUpTick, min(b.pace, time.Second))
+}
+
+// followAt schedules b's next follow-up at t (Unix ns), unless b cannot be
+// followed up or its next report, which answers it anyway, comes first: for a
+// window's, unless it comes at least half a report interval later, as a grant
+// it replaces that soon would leave units that settle, and return, only in a
+// later window.
+func (ss *stream) followAt(b *bucket, t int64) {
+	before := ss.s.o.Margin
+	if !paced(b.rule) {
+		before = max(before, b.interval/2)
+	}
+	if b.id == nil || b.interval <= 0 || t+int64(before) >= b.lastReport+int64(b.interval) {
+		return
+	}
+	if b.due == 0 || t < b.due {
+		b.due = t
+	}
+}
+
+// nextFollowUp is when the stream's earliest follow-up is due (Unix ns), 0 if none.
+func (ss *stream) nextFollowUp() int64 {
+	var next int64
+	for _, b := range ss.buckets {
+		if b.due > 0 && (next == 0 || b.due < next) {
+			next = b.due
+		}
+	}
+	return next
+}
+
+// followUps answers, without a report, the buckets whose follow-up is due at
+// the service clock's now, as account would a report of nothing: what the
+// bucket's last report asked for, its returns and charges. A bucket whose last
+// report had no request is left to its next report.
+func (ss *stream) followUps(ctx context.Context) (*rlqsv3.RateLimitQuotaResponse, []func(int64)) {
+	r := &round{ss: ss, now: ss.s.o.Now(), resp: &rlqsv3.RateLimitQuotaResponse{}, followUp: true}
+	for _, b := range ss.buckets {
+		if b.due == 0 || b.due > r.now {
+			continue
+		}
+		b.due = 0
+		if b.id == nil || b.want == 0 || b.lastDemand != b.lastReport {
+			continue
+		}
+		var charge uint64
+		if b.rule.Rule.Rule.QuotaFailure() != rules.QuotaFailureDeny {
+			charge = b.toCharge()
+		}
+		r.ask(b, b.id, quota.Assignment{Return: b.toReturn(), Charge: charge, Want: b.want, Interval: b.interval, Keep: b.keep(r.now)})
+		ss.s.m.followUps.Inc()
+	}
+	if len(r.asks) > 0 {
+		r.apply(ctx)
+	}
+	return r.resp, r.after
 }
 
 // observe updates the bucket's estimate of the report interval with a report at
