@@ -357,16 +357,16 @@ func TestVersionNamesTheRelease(t *testing.T) {
 
 // TestApplyShowsWhatTheServerWarnsOf: a control plane serving Envoy's own
 // quota filter (gRPC listener) accepts a fleet rule whose fixed window is
-// shorter than two of that filter's report intervals, and says it will serve it
-// poorly; sluicectl prints that warning and succeeds. A rule with a minute's
-// window, or a control plane without the gRPC listener, draws none.
+// shorter than that filter's report interval, and says it will serve it poorly;
+// sluicectl prints that warning and succeeds. A rule with a 5 s window, or a
+// control plane without the gRPC listener, draws none.
 func TestApplyShowsWhatTheServerWarnsOf(t *testing.T) {
 	short := `policy: fleet
 identity: {user_header: x-user-id}
 rules:
-  - {id: per-tenant, key: [user], algorithm: fixed_window, limit: 100, window: 5s, scope: fleet}
+  - {id: per-tenant, key: [user], algorithm: fixed_window, limit: 100, window: 2s, scope: fleet}
 `
-	long := strings.Replace(short, "window: 5s", "window: 1m", 1)
+	long := strings.Replace(short, "window: 2s", "window: 5s", 1)
 	dir := t.TempDir()
 	l := net.ListenConfig{}
 	ln, err := l.Listen(context.Background(), "tcp", "127.0.0.1:0")
@@ -377,10 +377,10 @@ rules:
 	ln.Close()
 	c := &ctl{t: t, server: startControlPlane(t, "--grpc-listen", grpcAddr, "--quota-token", "quota-token-for-tests")}
 	r := c.must(0, "apply", "-f", writeFile(t, dir, "short.yaml", short))
-	mustContain(t, "stderr", r.stderr, "Warning: rule per-tenant: its fixed window of 5s is shorter than two report intervals of Envoy's rate_limit_quota filter (10s)")
+	mustContain(t, "stderr", r.stderr, "Warning: rule per-tenant: its fixed window of 2s is shorter than the report interval of Envoy's rate_limit_quota filter (5s)")
 	r = c.must(0, "apply", "-f", writeFile(t, dir, "long.yaml", long))
 	if strings.Contains(r.stderr, "Warning") {
-		t.Errorf("a minute's window drew a warning:\n%s", r.stderr)
+		t.Errorf("a 5 s window drew a warning:\n%s", r.stderr)
 	}
 	plain := &ctl{t: t, server: startControlPlane(t)}
 	if r := plain.must(0, "apply", "-f", writeFile(t, dir, "short2.yaml", short)); strings.Contains(r.stderr, "Warning") {

@@ -24,7 +24,7 @@ const benchPolicy = `{"policy":"p","identity":{"user_header":"x-user-id"},"rules
 
 // serveLoopback serves srv over plaintext gRPC on a loopback port until the
 // benchmark ends, and returns a connection to it.
-func serveLoopback(b *testing.B, srv *Server) *grpc.ClientConn {
+func serveLoopback(b testing.TB, srv *Server) *grpc.ClientConn {
 	b.Helper()
 	g := NewGRPCServer(srv, nil)
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -311,8 +311,9 @@ func (c *credit) spend(units uint64) uint64 {
 // sent, while it lives, less what it may have admitted since it was sent (0 when
 // it ended, was a DENY_ALL, or none was sent). That is every unit reported since
 // it was sent, whichever assignment admitted them, but no more than the requests
-// the bucket's pace brings in the time since: a report that straddles the
-// assignment's start counts the old one's too. A grant of no more
+// the bucket's pace brings in the time since (a report that straddles the
+// assignment's start counts the old one's too); before any report since, those
+// requests. A grant of no more
 // than that would replace it for nothing (quota.Assignment.Keep).
 func (b *bucket) keep(now int64) uint64 {
 	if len(b.credits) == 0 || b.tbUntil <= now {
@@ -321,9 +322,14 @@ func (b *bucket) keep(now int64) uint64 {
 	c := b.credits[len(b.credits)-1]
 	spent := c.units - c.held
 	if b.pace > 0 && now > c.at {
-		spent = min(spent, uint64(time.Duration(now-c.at)/b.pace))
+		paced := uint64(min(time.Duration(now-c.at)/b.pace, 1<<40))
+		if b.lastReport > c.at {
+			spent = min(spent, paced)
+		} else {
+			spent = paced // no report yet since it was sent
+		}
 	}
-	return c.units - spent
+	return c.units - min(spent, c.units)
 }
 
 // toCharge is the units reported allowed that no live assignment covered and

@@ -231,12 +231,12 @@ func ExpiredDenyFor(interval time.Duration) time.Duration {
 }
 
 // Warnings names the fleet rules of p that Envoy's rate_limit_quota filter is
-// served poorly: a fixed window (or time-wheel slot) shorter than two of its
-// report intervals (2 × EnvoyReportInterval). Such a window sees one report of
-// each Envoy, and an Envoy whose report falls late in the window gets an
-// assignment too short to grant, in every window while the reports keep their
-// phase, however much budget the others leave (docs/rlqs.md, "At Envoy's
-// cadence"). One sentence per rule; none when no rule is concerned.
+// served poorly: a fixed window (or time-wheel slot) shorter than one of its
+// report intervals (EnvoyReportInterval). The server grants such a window from
+// demand an Envoy reported up to an interval earlier, its follow-ups push each
+// window's assignment, and Envoy's whole-second TTLs end each one up to a second
+// early: some windows admit less than the limit (docs/rlqs.md, "Between
+// reports"). One sentence per rule; none when no rule is concerned.
 func Warnings(p *rules.Policy) []string {
 	var out []string
 	for i := range p.Rules {
@@ -244,14 +244,14 @@ func Warnings(p *rules.Policy) []string {
 		if !r.IsFleet() {
 			continue
 		}
-		if ml := maxLease(r); ml > 0 && ml < 2*EnvoyReportInterval {
+		if ml := maxLease(r); ml > 0 && ml < EnvoyReportInterval {
 			what := "fixed window"
 			if r.Algorithm == "time_wheel" {
 				what = "time-wheel slot"
 			}
-			out = append(out, "rule "+r.ID+": its "+what+" of "+ml.String()+" is shorter than two report intervals of Envoy's rate_limit_quota filter ("+
-				(2*EnvoyReportInterval).String()+"): an Envoy of that kind whose report falls late in a window may be admitted nothing in every window; "+
-				"give rules served to it a window of a minute or more")
+			out = append(out, "rule "+r.ID+": its "+what+" of "+ml.String()+" is shorter than the report interval of Envoy's rate_limit_quota filter ("+
+				EnvoyReportInterval.String()+"): an Envoy of that kind is granted each window from demand it reported up to "+EnvoyReportInterval.String()+
+				" earlier, and some windows admit less than the limit; give rules served to it a window of "+EnvoyReportInterval.String()+" or more")
 		}
 	}
 	return out

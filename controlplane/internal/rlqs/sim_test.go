@@ -58,6 +58,7 @@ const simPolicy = `{"policy":"p","identity":{"user_header":"x-user-id"},"exempt"
  {"id":"short","match":{"path_prefix":"/short"},"algorithm":"token_bucket","limit":1000,"burst":100,"window":"1s","scope":"fleet"},
  {"id":"costly","match":{"path_prefix":"/costly"},"algorithm":"fixed_window","limit":100,"window":"10s","cost":5,"scope":"fleet"},
  {"id":"ip","match":{"path_prefix":"/ip"},"key":["client_ip"],"algorithm":"fixed_window","limit":300,"window":"10s","scope":"fleet","on_quota_failure":"deny"},
+ {"id":"w2","match":{"path_prefix":"/w2"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"2s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w5","match":{"path_prefix":"/w5"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"5s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w10","match":{"path_prefix":"/w10"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"10s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w60","match":{"path_prefix":"/w60"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"1m","scope":"fleet","on_quota_failure":"deny"},

@@ -442,15 +442,16 @@ func (ss *stream) followed(b *bucket, ttl time.Duration) bool {
 // before it ends (twice the margin: the round, the way there), at least half
 // its life.
 func (ss *stream) followAfter(ttl time.Duration) time.Duration {
-	return max(ttl-2*ss.s.o.Margin, ttl/2)
+	return min(ttl-2*ss.s.o.Margin, ttl/2)
 }
 
 // followLive schedules b's follow-up after an answer at now (retry: how long
 // until the key may grant more, 0 if unknown). While its last token bucket lives
-// and dies before the next report, at its end for a window's (the window's next
-// units come then), and for the buckets followAfter its start, or sooner when
-// the key will have more and the bucket may be spent by then (keep then
-// withholds a grant it does not need); when none lives, once the key has more.
+// and dies before the next report: at its end for a window's (the window's next
+// units come then); for the buckets followAfter its start, or once its units
+// should be spent at the bucket's pace, or when the key has more for one that
+// is spent, but never sooner than followUpEvery. When none lives: once the key
+// has more (retryFollowUp).
 func (ss *stream) followLive(b *bucket, now int64, retry time.Duration) {
 	if len(b.credits) > 0 && b.tbUntil > now {
 		c := b.credits[len(b.credits)-1]
@@ -464,11 +465,11 @@ func (ss *stream) followLive(b *bucket, now int64, retry time.Duration) {
 		t := c.at + int64(ss.followAfter(time.Duration(c.ttl)))
 		switch kept := b.keep(now); {
 		case kept > 0 && b.pace > 0:
-			t = min(t, c.at+int64(b.pace)*int64(min(c.units, 1<<20))) // when its units should be spent
+			t = min(t, c.at+int64(b.pace)*int64(min(c.units, 1<<20)))
 		case kept == 0 && retry > 0:
 			t = min(t, now+int64(ss.retryFollowUp(b, retry)))
 		}
-		ss.followAt(b, max(t, now+int64(followUpTick)))
+		ss.followAt(b, max(t, now+int64(followUpEvery)))
 		return
 	}
 	if retry > 0 {
@@ -476,14 +477,22 @@ func (ss *stream) followLive(b *bucket, now int64, retry time.Duration) {
 	}
 }
 
+// followUpEvery is the shortest time between two follow-ups of a token bucket
+// (a store round each): the key refills meanwhile, and the next grant is that
+// much larger.
+const followUpEvery = 500 * time.Millisecond
 
 // retryFollowUp is how long after an answer that granted less than asked the
 // bucket is followed up again: when the key may grant more (retry), but no
 // sooner than its next request is due (its pace, at most a second) nor
 // followUpTick, so that many Envoys waiting on one key do not all ask at every
-// unit it refills.
+// unit it refills; for the buckets, not sooner than followUpEvery.
 func (ss *stream) retryFollowUp(b *bucket, retry time.Duration) time.Duration {
-	return max(retry, followUpTick, min(b.pace, time.Second))
+	least := followUpTick
+	if paced(b.rule) {
+		least = followUpEvery
+	}
+	return max(retry, least, min(b.pace, time.Second))
 }
 
 // followAt schedules b's next follow-up at t (Unix ns), unless b cannot be
@@ -494,7 +503,7 @@ func (ss *stream) retryFollowUp(b *bucket, retry time.Duration) time.Duration {
 func (ss *stream) followAt(b *bucket, t int64) {
 	before := ss.s.o.Margin
 	if !paced(b.rule) {
-		before = max(before, b.interval/2)
+		before = max(before, min(b.interval, b.rule.MaxLease())/2)
 	}
 	if b.id == nil || b.interval <= 0 || t+int64(before) >= b.lastReport+int64(b.interval) {
 		return
