@@ -225,7 +225,9 @@ const reserveBefore = 5 * time.Second
 // d.probe.Remaining units left at d.now.
 //
 // Fixed windows are shared per window: each of the n active Envoys has a fair
-// share of the window's limit, ⌈L/n⌉, and may take what is left of its own
+// share of the window's limit, ⌊L/n⌋ and at least 1 (with ⌈L/n⌉ the first n−1
+// askers of a window could take it all, and the same last one got none window
+// after window), and may take what is left of its own
 // (entry.granted counts what it was granted in the window), or a share of what the
 // assignment clients' unclaimed shares leave of the remainder, split as before
 // among the Envoys and a newcomer, whichever is more; nothing (0) when its own is
@@ -237,7 +239,7 @@ const reserveBefore = 5 * time.Second
 // they ask often enough to take their turn, and an Envoy holding its lease
 // without asking must not keep budget from those that do. What the assignment
 // clients have claimed is the header's sum of their grants in the window
-// (grantedA), so a share above ⌈L/n⌉ counts against the others' reserve.
+// (grantedA), so a share above ⌊L/n⌋ counts against the others' reserve.
 //
 // Alone on the key an Envoy may take half the remainder (so that a newcomer still
 // finds some). Other algorithms with others: half the remainder split among them

@@ -36,6 +36,7 @@ type stream struct {
 	s       *Server
 	owner   string
 	entry   string // its ledger entries' name
+	domain  string // the last report's
 	buckets map[bucketID]*bucket
 }
 
@@ -146,6 +147,7 @@ func (r *round) abandon(id *rlqsv3.BucketId, key bucketID, reason string) {
 // handle answers one report; after holds what to record once the response is sent
 // (called with the time after the send).
 func (ss *stream) handle(ctx context.Context, msg *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, []func(int64)) {
+	ss.domain = msg.Domain
 	r := &round{ss: ss, domain: msg.Domain, now: ss.s.o.Now(), resp: &rlqsv3.RateLimitQuotaResponse{}}
 	seen := make(map[bucketID]struct{}, len(msg.BucketQuotaUsages))
 	for _, u := range msg.BucketQuotaUsages {
@@ -438,9 +440,8 @@ func (ss *stream) followed(b *bucket, ttl time.Duration) bool {
 }
 
 // followAfter is how long after it is sent a token bucket of ttl of the buckets
-// is followed up: early enough for the follow-up's answer to reach the Envoy
-// before it ends (twice the margin: the round, the way there), at least half
-// its life.
+// is followed up: half its life, and early enough for the follow-up's answer to
+// reach the Envoy before it ends (twice the margin: the round, the way there).
 func (ss *stream) followAfter(ttl time.Duration) time.Duration {
 	return min(ttl-2*ss.s.o.Margin, ttl/2)
 }
@@ -529,7 +530,7 @@ func (ss *stream) nextFollowUp() int64 {
 // bucket's last report asked for, its returns and charges. A bucket whose last
 // report had no request is left to its next report.
 func (ss *stream) followUps(ctx context.Context) (*rlqsv3.RateLimitQuotaResponse, []func(int64)) {
-	r := &round{ss: ss, now: ss.s.o.Now(), resp: &rlqsv3.RateLimitQuotaResponse{}, followUp: true}
+	r := &round{ss: ss, domain: ss.domain, now: ss.s.o.Now(), resp: &rlqsv3.RateLimitQuotaResponse{}, followUp: true}
 	for _, b := range ss.buckets {
 		if b.due == 0 || b.due > r.now {
 			continue
@@ -537,6 +538,9 @@ func (ss *stream) followUps(ctx context.Context) (*rlqsv3.RateLimitQuotaResponse
 		b.due = 0
 		if b.id == nil || b.want == 0 || b.lastDemand != b.lastReport {
 			continue
+		}
+		if fr, _, reason := r.resolve(b.id.GetBucket()); reason != "" || fr.Rule.Fingerprint != b.rule.Rule.Fingerprint {
+			continue // the policy changed since the report: its next report decides
 		}
 		var charge uint64
 		if b.rule.Rule.Rule.QuotaFailure() != rules.QuotaFailureDeny {
