@@ -157,6 +157,7 @@ type result struct {
 	cpu                     time.Duration   // the service's, -1 if not measured
 	redisCalls              int64           // -1 if not measured
 	perWindow               map[int64]int   // key 0's admitted calls by window start (Unix ns)
+	firstFailure            string          // the first failed call's error or code
 }
 
 // drive sends the calls and measures them.
@@ -189,6 +190,12 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 			defer wg.Done()
 			var lat []time.Duration
 			var ok, over, failed uint64
+			var first string
+			fail := func(what string) {
+				if failed++; first == "" {
+					first = what
+				}
+			}
 			windows := map[int64]int{}
 			for runCtx.Err() == nil {
 				i := next.Add(1) - 1
@@ -200,7 +207,7 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 				resp, err := c.ShouldRateLimit(runCtx, reqs[key])
 				if err != nil {
 					if runCtx.Err() == nil {
-						failed++
+						fail(err.Error())
 					}
 					continue
 				}
@@ -214,13 +221,16 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 				case rlsv3.RateLimitResponse_OVER_LIMIT:
 					over++
 				default:
-					failed++
+					fail("overall_code " + resp.GetOverallCode().String())
 				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
 			res.latencies = append(res.latencies, lat...)
 			res.ok, res.over, res.failed = res.ok+ok, res.over+over, res.failed+failed
+			if res.firstFailure == "" {
+				res.firstFailure = first
+			}
 			for w, n := range windows {
 				res.perWindow[w] += n
 			}
@@ -260,6 +270,9 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 func (r *result) print(out io.Writer, o options) {
 	decided := r.ok + r.over
 	fmt.Fprintf(out, "calls %d in %.2fs: %d OK, %d OVER_LIMIT, %d failed\n", r.calls, r.elapsed.Seconds(), r.ok, r.over, r.failed)
+	if r.firstFailure != "" {
+		fmt.Fprintf(out, "first failure: %s\n", r.firstFailure)
+	}
 	fmt.Fprintf(out, "decisions/s %.0f\n", float64(decided)/r.elapsed.Seconds())
 	if r.cpu >= 0 {
 		perCore := 0.0
