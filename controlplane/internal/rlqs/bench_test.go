@@ -18,9 +18,12 @@ import (
 	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
-// benchPolicy never refuses: any denial would be a false one.
+// benchPolicy never refuses: any denial would be a false one. BenchmarkRLQSReports
+// reports on tb, whose leases follow one another with no window's end to wait
+// for; the flood benchmarks on fw.
 const benchPolicy = `{"policy":"p","identity":{"user_header":"x-user-id"},"rules":[
- {"id":"fw","key":["user"],"algorithm":"fixed_window","limit":100000000,"window":"1h","scope":"fleet"}]}`
+ {"id":"fw","key":["user"],"algorithm":"fixed_window","limit":100000000,"window":"1h","scope":"fleet"},
+ {"id":"tb","key":["user"],"algorithm":"token_bucket","limit":1000000000000,"window":"1h","scope":"fleet"}]}`
 
 // serveLoopback serves srv over plaintext gRPC on a loopback port until the
 // benchmark ends, and returns a connection to it.
@@ -42,8 +45,9 @@ func serveLoopback(b testing.TB, srv *Server) *grpc.ClientConn {
 }
 
 // BenchmarkRLQSReports measures one replica serving RLQS over loopback gRPC with a
-// real redis-server: streams × buckets per report, every bucket reporting one
-// request and answered with a new token bucket. It reports buckets/s (answered
+// real redis-server: streams × buckets per report, every bucket reporting that
+// it spent its last token bucket (one request the first time) and was denied
+// one more, and answered with a new one. It reports buckets/s (answered
 // buckets per second of wall time) and the p50/p99 from sending a report to
 // receiving its response.
 func BenchmarkRLQSReports(b *testing.B) {
@@ -64,8 +68,8 @@ func BenchmarkRLQSReports(b *testing.B) {
 				r := &rlqsv3.RateLimitQuotaUsageReports{Domain: "bench"}
 				for k := range tc.buckets {
 					r.BucketQuotaUsages = append(r.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
-						BucketId:           &rlqsv3.BucketId{Bucket: map[string]string{"policy": "p", "rule": "fw", "user": b.Name() + "/" + strconv.Itoa(s) + "/" + strconv.Itoa(k)}},
-						NumRequestsAllowed: 1})
+						BucketId:           &rlqsv3.BucketId{Bucket: map[string]string{"policy": "p", "rule": "tb", "user": b.Name() + "/" + strconv.Itoa(s) + "/" + strconv.Itoa(k)}},
+						NumRequestsAllowed: 1, NumRequestsDenied: 1})
 				}
 				reports[s] = r
 				st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(context.Background())
@@ -95,11 +99,20 @@ func BenchmarkRLQSReports(b *testing.B) {
 							return
 						}
 						lat[s] = append(lat[s], time.Since(t0))
-						for _, a := range applied(resp) {
-							if a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+						for i, a := range applied(resp) {
+							tb := a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+							if tb == nil {
 								b.Errorf("not a token bucket: %v", a)
 								return
 							}
+							// The next report spends all of it and was denied one more, as
+							// a busy Envoy's does: asking for more than the live token
+							// bucket may still hold. (Reports sent as fast as answers
+							// come are each answered before the last assignment could
+							// have admitted a request, at the bucket's pace: with no
+							// more demand, the server would withhold a grant no larger,
+							// and send no answer to wait for.)
+							reports[s].BucketQuotaUsages[i].NumRequestsAllowed = uint64(tb.GetMaxTokens())
 						}
 						if len(applied(resp)) != tc.buckets {
 							b.Errorf("%d actions for %d buckets", len(applied(resp)), tc.buckets)
