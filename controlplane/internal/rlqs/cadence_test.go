@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/testkit/spans"
 )
 
 // runOffered sends the fleet offered requests per window of w, spread evenly over
@@ -152,7 +154,7 @@ func TestATokenBucketAtEnvoysCadenceReachesItsRateAndNeverPassesItsBound(t *test
 			from := s.unix() + int64(warm)
 			s.runOffered(run, time.Second, 2*rate, phase, id)
 			for _, span := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second} {
-				if got, most := maxIn(append([]int64(nil), s.admitted...), span), burst+int(rate*span/time.Second); got > most {
+				if got, most := spans.MostWithin(append([]int64(nil), s.admitted...), span), burst+int(rate*span/time.Second); got > most {
 					t.Errorf("N=%d %s: %d admitted in %v, over the bound %d", n, layout, got, span, most)
 				}
 			}

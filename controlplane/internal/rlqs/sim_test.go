@@ -3,7 +3,6 @@ package rlqs
 import (
 	"context"
 	"slices"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
 	"github.com/sluice-proxy/sluice/testenv/testkit/rlqsclient"
+	"github.com/sluice-proxy/sluice/testenv/testkit/spans"
 )
 
 // policies is a fixed set of policy records.
@@ -199,19 +199,6 @@ func (s *sim) fewestPerWindow(w time.Duration, until int64) []int {
 	return out
 }
 
-// maxIn returns the most requests admitted in any interval of length d.
-func maxIn(at []int64, d time.Duration) int {
-	sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
-	best, j := 0, 0
-	for i := range at {
-		for at[i]-at[j] >= int64(d) {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
-
 var userHot = map[string]string{"policy": "p", "rule": "fw", "user": "hot"}
 
 // TestFixedWindowFleetNeverAdmitsMoreThanTheLimit: N Envoys, each wanting far more
@@ -253,12 +240,12 @@ func TestTokenBucketFleetNeverAdmitsMoreThanItsBound(t *testing.T) {
 		s.run(30*time.Second, 10*time.Millisecond, 1, id)
 		for _, d := range []time.Duration{100 * time.Millisecond, time.Second, 5 * time.Second, 10 * time.Second, 20 * time.Second} {
 			bound := 1000 + int(100*d/time.Second)
-			if got := maxIn(s.admitted, d); got > bound {
+			if got := spans.MostWithin(s.admitted, d); got > bound {
 				t.Errorf("N=%d: %d admitted within %v > %d", n, got, d, bound)
 			}
 		}
 		total := len(s.admitted)
-		t.Logf("N=%d: %d admitted in 30 s (bound 1000 + 100/s·30 s = 4000; most in 10 s: %d of ≤ 2000)", n, total, maxIn(s.admitted, 10*time.Second))
+		t.Logf("N=%d: %d admitted in 30 s (bound 1000 + 100/s·30 s = 4000; most in 10 s: %d of ≤ 2000)", n, total, spans.MostWithin(s.admitted, 10*time.Second))
 		if total < 2500 {
 			t.Errorf("N=%d: only %d admitted in 30 s of unbounded demand", n, total)
 		}

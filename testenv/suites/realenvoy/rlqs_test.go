@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-proxy/sluice/testenv/testkit/envoyproc"
 	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
 	"github.com/sluice-proxy/sluice/testenv/testkit/rlqsclient"
+	"github.com/sluice-proxy/sluice/testenv/testkit/spans"
 )
 
 // rlqsLimit is L of rlqsPolicy's rules, per rlqsWindow and per minute.
@@ -136,13 +137,13 @@ func TestEnvoysOwnRateLimitQuotaFilterAdmitsNearlyTheLimitAndNeverMore(t *testin
 
 	times := bucket.times()
 	for _, span := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second} {
-		if got, most := mostWithin(times, span), rlqsBurst+int(rlqsRate*span/time.Second); got > most {
+		if got, most := spans.MostWithin(times, span), rlqsBurst+int(rlqsRate*span/time.Second); got > most {
 			t.Errorf("token bucket: %d admitted within %v, over its capacity plus refill %d", got, span, most)
 		}
 	}
 	warm, n := start.Add(rlqsWindow), 0
 	for _, at := range times {
-		if !at.Before(warm) {
+		if at >= warm.UnixNano() {
 			n++
 		}
 	}
@@ -161,18 +162,6 @@ func percentIf(held bool, p int) int {
 	return 0
 }
 
-// mostWithin is the most of the sorted times within any span of d.
-func mostWithin(at []time.Time, d time.Duration) int {
-	best, j := 0, 0
-	for i := range at {
-		for at[i].Sub(at[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
-}
-
 // rlqsLoad is an offered load in progress: what was admitted per window, by
 // the window's start (Unix s), in all and by Envoy, and when.
 type rlqsLoad struct {
@@ -185,12 +174,15 @@ type rlqsLoad struct {
 
 func (l *rlqsLoad) wait() { l.wg.Wait() }
 
-// times returns when the admitted requests were sent, in order.
-func (l *rlqsLoad) times() []time.Time {
+// times returns when the admitted requests were sent (Unix ns), in order.
+func (l *rlqsLoad) times() []int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := slices.Clone(l.at)
-	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+	out := make([]int64, len(l.at))
+	for i, at := range l.at {
+		out[i] = at.UnixNano()
+	}
+	slices.Sort(out)
 	return out
 }
 

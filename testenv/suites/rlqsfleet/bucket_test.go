@@ -2,7 +2,6 @@ package rlqsfleet
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
 	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 	"github.com/sluice-proxy/sluice/testenv/testkit/rlqsclient"
+	"github.com/sluice-proxy/sluice/testenv/testkit/spans"
 )
 
 // A token bucket of bucketRate a second with a capacity of bucketBurst.
@@ -87,9 +87,8 @@ func TestATokenBucketAcrossReplicasReachesItsRateAndNeverPassesItsBound(t *testi
 
 	mu.Lock()
 	defer mu.Unlock()
-	slices.Sort(admitted)
 	for _, span := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second} {
-		if got, most := mostWithin(admitted, span), bucketBurst+int(bucketRate*span/time.Second); got > most {
+		if got, most := spans.MostWithin(admitted, span), bucketBurst+int(bucketRate*span/time.Second); got > most {
 			t.Errorf("%d admitted within %v, over the capacity plus refill %d", got, span, most)
 		}
 	}
@@ -116,16 +115,4 @@ func TestATokenBucketAcrossReplicasReachesItsRateAndNeverPassesItsBound(t *testi
 		}
 	}
 	t.Logf("while a control plane was down: %.2f a second", rate(killed, restarted))
-}
-
-// mostWithin is the most of the sorted times (Unix ns) within any span of d.
-func mostWithin(at []int64, d time.Duration) int {
-	best, j := 0, 0
-	for i := range at {
-		for at[i]-at[j] >= int64(d) {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
 }
