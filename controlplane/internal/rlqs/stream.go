@@ -433,8 +433,9 @@ func paced(fr *quota.FleetRule) bool {
 // next report is answered (a TTL shorter than ttlFor's), so that b is followed
 // up: while its requests keep coming, the server pushes the next assignment
 // before the Envoy falls back to its expired behaviour. Envoy applies an
-// assignment whenever one arrives; the server "proactively pushes" them (the
-// filter's documentation, rate_limit_quota_filter.rst).
+// assignment whenever one arrives, asked for or not (global_client_impl.cc,
+// GlobalRateLimitClientImpl::onReceiveMessage; the filter's documentation,
+// rate_limit_quota_filter.rst: the server "proactively pushes" them).
 func (ss *stream) followed(b *bucket, ttl time.Duration) bool {
 	return b.id != nil && b.interval > 0 && ttl < ss.ttlFor(b)
 }
