@@ -175,6 +175,15 @@ func (c *Compiled) compileRule(i int, r *Rule) error {
 		}
 		cr.parts = append(cr.parts, alts)
 	}
+	if ds := r.Descriptor; ds != nil {
+		cr.match.never = true
+		for j := range ds.Entries {
+			if e := &ds.Entries[j]; !e.Exact() {
+				tag := string(appendEscaped([]byte("d."), e.Key))
+				cr.parts = append(cr.parts, []keyAlt{{kind: partDescriptor, entry: j, tag: tag}})
+			}
+		}
+	}
 	if n := cr.longestKey(); n > MaxKeyBytes {
 		return errors.New("key: its longest counter key is " + strconv.Itoa(n) + " bytes, over the " +
 			strconv.Itoa(MaxKeyBytes) + " a key may have; use shorter header names or fewer key parts")

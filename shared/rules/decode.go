@@ -230,6 +230,8 @@ func decodeRuleMember(d *strictjson.Decoder, r *Rule, key string) error {
 		r.ID = str(d)
 	case "description":
 		r.Description = str(d)
+	case "descriptor":
+		return decodeDescriptor(d, r)
 	case "match":
 		if d.Null() {
 			return nil

@@ -46,7 +46,7 @@ func EncodePolicy(p *Policy) []byte {
 }
 
 // EncodeRule returns r as canonical JSON, members in the order of the struct fields
-// ("id", "description", "match", "key", "algorithm", "limit", "window", "burst",
+// ("id", "description", "descriptor", "match", "key", "algorithm", "limit", "window", "burst",
 // "slots", "align", "timezone", "lease", "cost", "cost_header", "max_cost",
 // "response_cost_header", "shadow", "status", "exempt", "scope", "on_quota_failure",
 // "local_share"), zero values and empty lists
@@ -63,6 +63,7 @@ func writeRule(w *strictjson.Writer, r *Rule) {
 	w.AppendKey("id")
 	w.AppendString(r.ID)
 	optString(w, "description", r.Description)
+	writeDescriptor(w, r.Descriptor)
 	if !r.Match.isZero() {
 		w.AppendKey("match")
 		w.BeginObject()

@@ -57,6 +57,10 @@ func (c *Compiled) appendPart(dst []byte, a *keyAlt, r *CompiledRule, req *Reque
 		v = req.Path
 	case partHeader:
 		v, _ = req.Header(a.header)
+	case partDescriptor:
+		if a.entry < len(req.Descriptor) {
+			v = req.Descriptor[a.entry].Value
+		}
 	}
 	if v == "" {
 		return dst, false

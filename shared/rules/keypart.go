@@ -17,12 +17,14 @@ const (
 	partMethod
 	partPath
 	partHeader
+	partDescriptor
 )
 
 // keyAlt is one alternative of a key part.
 type keyAlt struct {
 	kind   partKind
 	header string // partHeader: the header name
+	entry  int    // partDescriptor: the index of the descriptor entry
 	tag    string // the tag written before the value in the counter key, escaped
 }
 

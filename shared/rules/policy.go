@@ -98,6 +98,11 @@ type Rule struct {
 	// Description ["description"] is free text for operators, at most
 	// [MaxDescriptionBytes] bytes.
 	Description string
+	// Descriptor ["descriptor"], when present, makes the rule one the control
+	// plane's rate limit service applies to descriptors, and nothing else does;
+	// see [Descriptor]. It requires "scope": "fleet" and excludes match, key,
+	// cost_header, response_cost_header and exempt.
+	Descriptor *Descriptor
 	// Match ["match"] selects the requests the rule applies to; the zero Match
 	// (absent) selects every request.
 	Match Match

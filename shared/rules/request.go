@@ -36,6 +36,10 @@ type Request struct {
 	// a filter may leave them empty or set them from elsewhere (JWT metadata, say).
 	User   string
 	Tenant string
+	// Descriptor is, for a descriptor rule (Rule.Descriptor) only, the rate limit
+	// descriptor's entries in order, Name holding each entry's key; a rule's counter
+	// key takes the values of the entries it does not match exactly by position.
+	Descriptor []Header
 }
 
 // clientIP returns ClientIP, first asking ClientIPSource for it if need be.
@@ -99,6 +103,7 @@ func (c *Compiled) tenant(req *Request) string {
 
 // matcher is a compiled Match.
 type matcher struct {
+	never   bool // a descriptor rule: no HTTP request matches
 	path    string
 	hasPath bool
 	prefix  bool
@@ -107,6 +112,9 @@ type matcher struct {
 }
 
 func (m *matcher) matches(req *Request) bool {
+	if m.never {
+		return false
+	}
 	if m.hasPath {
 		if m.prefix {
 			if !strings.HasPrefix(req.Path, m.path) {

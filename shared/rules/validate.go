@@ -292,10 +292,22 @@ func (v *validator) policy(p *Policy) {
 		return
 	}
 	seen := make(map[string]int, len(p.Rules))
+	var paths map[string]int
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		field := elemPath("rules", i)
 		v.rule(r, field, &p.Identity)
+		if r.Descriptor != nil {
+			if paths == nil {
+				paths = make(map[string]int)
+			}
+			path := descriptorPath(r.Descriptor)
+			if j, dup := paths[path]; dup {
+				v.add(field+".descriptor", "the same domain and entries as rules["+strconv.Itoa(j)+"] (one descriptor, one rule)")
+			} else {
+				paths[path] = i
+			}
+		}
 		if r.ID == "" {
 			continue
 		}
@@ -370,6 +382,9 @@ func (v *validator) rule(r *Rule, field string, id *Identity) {
 	}
 	if len(r.Description) > MaxDescriptionBytes || !utf8.ValidString(r.Description) {
 		v.add(f("description"), "must be at most "+strconv.Itoa(MaxDescriptionBytes)+" bytes of UTF-8")
+	}
+	if r.Descriptor != nil {
+		v.descriptor(r, field)
 	}
 	if !r.Match.isZero() {
 		v.match(&r.Match, f("match"))

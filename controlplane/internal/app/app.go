@@ -32,6 +32,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/redisstore"
 	"github.com/sluice-proxy/sluice/controlplane/internal/registry"
 	"github.com/sluice-proxy/sluice/controlplane/internal/rlqs"
+	"github.com/sluice-proxy/sluice/controlplane/internal/rls"
 	"github.com/sluice-proxy/sluice/controlplane/internal/snapshot"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/controlplane/internal/tlsconf"
@@ -137,7 +138,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	}
 	var gs *grpc.Server
 	if s.GRPCListen != "" {
-		if gs, err = serveRLQS(s, qsvc, tlsSrv, reg, log); err != nil {
+		if gs, err = serveGRPC(ctx, s, qsvc, snap, tlsSrv, reg, log); err != nil {
 			l.Close()
 			return err
 		}
@@ -267,9 +268,10 @@ func logListening(s config.Settings, addr net.Addr, kind string, tls bool, log *
 	}
 }
 
-// serveRLQS listens on --grpc-listen and serves the Rate Limit Quota Service
-// from qsvc (TLS as the REST listener has it).
-func serveRLQS(s config.Settings, qsvc *quota.Service, tlsSrv *tlsconf.Server, reg *prometheus.Registry, log *slog.Logger) (*grpc.Server, error) {
+// serveGRPC listens on --grpc-listen and serves the Rate Limit Quota Service and
+// the RateLimitService from qsvc (TLS as the REST listener has it), the latter's
+// sweep running until ctx ends.
+func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, snap *snapshot.Snapshot, tlsSrv *tlsconf.Server, reg *prometheus.Registry, log *slog.Logger) (*grpc.Server, error) {
 	gl, err := net.Listen("tcp", s.GRPCListen)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", s.GRPCListen, err)
@@ -278,9 +280,11 @@ func serveRLQS(s config.Settings, qsvc *quota.Service, tlsSrv *tlsconf.Server, r
 	if tlsSrv != nil {
 		creds = credentials.NewTLS(tlsSrv.Config())
 	}
+	rs := rls.New(rls.Options{Quota: qsvc, Policies: snap, Registry: reg, Logger: log})
+	go rs.Run(ctx)
 	gs := rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log,
-		MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds)
-	log.Info("rate limit quota service (gRPC) listening", "addr", gl.Addr().String(), "scheme", map[bool]string{true: "https", false: "http"}[tlsSrv != nil])
+		MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds, rs.Register)
+	log.Info("rate limit quota service and rate limit service (gRPC) listening", "addr", gl.Addr().String(), "scheme", map[bool]string{true: "https", false: "http"}[tlsSrv != nil])
 	go func() { _ = gs.Serve(gl) }()
 	return gs, nil
 }

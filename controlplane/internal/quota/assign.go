@@ -130,6 +130,9 @@ type AssignResult struct {
 	Now int64
 	// RetryAfter is, when less than asked was granted, how long until more may be.
 	RetryAfter time.Duration
+	// Left is the key's units left to grant after this ask, at Now: its limit
+	// less what was admitted and what the leases and assignments out hold.
+	Left uint64
 }
 
 // Assign decides asks, each on its own key or all on distinct keys, by the same
@@ -162,7 +165,7 @@ func (s *Service) Assign(ctx context.Context, asks []Assignment) ([]AssignResult
 		if a.err != nil {
 			return nil, errors.Join(ErrUnavailable, a.err)
 		}
-		r := AssignResult{Status: a.res.Status, Granted: a.res.Granted, Returned: a.res.Returned, Tag: a.tag, Now: a.at, RetryAfter: a.res.RetryAfter}
+		r := AssignResult{Status: a.res.Status, Granted: a.res.Granted, Returned: a.res.Returned, Tag: a.tag, Now: a.at, RetryAfter: a.res.RetryAfter, Left: aos[i].left}
 		if a.res.Held > 0 {
 			r.End = a.at + int64(a.res.ExpiresIn)
 		}

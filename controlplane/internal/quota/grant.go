@@ -192,6 +192,9 @@ type assignOpts struct {
 	fit func(units uint64, life time.Duration) uint64
 	// keep: a grant of at most this many units is not made (Assignment.Keep).
 	keep uint64
+	// left is set by decide: the key's units left after the ask
+	// (AssignResult.Left).
+	left uint64
 }
 
 // assignmentEntry reports whether a ledger entry is an assignment client's (an
@@ -329,6 +332,9 @@ func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRe
 	f.settle(d)
 	granted := f.size(d)
 	f.record(d, granted)
+	if ao != nil {
+		ao.left = f.lim.Decide(d.cur, d.tmp, d.now, 0).Remaining
+	}
 	return d.res, true
 }
 

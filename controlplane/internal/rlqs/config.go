@@ -89,6 +89,10 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 	var list []*xdsmatcherv3.Matcher_MatcherList_FieldMatcher
 	for i := range p.Rules {
 		r := &p.Rules[i]
+		if r.Descriptor != nil {
+			notes = append(notes, "rule "+r.ID+": a descriptor rule; Envoy's ratelimit filter asks for it (sluicectl envoy-config rls)")
+			continue
+		}
 		if !r.IsFleet() {
 			notes = append(notes, "rule "+r.ID+": not fleet-scoped; the rate_limit_quota filter enforces fleet rules only (load the Wasm filter for per-Envoy limits)")
 			continue
@@ -241,7 +245,7 @@ func Warnings(p *rules.Policy) []string {
 	var out []string
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		if !r.IsFleet() {
+		if !r.IsFleet() || r.Descriptor != nil {
 			continue
 		}
 		if ml := maxLease(r); ml > 0 && ml < EnvoyReportInterval {

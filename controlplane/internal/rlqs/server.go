@@ -19,7 +19,6 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,10 +30,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/grpcauth"
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 )
 
@@ -144,11 +142,12 @@ const (
 	ConnWindowBytes   = 1 << 20
 )
 
-// NewGRPCServer returns a gRPC server serving s and the standard health service
-// (grpc.health.v1.Health: SERVING for "" and for the RLQS service), bounded to
-// MaxMessageBytes per received message, 1,000 streams a connection and the
+// NewGRPCServer returns a gRPC server serving s, the services also registers
+// (each returns its service name) and the standard health service
+// (grpc.health.v1.Health: SERVING for "", the RLQS service and those), bounded
+// to MaxMessageBytes per received message, 1,000 streams a connection and the
 // flow-control windows above. creds is nil for plaintext.
-func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Server {
+func NewGRPCServer(s *Server, creds credentials.TransportCredentials, also ...func(*grpc.Server) string) *grpc.Server {
 	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(1000),
 		grpc.InitialWindowSize(StreamWindowBytes), grpc.InitialConnWindowSize(ConnWindowBytes)}
 	if creds != nil {
@@ -159,66 +158,16 @@ func NewGRPCServer(s *Server, creds credentials.TransportCredentials) *grpc.Serv
 	h := health.NewServer()
 	h.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	h.SetServingStatus(rlqsv3.RateLimitQuotaService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	for _, register := range also {
+		h.SetServingStatus(register(g), healthpb.HealthCheckResponse_SERVING)
+	}
 	healthpb.RegisterHealthServer(g, h)
 	return g
 }
 
-// authenticate returns the ledger owner of the stream's caller, as POST /v1/quota
-// decides it: a verified client certificate (identity mode certificate), else the
-// quota token in "authorization: Bearer …" metadata (Envoy's grpc_service
-// initial_metadata), with the sidecar's x-forwarded-client-cert naming the identity
-// in XFCC mode.
+// authenticate returns the ledger owner of the stream's caller (grpcauth.Owner).
 func (s *Server) authenticate(ctx context.Context) (string, error) {
-	q := s.o.Quota
-	md, _ := metadata.FromIncomingContext(ctx)
-	switch q.Identity() {
-	case quota.IdentityCertificate:
-		p, ok := peer.FromContext(ctx)
-		var info credentials.TLSInfo
-		if ok {
-			info, ok = p.AuthInfo.(credentials.TLSInfo)
-		}
-		if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-			return "", status.Error(codes.Unauthenticated, "RLQS streams need a client certificate signed by the control plane's client CA (--client-ca-file)")
-		}
-		id := quota.CertificateIdentity(info.State.VerifiedChains[0][0])
-		if id == "" {
-			return "", status.Error(codes.PermissionDenied, "the client certificate has neither a URI nor a DNS subject alternative name to identify the Envoy by")
-		}
-		return quota.Owner(id), nil
-	}
-	required, refuseAll := q.TokenRequired()
-	if refuseAll {
-		return "", status.Error(codes.PermissionDenied, "quota calls are disabled: no quota token is configured (--quota-token)")
-	}
-	if required {
-		auth := first(md, "authorization")
-		token, ok := strings.CutPrefix(auth, "Bearer ")
-		if !ok || token == "" {
-			return "", status.Error(codes.Unauthenticated, `RLQS streams need the quota token in "authorization: Bearer <token>" metadata`)
-		}
-		if !q.TokenOK(token) {
-			return "", status.Error(codes.PermissionDenied, "the bearer token is not the quota token")
-		}
-	}
-	if q.Identity() == quota.IdentityXFCC {
-		if p, ok := peer.FromContext(ctx); !ok || !quota.SidecarPeer(p.Addr.String()) {
-			return "", status.Error(codes.Unauthenticated, "x-forwarded-client-cert is trusted only from this pod's own sidecar (a loopback peer such as Istio's 127.0.0.6): is the control plane's sidecar injected (on a revision-based Istio, the namespace needs istio.io/rev)?")
-		}
-		id, err := quota.XFCCIdentity(md.Get("x-forwarded-client-cert"))
-		if err != nil {
-			return "", status.Error(codes.Unauthenticated, "RLQS streams need the x-forwarded-client-cert metadata of the mesh sidecar, with a URI or DNS in its last element (--trust-xfcc): "+err.Error())
-		}
-		return quota.Owner(id), nil
-	}
-	return "", nil
-}
-
-func first(md metadata.MD, key string) string {
-	if v := md.Get(key); len(v) > 0 {
-		return v[0]
-	}
-	return ""
+	return grpcauth.Owner(ctx, s.o.Quota, "RLQS streams")
 }
 
 // StreamRateLimitQuotas serves one Envoy's stream: every usage report is answered

@@ -88,6 +88,7 @@ type Snapshot struct {
 	recs map[string]held // every name seen with Version > 0, tombstones included
 
 	seq         atomic.Uint64     // last Ticket
+	gen         atomic.Uint64     // changes applied (Generation)
 	rotate      chan store.Record // records whose epoch Run must rotate
 	regressions atomic.Uint64
 	restores    atomic.Uint64
@@ -382,6 +383,7 @@ func (s *Snapshot) applyRead(r store.Record, ticket uint64, count bool) {
 		return
 	}
 	s.recs[r.Name] = held{rec: r, ticket: ticket}
+	s.gen.Add(1)
 	s.mu.Unlock()
 	if regression && count {
 		s.regressed(cur.rec, r, "the store serves other documents under versions already served; now serving the store's")
@@ -416,6 +418,11 @@ func (s *Snapshot) Watch(name string) (r store.Record, ok bool, changed <-chan s
 	r, ok = s.Get(name)
 	return r, ok, changed, release
 }
+
+// Generation counts the changes the view has applied: a caller that derived
+// something from List need not derive it again while Generation is unchanged.
+// It only grows.
+func (s *Snapshot) Generation() uint64 { return s.gen.Load() }
 
 // List returns the live policies of the view (Doc included), sorted by name.
 func (s *Snapshot) List() []store.Record {

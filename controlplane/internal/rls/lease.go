@@ -1,0 +1,374 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	"github.com/sluice-proxy/sluice/shared/limit"
+	sq "github.com/sluice-proxy/sluice/shared/quota"
+)
+
+// A replica decides descriptors from leases it holds on their fleet keys, as an
+// Envoy's Wasm filter does: units taken from the fleet budget by the quota
+// service's rounds (quota.Service.Assign), spent one decision at a time without
+// a store round trip, asked for again when they run low. docs/rls.md, "Leases".
+
+// Sizing of a replica's asks.
+const (
+	// askHorizon is how much of a key's observed demand one ask wants: the
+	// units its decisions took over this long (the ledger caps it at the
+	// replica's share of the budget).
+	askHorizon = time.Second
+	// refillBelow is the fraction (1/refillBelow) of the last grant left at
+	// which an ask for more starts in the background, so that a steadily used
+	// key is seldom decided behind a store round trip.
+	refillBelow = 4
+	// askInterval is the report interval the replica's ledger entries are
+	// sized and remembered for.
+	askInterval = time.Second
+	// failureHold is how long after a failed ask a key is decided by its
+	// on_quota_failure without asking again.
+	failureHold = time.Second
+	// idleAfter is how long a lease may go unused before the sweep returns its
+	// units and forgets it.
+	idleAfter = 10 * time.Second
+)
+
+// lease is the replica's holding on one fleet key.
+type lease struct {
+	mu sync.Mutex
+	// rule is the rule the units were granted under, fp its fingerprint; a
+	// changed rule's units are dropped.
+	rule *quota.FleetRule
+	fp   uint64
+	// units left to admit, until end (service clock, Unix ns), counted in
+	// window or slot tag.
+	units, last uint64
+	end         int64
+	tag         uint64
+	// used is units admitted since the last ask, reported by the next one.
+	used uint64
+	// askedAt is when the last ask was sent (for the demand estimate).
+	askedAt int64
+	// left is the key's units left beyond every lease at the last ask.
+	left uint64
+	// refused: no ask before this (the budget was spent); failed: the last ask
+	// failed, decide by on_quota_failure until this.
+	refused, failed int64
+	// lastUse is when a decision last took units.
+	lastUse int64
+	// asking is closed when the ask in flight ends; nil when none is.
+	asking chan struct{}
+}
+
+// outcome is one descriptor's decision.
+type outcome struct {
+	admitted bool
+	// failed: the quota service could not decide (the rule's on_quota_failure
+	// decided instead).
+	failed bool
+	// remaining is units left for the key (limit_remaining), reset how long
+	// until the limit is whole again (duration_until_reset).
+	remaining uint64
+	reset     time.Duration
+}
+
+// leases is the replica's leases by counter key.
+type leases struct {
+	mu  sync.Mutex
+	m   map[string]*lease
+	max int
+}
+
+// get returns the lease of key, adding it; nil when max leases are held and
+// key is not one of them.
+func (ls *leases) get(key string) *lease {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	l := ls.m[key]
+	if l == nil {
+		if len(ls.m) >= ls.max {
+			return nil
+		}
+		l = &lease{}
+		ls.m[key] = l
+	}
+	return l
+}
+
+// take decides hits units of key under fr at the service clock: from the
+// lease while it holds enough, else after an ask.
+func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits uint64) outcome {
+	l := s.leases.get(key)
+	if l == nil {
+		s.m.leasesFull.Inc()
+		l = &lease{} // decided by an ask of its own, not kept
+	}
+	cfg := fr.Rule.Config
+	for attempt := 0; ; attempt++ {
+		now := s.o.Now()
+		l.mu.Lock()
+		l.expire(fr, now)
+		if hits == 0 {
+			o := l.report(cfg, now, true)
+			l.mu.Unlock()
+			return o
+		}
+		if l.units >= hits {
+			l.units -= hits
+			l.used += hits
+			l.lastUse = now
+			o := l.report(cfg, now, true)
+			if l.asking == nil && l.units*refillBelow < l.last {
+				l.asking = make(chan struct{})
+				go s.ask(context.WithoutCancel(ctx), fr, key, l, 0)
+			}
+			l.mu.Unlock()
+			return o
+		}
+		switch {
+		case hits > cfg.Limit+cfg.Burst:
+			// More than the key can ever hold at once: never admitted.
+			o := l.report(cfg, now, false)
+			l.mu.Unlock()
+			return o
+		case now < l.failed:
+			l.mu.Unlock()
+			return s.onFailure(fr, key, hits, now)
+		case now < l.refused || attempt >= 2:
+			o := l.report(cfg, now, false)
+			l.mu.Unlock()
+			return o
+		}
+		ch := l.asking
+		if ch == nil {
+			ch = make(chan struct{})
+			l.asking = ch
+			l.mu.Unlock()
+			s.ask(ctx, fr, key, l, hits)
+		} else {
+			l.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return outcome{failed: true}
+			}
+		}
+	}
+}
+
+// expire drops units that can no longer be spent: the lease ended, or the
+// rule changed. The caller holds l.mu.
+func (l *lease) expire(fr *quota.FleetRule, now int64) {
+	if l.rule == nil || l.fp != fr.Rule.Fingerprint {
+		l.fp = fr.Rule.Fingerprint
+		l.units, l.last, l.end, l.tag, l.used, l.askedAt, l.left, l.refused, l.failed = 0, 0, 0, 0, 0, 0, 0, 0, 0
+	}
+	l.rule = fr
+	if l.units > 0 && now >= l.end {
+		l.units = 0
+	}
+}
+
+// report is the outcome of a decision at now: admitted, with what the key has
+// left (the leases' units beyond this lease are not counted: to the replica
+// they are spent). The caller holds l.mu.
+func (l *lease) report(cfg limit.Config, now int64, admitted bool) outcome {
+	o := outcome{admitted: admitted, remaining: min(l.units+l.left, cfg.Limit)}
+	switch cfg.Algorithm {
+	case limit.FixedWindow, limit.TimeWheel:
+		if l.end > now {
+			o.reset = time.Duration(l.end - now)
+		} else {
+			o.reset = cfg.Window - time.Duration(now%int64(cfg.Window))
+		}
+	default:
+		// A bucket is whole again once what it lacks has refilled.
+		missing := cfg.Limit - o.remaining
+		o.reset = time.Duration(float64(cfg.Window) * float64(missing) / float64(cfg.Limit))
+	}
+	return o
+}
+
+// ask asks the quota service for units of key: at least need (0: a refill in
+// the background), as many as the key's decisions took over askHorizon. It
+// reports what the lease used since the last ask, returns the units of an ended
+// lease, and records the answer. The caller set l.asking; ask closes it.
+func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *lease, need uint64) {
+	now := s.o.Now()
+	l.mu.Lock()
+	used := l.used
+	want := max(need, 1)
+	top := fr.Rule.Config.Limit + fr.Rule.Config.Burst
+	switch {
+	case l.askedAt == 0 || used == 0:
+	case now <= l.askedAt:
+		want = top // spent within a tick of the clock: as much as the share allows
+	default:
+		demand := float64(used) * float64(askHorizon) / float64(now-l.askedAt)
+		want = max(want, uint64(min(demand, float64(limit.MaxLimit)))+1)
+	}
+	want = min(want, top)
+	var ret uint64
+	if l.units > 0 && now >= l.end {
+		ret, l.units = l.units, 0
+	}
+	l.used = 0
+	l.askedAt = now
+	l.mu.Unlock()
+
+	s.m.asks.Inc()
+	res, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
+		Used: used, Return: ret, Want: want, Interval: askInterval}})
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ch := l.asking
+	l.asking = nil
+	defer close(ch)
+	if err != nil || res[0].Status == sq.StatusRetry {
+		if err == nil {
+			err = errors.New("the key's ledger is full (retry)")
+		}
+		s.m.askFailures.Inc()
+		s.warn("ask", "rls: the quota service could not decide; deciding by on_quota_failure", "key", key, "err", err)
+		l.used += used // not reported: report it with the next ask
+		l.units += ret
+		l.failed = s.o.Now() + int64(failureHold)
+		return
+	}
+	r := res[0]
+	l.failed = 0
+	l.left = r.Left
+	if r.Granted > 0 {
+		if r.Tag != l.tag || r.End > l.end {
+			if r.Tag != l.tag {
+				l.units = 0
+			}
+			l.tag, l.end = r.Tag, r.End
+		}
+		l.units += r.Granted
+		l.last = l.units
+		l.refused = 0
+		return
+	}
+	if need > 0 && l.units < need {
+		// Nothing now: the budget is spent until RetryAfter (capped, so that
+		// units another replica returns are found within a second).
+		l.refused = r.Now + int64(min(max(r.RetryAfter, time.Millisecond), time.Second))
+	}
+}
+
+// onFailure decides a descriptor the quota service could not: by the rule's
+// on_quota_failure, "pass" admits, "deny" refuses and "local" (the default)
+// admits up to local_share of the limit per replica (the whole limit without
+// one) from a limiter of the replica's own.
+func (s *Server) onFailure(fr *quota.FleetRule, key string, hits uint64, now int64) outcome {
+	cfg := fr.Rule.Config
+	o := outcome{failed: true, reset: cfg.Window}
+	switch fr.Rule.Rule.QuotaFailure() {
+	case "pass":
+		o.admitted = true
+		o.remaining = cfg.Limit
+	case "deny":
+	default:
+		o.admitted, o.remaining = s.local.decide(fr, key, hits, now)
+	}
+	s.m.failureDecisions.WithLabelValues(fr.Rule.Rule.QuotaFailure(), map[bool]string{true: "ok", false: "over_limit"}[o.admitted]).Inc()
+	return o
+}
+
+// localLimits are the replica's own limiters, used while the quota service
+// fails: one state per key, of the rule's algorithm at its local share.
+type localLimits struct {
+	mu     sync.Mutex
+	states map[string]localState
+	max    int
+}
+
+type localState struct {
+	fp    uint64
+	lim   limit.Limiter
+	state []byte
+}
+
+func (ll *localLimits) decide(fr *quota.FleetRule, key string, hits uint64, now int64) (bool, uint64) {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	st, ok := ll.states[key]
+	if !ok || st.fp != fr.Rule.Fingerprint {
+		cfg := fr.Rule.Config
+		if share := fr.Rule.Rule.LocalSharePermille; share > 0 {
+			cfg.Limit = max(1, cfg.Limit*uint64(share)/1000)
+			if cfg.Burst > 0 {
+				cfg.Burst = max(1, cfg.Burst*uint64(share)/1000)
+			}
+		}
+		lim, err := limit.New(cfg)
+		if err != nil {
+			return true, 0 // a share the algorithm refuses: admit, as pass
+		}
+		if len(ll.states) >= ll.max {
+			clear(ll.states)
+		}
+		st = localState{fp: fr.Rule.Fingerprint, lim: lim, state: make([]byte, lim.StateSize())}
+	}
+	next := make([]byte, len(st.state))
+	d := st.lim.Decide(st.state, next, now, hits)
+	if d.Allowed {
+		st.state = next
+	}
+	ll.states[key] = st
+	return d.Allowed, d.Remaining
+}
+
+// sweep returns the units of leases unused for idleAfter and forgets them,
+// and forgets the local limiters' states when the service answers again.
+func (s *Server) sweep(ctx context.Context) {
+	now := s.o.Now()
+	s.leases.mu.Lock()
+	var idle []string
+	for k, l := range s.leases.m {
+		l.mu.Lock()
+		if l.asking == nil && now-l.lastUse > int64(idleAfter) && now-l.askedAt > int64(idleAfter) {
+			if l.units > 0 || l.used > 0 {
+				idle = append(idle, k)
+			} else {
+				delete(s.leases.m, k)
+			}
+		}
+		l.mu.Unlock()
+	}
+	s.leases.mu.Unlock()
+	for _, k := range idle {
+		s.leases.mu.Lock()
+		l := s.leases.m[k]
+		delete(s.leases.m, k)
+		s.leases.mu.Unlock()
+		if l != nil {
+			s.giveBack(ctx, k, l, now)
+		}
+	}
+}
+
+// giveBack reports what an idle lease used and returns its units.
+func (s *Server) giveBack(ctx context.Context, key string, l *lease, now int64) {
+	l.mu.Lock()
+	fr := l.rule
+	used, ret := l.used, l.units
+	if now >= l.end {
+		ret = 0
+	}
+	l.mu.Unlock()
+	if fr == nil || used+ret == 0 {
+		return
+	}
+	s.m.asks.Inc()
+	if _, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
+		Used: used, Return: ret, Interval: askInterval}}); err != nil {
+		s.m.askFailures.Inc()
+	}
+}

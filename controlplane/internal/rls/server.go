@@ -1,0 +1,275 @@
+// Package rls serves Envoy's RateLimitService (envoy.service.ratelimit.v3,
+// ShouldRateLimit: the server side of the envoy.filters.http.ratelimit filter,
+// the API envoyproxy/ratelimit serves) from sluice's fleet budgets. A rule with
+// a descriptor (rules.Descriptor) names the descriptors it limits; each is
+// decided on the rule's fleet key, from units the replica leases from the quota
+// service (quota.Service.Assign) in the same ledger as the Wasm filter's leases
+// and the rate limit quota service's assignments, so every kind of Envoy spends
+// one budget and a warm key costs no store round trip per decision.
+// docs/rls.md has the semantics, what differs from envoyproxy/ratelimit, and the
+// bounds.
+package rls
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"math"
+	"os"
+	"sync"
+	"time"
+
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/grpcauth"
+	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	"github.com/sluice-proxy/sluice/shared/limit"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// Bounds and defaults of Options.
+const (
+	// MaxDescriptors is the most descriptors one call may carry; a call with
+	// more is refused INVALID_ARGUMENT.
+	MaxDescriptors = 64
+	// DefaultMaxLeases bounds the fleet keys a replica holds leases on (about
+	// 300 bytes each, the key aside); a decision on a further key asks the quota
+	// service by itself.
+	DefaultMaxLeases = 100000
+)
+
+// Options configure New.
+type Options struct {
+	// Quota decides the units and authenticates the callers as POST /v1/quota
+	// does (its token, identity mode). Required.
+	Quota *quota.Service
+	// Policies lists the current policies (snapshot.Snapshot). Required.
+	Policies Policies
+	// Env is the environment the rules are compiled for, as the Wasm filter's
+	// "env" (counter keys carry it); "" is "default".
+	Env string
+	// Replica names this process's ledger entries (at most 200 bytes); default
+	// the host name and a random suffix. Two replicas must not share one.
+	Replica string
+	// MaxLeases bounds the leases held (default DefaultMaxLeases).
+	MaxLeases int
+	// Now is the clock in Unix nanoseconds (default time.Now().UnixNano).
+	Now func() int64
+	// Registry receives the metrics; nil registers none.
+	Registry *prometheus.Registry
+	// Logger receives failures; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the RateLimitService.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	o      Options
+	m      *metrics
+	log    *slog.Logger
+	ix     indexer
+	entry  string
+	leases leases
+	local  localLimits
+
+	warnMu sync.Mutex
+	warned map[string]int64
+}
+
+// New returns the service; Run must run beside it (the idle leases' sweep).
+func New(o Options) *Server {
+	if o.MaxLeases <= 0 {
+		o.MaxLeases = DefaultMaxLeases
+	}
+	if o.Now == nil {
+		o.Now = func() int64 { return time.Now().UnixNano() }
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Replica == "" {
+		host, _ := os.Hostname()
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		o.Replica = host + "-" + hex.EncodeToString(b[:])
+	}
+	if len(o.Replica) > 200 {
+		o.Replica = o.Replica[:200]
+	}
+	s := &Server{o: o, log: o.Logger, ix: indexer{p: o.Policies, log: o.Logger}, entry: "rls:" + o.Replica,
+		leases: leases{m: make(map[string]*lease), max: o.MaxLeases},
+		local:  localLimits{states: make(map[string]localState), max: o.MaxLeases},
+		warned: make(map[string]int64)}
+	s.m = newMetrics(o.Registry, func() float64 {
+		s.leases.mu.Lock()
+		defer s.leases.mu.Unlock()
+		return float64(len(s.leases.m))
+	})
+	return s
+}
+
+// Register adds the service to g and returns its name (for health checks).
+func (s *Server) Register(g *grpc.Server) string {
+	rlsv3.RegisterRateLimitServiceServer(g, s)
+	return rlsv3.RateLimitService_ServiceDesc.ServiceName
+}
+
+// Run sweeps idle leases every second (their units back to the budget) until
+// ctx ends.
+func (s *Server) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.sweep(ctx)
+		}
+	}
+}
+
+// ShouldRateLimit decides every descriptor of req (envoy.service.ratelimit.v3,
+// rls.proto): OVER_LIMIT overall when any is over its limit; one status per
+// descriptor, in order, with the limit, what is left and the time until the
+// window resets for a descriptor a rule limits, a bare OK for one no rule
+// names.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	if _, err := grpcauth.Owner(ctx, s.o.Quota, "RateLimitService calls"); err != nil {
+		s.m.requests.WithLabelValues("refused").Inc()
+		return nil, err
+	}
+	switch n := len(req.GetDescriptors()); {
+	case req.GetDomain() == "":
+		s.m.requests.WithLabelValues("invalid").Inc()
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	case n == 0:
+		s.m.requests.WithLabelValues("invalid").Inc()
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	case n > MaxDescriptors:
+		s.m.requests.WithLabelValues("invalid").Inc()
+		return nil, status.Errorf(codes.InvalidArgument, "at most %d descriptors a call, got %d", MaxDescriptors, n)
+	}
+	ix := s.ix.get()
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+	for i, d := range req.Descriptors {
+		st := s.decide(ctx, ix, req, d)
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.Statuses[i] = st
+	}
+	s.m.requests.WithLabelValues(map[bool]string{true: "over_limit", false: "ok"}[resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT]).Inc()
+	s.m.duration.Observe(time.Since(start).Seconds())
+	return resp, nil
+}
+
+// decide decides one descriptor.
+func (s *Server) decide(ctx context.Context, ix *index, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {
+	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	n := len(d.GetEntries())
+	if n == 0 || n > rules.MaxDescriptorEntries {
+		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		return ok
+	}
+	var kvs [rules.MaxDescriptorEntries]entryKV
+	var hs [rules.MaxDescriptorEntries]rules.Header
+	for i, e := range d.Entries {
+		kvs[i] = entryKV{e.GetKey(), e.GetValue()}
+		hs[i] = rules.Header{Name: e.GetKey(), Value: e.GetValue()}
+	}
+	ref := ix.lookup(req.Domain, kvs[:n])
+	if ref == nil {
+		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		return ok
+	}
+	fr, reason := s.o.Quota.Resolve(ref.policy, s.o.Env, ref.rule.ID)
+	if fr == nil {
+		s.warn("resolve:"+reason, "rls: a descriptor rule cannot be served; its descriptors pass", "policy", ref.policy, "rule", ref.rule.ID, "reason", reason)
+		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		return ok
+	}
+	key, found := fr.Key(&rules.Request{Descriptor: hs[:n]})
+	if !found {
+		// An entry the rule keys on has an empty value: as a request without a
+		// key part's value, not counted.
+		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		return ok
+	}
+	hits := uint64(req.HitsAddend)
+	if hits == 0 {
+		hits = 1
+	}
+	if h := d.GetHitsAddend(); h != nil {
+		hits = h.GetValue()
+	}
+	o := s.take(ctx, fr, key, hits)
+	cfg := fr.Rule.Config
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{
+		Code:               rlsv3.RateLimitResponse_OK,
+		CurrentLimit:       currentLimit(fr.Rule.ID, cfg),
+		LimitRemaining:     uint32(min(o.remaining, math.MaxUint32)),
+		DurationUntilReset: durationpb.New(o.reset.Round(time.Second)),
+	}
+	switch {
+	case o.admitted:
+		s.m.descriptors.WithLabelValues("ok").Inc()
+	case fr.Rule.Shadow:
+		s.m.descriptors.WithLabelValues("shadow").Inc()
+	default:
+		s.m.descriptors.WithLabelValues("over_limit").Inc()
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	return st
+}
+
+// units are the rate limit units of the RateLimitService API with their
+// length (envoyproxy/ratelimit, src/utils/utilities.go, UnitToDivider: a month
+// is 30 days, a year 365).
+var units = []struct {
+	d time.Duration
+	u rlsv3.RateLimitResponse_RateLimit_Unit
+}{
+	{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
+	{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
+	{time.Hour, rlsv3.RateLimitResponse_RateLimit_HOUR},
+	{24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_DAY},
+	{7 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_WEEK},
+	{30 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_MONTH},
+	{365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
+}
+
+// currentLimit is a rule's limit as the API has it: the limit per its window
+// when the window is one unit, else UNKNOWN.
+func currentLimit(name string, cfg limit.Config) *rlsv3.RateLimitResponse_RateLimit {
+	cl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(cfg.Limit, math.MaxUint32))}
+	for _, u := range units {
+		if cfg.Window == u.d {
+			cl.Unit = u.u
+		}
+	}
+	return cl
+}
+
+// warn logs msg at most every 10 s per what.
+func (s *Server) warn(what, msg string, args ...any) {
+	now := time.Now().UnixNano()
+	s.warnMu.Lock()
+	last := s.warned[what]
+	if now-last < int64(10*time.Second) {
+		s.warnMu.Unlock()
+		return
+	}
+	s.warned[what] = now
+	s.warnMu.Unlock()
+	s.log.Warn(msg, args...)
+}

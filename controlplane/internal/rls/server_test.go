@@ -1,0 +1,269 @@
+package rls
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// rlsPolicy is the shape of an envoyproxy/ratelimit configuration:
+//
+//	domain: edge
+//	descriptors:
+//	  - key: generic_key
+//	    value: api
+//	    rate_limit: {unit: minute, requests_per_unit: 10}
+//	    descriptors:
+//	      - key: user
+//	        rate_limit: {unit: minute, requests_per_unit: 3}
+//	  - key: remote_address
+//	    rate_limit: {unit: second, requests_per_unit: 5}
+//	  - key: remote_address
+//	    value: 10.0.0.1
+//	    rate_limit: {unit: second, requests_per_unit: 50}
+//	  - key: path
+//	    value: /v1/*
+//	    rate_limit: {unit: hour, requests_per_unit: 7}
+const rlsPolicy = `{"policy":"edge","rules":[
+ {"id":"api","descriptor":{"domain":"edge","entries":[{"key":"generic_key","value":"api"}]},"algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet"},
+ {"id":"api-user","descriptor":{"domain":"edge","entries":[{"key":"generic_key","value":"api"},{"key":"user"}]},"algorithm":"fixed_window","limit":3,"window":"1m","scope":"fleet"},
+ {"id":"per-ip","descriptor":{"domain":"edge","entries":[{"key":"remote_address"}]},"algorithm":"fixed_window","limit":5,"window":"1s","scope":"fleet"},
+ {"id":"office","descriptor":{"domain":"edge","entries":[{"key":"remote_address","value":"10.0.0.1"}]},"algorithm":"fixed_window","limit":50,"window":"1s","scope":"fleet"},
+ {"id":"v1","descriptor":{"domain":"edge","entries":[{"key":"path","value":"/v1/*"}]},"algorithm":"fixed_window","limit":7,"window":"1h","scope":"fleet"},
+ {"id":"shadowed","descriptor":{"domain":"edge","entries":[{"key":"generic_key","value":"shadow"}]},"algorithm":"fixed_window","limit":1,"window":"1m","scope":"fleet","shadow":true},
+ {"id":"bucket","descriptor":{"domain":"other","entries":[{"key":"generic_key","value":"tb"}]},"algorithm":"token_bucket","limit":4,"window":"1s","scope":"fleet"}
+]}`
+
+func TestDescriptorsFindTheirRuleAsEnvoyproxyRatelimitWalksItsTree(t *testing.T) {
+	pol := &policies{}
+	pol.set(t, rlsPolicy)
+	pol.set(t, `{"policy":"zz-later","rules":[
+	 {"id":"dup","descriptor":{"domain":"edge","entries":[{"key":"remote_address"}]},"algorithm":"fixed_window","limit":1,"window":"1s","scope":"fleet"},
+	 {"id":"deep","descriptor":{"domain":"edge","entries":[{"key":"remote_address"},{"key":"x","value":"y"}]},"algorithm":"fixed_window","limit":1,"window":"1s","scope":"fleet"}]}`)
+	ix := build(1, pol.List(), slog.Default())
+	for _, tc := range []struct {
+		domain  string
+		entries []entryKV
+		want    string // policy/rule, "" for none
+	}{
+		{"edge", []entryKV{{"generic_key", "api"}}, "edge/api"},
+		{"edge", []entryKV{{"generic_key", "api"}, {"user", "alice"}}, "edge/api-user"},
+		{"edge", []entryKV{{"generic_key", "other"}}, ""},
+		{"edge", []entryKV{{"remote_address", "10.0.0.1"}}, "edge/office"},               // the value before the key alone
+		{"edge", []entryKV{{"remote_address", "10.0.0.2"}}, "edge/per-ip"},               // the key alone
+		{"edge", []entryKV{{"remote_address", "10.0.0.2"}, {"x", "y"}}, "zz-later/deep"}, // a later policy's deeper rule
+		{"edge", []entryKV{{"remote_address", "10.0.0.1"}, {"x", "y"}}, ""},              // no step back from the value to the key
+		{"edge", []entryKV{{"path", "/v1/users"}}, "edge/v1"},
+		{"edge", []entryKV{{"path", "/v2/users"}}, ""},
+		{"edge", []entryKV{{"generic_key", "api"}, {"user", "a"}, {"more", "b"}}, ""}, // the rule must end at the last entry
+		{"other", []entryKV{{"generic_key", "api"}}, ""},
+		{"nope", []entryKV{{"generic_key", "api"}}, ""},
+	} {
+		got := ""
+		if r := ix.lookup(tc.domain, tc.entries); r != nil {
+			got = r.policy + "/" + r.rule.ID
+		}
+		if got != tc.want {
+			t.Errorf("%s %v: rule %q, want %q", tc.domain, tc.entries, got, tc.want)
+		}
+	}
+}
+
+func TestAFixedWindowAdmitsItsLimitAndSaysWhatIsLeftUntilItTurns(t *testing.T) {
+	f := newFixture(t, rlsPolicy)
+	r := f.replica(t, "a", "")
+	f.clk.advance(15 * time.Second) // 45 s before the minute ends
+	for i := 0; i < 10; i++ {
+		resp := r.call(t, "edge", desc("generic_key", "api"))
+		st := resp.Statuses[0]
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || st.Code != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v", i, resp)
+		}
+		if st.CurrentLimit.GetRequestsPerUnit() != 10 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Fatalf("current_limit %v, want 10 per minute", st.CurrentLimit)
+		}
+		if got := st.LimitRemaining; got != uint32(9-i) {
+			t.Errorf("call %d: limit_remaining %d, want %d", i, got, 9-i)
+		}
+		if got := st.DurationUntilReset.AsDuration(); got != 45*time.Second {
+			t.Errorf("duration_until_reset %v, want 45s", got)
+		}
+	}
+	resp := r.call(t, "edge", desc("generic_key", "api"), desc("remote_address", "10.0.0.9"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		resp.Statuses[1].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("11th call: %v", resp)
+	}
+	// A descriptor no rule names is OK, without a limit.
+	resp = r.call(t, "edge", desc("generic_key", "unknown"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("unknown descriptor: %v", resp)
+	}
+	f.clk.advance(45 * time.Second)
+	if resp := r.call(t, "edge", desc("generic_key", "api")); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 9 {
+		t.Fatalf("next window: %v", resp)
+	}
+}
+
+func TestHitsAddendShadowAndNestedKeysAreHonoured(t *testing.T) {
+	f := newFixture(t, rlsPolicy)
+	r := f.replica(t, "a", "")
+	// hits_addend: the request's, overridden by the descriptor's.
+	ctx := context.Background()
+	resp, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 4,
+		Descriptors: []*commonrl.RateLimitDescriptor{desc("path", "/v1/a")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 3 {
+		t.Fatalf("4 of 7: %v %v", resp, err)
+	}
+	d := desc("path", "/v1/a")
+	d.HitsAddend = wrapperspb.UInt64(4)
+	resp, err = r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", HitsAddend: 1, Descriptors: []*commonrl.RateLimitDescriptor{d}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("4 more of 3 left: %v %v", resp, err)
+	}
+	d.HitsAddend = wrapperspb.UInt64(0) // a query: nothing taken
+	resp, err = r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{d}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 3 {
+		t.Fatalf("hits 0: %v %v", resp, err)
+	}
+	// Each wildcard value is a counter of its own.
+	if resp := r.call(t, "edge", desc("path", "/v1/b")); resp.Statuses[0].LimitRemaining != 6 {
+		t.Fatalf("another path: %v", resp)
+	}
+	// Shadow: over the limit, answered OK and counted.
+	for i := 0; i < 3; i++ {
+		if resp := r.call(t, "edge", desc("generic_key", "shadow")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("shadow: %v", resp)
+		}
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_descriptors_total", "result", "shadow"); got != 2 {
+		t.Errorf("shadow decisions %v, want 2", got)
+	}
+	// Nested: per user under the api key, and the users apart.
+	for i := 0; i < 3; i++ {
+		if resp := r.call(t, "edge", desc("generic_key", "api", "user", "alice")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("alice %d: %v", i, resp)
+		}
+	}
+	if resp := r.call(t, "edge", desc("generic_key", "api", "user", "alice")); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("alice's 4th: %v", resp)
+	}
+	if resp := r.call(t, "edge", desc("generic_key", "api", "user", "bob")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("bob: %v", resp)
+	}
+}
+
+func TestBadCallsAreRefusedWithTheirReason(t *testing.T) {
+	f := newFixture(t, rlsPolicy)
+	r := f.replica(t, "a", "s3cret")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		token string
+		req   *rlsv3.RateLimitRequest
+		code  codes.Code
+	}{
+		{"", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{desc("a", "b")}}, codes.Unauthenticated},
+		{"wrong", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{desc("a", "b")}}, codes.PermissionDenied},
+		{"s3cret", &rlsv3.RateLimitRequest{Descriptors: []*commonrl.RateLimitDescriptor{desc("a", "b")}}, codes.InvalidArgument},
+		{"s3cret", &rlsv3.RateLimitRequest{Domain: "edge"}, codes.InvalidArgument},
+		{"s3cret", &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: make([]*commonrl.RateLimitDescriptor, MaxDescriptors+1)}, codes.InvalidArgument},
+	} {
+		c := ctx
+		if tc.token != "" {
+			c = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tc.token)
+		}
+		_, err := r.client.ShouldRateLimit(c, tc.req)
+		if status.Code(err) != tc.code {
+			t.Errorf("token %q, %d descriptors: %v, want %v", tc.token, len(tc.req.Descriptors), err, tc.code)
+		}
+	}
+	// Entries no rule can have (too many, empty) are OK.
+	c := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
+	long := desc("a", "1", "b", "2", "c", "3", "d", "4", "e", "5", "f", "6", "g", "7", "h", "8", "i", "9")
+	resp, err := r.client.ShouldRateLimit(c, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{long, {}, desc("remote_address", "")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != 3 {
+		t.Fatalf("odd descriptors: %v %v", resp, err)
+	}
+}
+
+// TestTwoReplicasOnOneRedisAdmitExactlyTheLimit drives two replicas, each with
+// its own quota service on one Redis, from many goroutines, window after
+// window: together they admit exactly the limit of each window (never more,
+// and not less while demand remains), and most decisions take no round.
+func TestTwoReplicasOnOneRedisAdmitExactlyTheLimit(t *testing.T) {
+	const L = 500
+	f := newFixture(t, `{"policy":"fleet","rules":[
+	 {"id":"w","descriptor":{"domain":"d","entries":[{"key":"generic_key","value":"w"}]},"algorithm":"fixed_window","limit":500,"window":"1s","scope":"fleet"}]}`)
+	rs := []*replica{f.replica(t, "a", ""), f.replica(t, "b", "")}
+	for w := 0; w < 5; w++ {
+		var admitted, calls atomic.Int64
+		var wg sync.WaitGroup
+		for g := 0; g < 16; g++ {
+			wg.Add(1)
+			go func(r *replica) {
+				defer wg.Done()
+				// Until this replica says over three times in a row: demand
+				// remains on both until each has spent what it holds.
+				for over := 0; over < 3; {
+					resp := r.call(t, "d", desc("generic_key", "w"))
+					calls.Add(1)
+					if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+						admitted.Add(1)
+						over = 0
+					} else {
+						over++
+					}
+				}
+			}(rs[g%2])
+		}
+		wg.Wait()
+		if got := admitted.Load(); got != L {
+			t.Errorf("window %d: %d admitted of %d calls, want exactly %d", w, got, calls.Load(), L)
+		}
+		f.clk.advance(time.Second)
+	}
+	asks := counterWith(t, rs[0].reg, "sluice_controlplane_rls_asks_total", "", "") + counterWith(t, rs[1].reg, "sluice_controlplane_rls_asks_total", "", "")
+	t.Logf("asks of the quota service: %v for %d admitted", asks, 5*L)
+	if asks > 5*L/4 {
+		t.Errorf("%v asks for %d admissions: the leases are not held", asks, 5*L)
+	}
+}
+
+// TestATokenBucketHoldsTheFleetBound: a fleet token bucket of capacity C
+// admits at once C − k, k the units that refill during one lease's validity
+// (quota's newFleetLimiter: the fleet's bound stays C + rate·t whenever leased
+// units are spent), then its rate.
+func TestATokenBucketHoldsTheFleetBound(t *testing.T) {
+	f := newFixture(t, rlsPolicy)
+	r := f.replica(t, "a", "")
+	burst := func() int {
+		n := 0
+		for ; n < 10; n++ {
+			if r.call(t, "other", desc("generic_key", "tb")).OverallCode != rlsv3.RateLimitResponse_OK {
+				break
+			}
+		}
+		return n
+	}
+	if n := burst(); n != 2 { // 4/s, C = 4: k = min(⌊C/2⌋, 4·10 s) = 2
+		t.Fatalf("admitted %d at once, want C − k = 2", n)
+	}
+	f.clk.advance(500 * time.Millisecond) // 2 tokens refill
+	if n := burst(); n != 2 {
+		t.Fatalf("admitted %d after half a second at 4/s, want 2", n)
+	}
+	f.clk.advance(10 * time.Second) // full again: never more than C − k at once
+	if n := burst(); n != 2 {
+		t.Fatalf("admitted %d from a full bucket, want 2", n)
+	}
+}

@@ -1,0 +1,215 @@
+package rules
+
+import (
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/sluice-proxy/sluice/shared/strictjson"
+)
+
+// Bounds on descriptors.
+const (
+	// MaxDescriptorEntries is the most entries a rule's descriptor may have.
+	MaxDescriptorEntries = 8
+	// MaxDescriptorBytes is the longest domain, entry key or entry value, in bytes.
+	MaxDescriptorBytes = 256
+)
+
+// Descriptor makes a rule a rate limit service rule: it applies to the
+// descriptors Envoy's ratelimit filter (envoy.filters.http.ratelimit) sends to the
+// control plane's RateLimitService (envoy.service.ratelimit.v3, ShouldRateLimit),
+// and to nothing else: the Wasm filter and the rate_limit_quota service never
+// apply a rule that has one. A request descriptor matches when its domain is
+// Domain and it has exactly len(Entries) entries, the i-th with the i-th entry's
+// key and a value it accepts: the path of one node from the top of an
+// envoyproxy/ratelimit configuration tree (src/config/config_impl.go, GetLimit).
+//
+// The rule's counter is keyed by the values of the entries that do not name an
+// exact value, in order, each under the tag "d.<key>" (so a rule with only exact
+// values has one global counter, and "key" is not allowed with a descriptor);
+// as envoyproxy/ratelimit, where the cache key holds every entry's value.
+type Descriptor struct {
+	// Domain ["domain"] is the rate limit domain (the ratelimit filter's "domain"),
+	// 1 to MaxDescriptorBytes bytes of UTF-8. Required.
+	Domain string
+	// Entries ["entries"], 1 to MaxDescriptorEntries, are matched in order.
+	Entries []DescriptorEntry
+}
+
+// DescriptorEntry is one (key, value) of a Descriptor.
+type DescriptorEntry struct {
+	// Key ["key"] is the entry's key, e.g. "generic_key", "remote_address" or a
+	// request_headers action's descriptor_key, 1 to MaxDescriptorBytes bytes of
+	// UTF-8. Required.
+	Key string
+	// Value ["value"] is what the entry's value must be: absent, any value (each
+	// value its own counter); a value ending in '*', any value with the prefix
+	// before it (each value its own counter, as envoyproxy/ratelimit's trailing
+	// wildcard); otherwise exactly this value. At most MaxDescriptorBytes bytes of
+	// UTF-8; no other '*'.
+	Value string
+}
+
+// Exact reports whether the entry names one exact value (the value is then not
+// part of the counter key).
+func (e *DescriptorEntry) Exact() bool { return e.Value != "" && !strings.HasSuffix(e.Value, "*") }
+
+// Accepts reports whether a request entry's value v is one the entry accepts.
+// A descriptor value may be empty in Envoy; the empty value is accepted only by
+// an entry without a value.
+func (e *DescriptorEntry) Accepts(v string) bool {
+	switch {
+	case e.Value == "":
+		return true
+	case strings.HasSuffix(e.Value, "*"):
+		return strings.HasPrefix(v, e.Value[:len(e.Value)-1])
+	}
+	return v == e.Value
+}
+
+// Specificity ranks how an entry matches a value, for choosing among rules that
+// match one request descriptor: 2 an exact value, 1 a wildcard prefix, 0 any value
+// (envoyproxy/ratelimit tries key_value, then wildcards, then the key alone, at
+// each level of its tree).
+func (e *DescriptorEntry) Specificity() int {
+	switch {
+	case e.Value == "":
+		return 0
+	case strings.HasSuffix(e.Value, "*"):
+		return 1
+	}
+	return 2
+}
+
+func decodeDescriptor(d *strictjson.Decoder, r *Rule) error {
+	if d.Null() {
+		return nil
+	}
+	ds := new(Descriptor)
+	r.Descriptor = ds
+	return d.Object(func(key string) error {
+		switch key {
+		case "domain":
+			ds.Domain = str(d)
+		case "entries":
+			if d.Null() {
+				return nil
+			}
+			return d.Array(func(int) error {
+				ds.Entries = append(ds.Entries, DescriptorEntry{})
+				e := &ds.Entries[len(ds.Entries)-1]
+				return d.Object(func(key string) error {
+					switch key {
+					case "key":
+						e.Key = str(d)
+					case "value":
+						e.Value = str(d)
+						if e.Value == "" {
+							d.Fail("must not be empty (omit it to accept any value)")
+						}
+					}
+					return nil
+				})
+			})
+		}
+		return nil
+	})
+}
+
+func writeDescriptor(w *strictjson.Writer, ds *Descriptor) {
+	if ds == nil {
+		return
+	}
+	w.AppendKey("descriptor")
+	w.BeginObject()
+	w.AppendKey("domain")
+	w.AppendString(ds.Domain)
+	w.AppendKey("entries")
+	w.BeginArray()
+	for _, e := range ds.Entries {
+		w.BeginObject()
+		w.AppendKey("key")
+		w.AppendString(e.Key)
+		optString(w, "value", e.Value)
+		w.EndObject()
+	}
+	w.EndArray()
+	w.EndObject()
+}
+
+// descriptor validates a rule's descriptor and what it excludes: the HTTP-only
+// fields (match, key, cost headers, exempt), which no descriptor carries.
+func (v *validator) descriptor(r *Rule, field string) {
+	f := func(name string) string { return join(field, name) }
+	ds := r.Descriptor
+	df := f("descriptor")
+	if msg := descriptorText(ds.Domain); msg != "" {
+		v.add(join(df, "domain"), msg)
+	}
+	switch n := len(ds.Entries); {
+	case n == 0:
+		v.add(join(df, "entries"), "required: at least one entry")
+	case n > MaxDescriptorEntries:
+		v.add(join(df, "entries"), "at most "+strconv.Itoa(MaxDescriptorEntries)+" entries, got "+strconv.Itoa(n))
+	}
+	for i := range ds.Entries {
+		e := &ds.Entries[i]
+		ef := elemPath(join(df, "entries"), i)
+		if msg := descriptorText(e.Key); msg != "" {
+			v.add(join(ef, "key"), msg)
+		}
+		if e.Value != "" {
+			if len(e.Value) > MaxDescriptorBytes || !utf8.ValidString(e.Value) {
+				v.add(join(ef, "value"), "must be at most "+strconv.Itoa(MaxDescriptorBytes)+" bytes of UTF-8")
+			} else if strings.Contains(strings.TrimSuffix(e.Value, "*"), "*") {
+				v.add(join(ef, "value"), "'*' only at the end (a prefix wildcard)")
+			}
+		}
+	}
+	if !r.Match.isZero() {
+		v.add(f("match"), "not with descriptor (a descriptor rule applies to rate limit service descriptors, never to HTTP requests)")
+	}
+	if len(r.Key) > 0 {
+		v.add(f("key"), "not with descriptor (its counter is keyed by the values of its entries without an exact value)")
+	}
+	if r.CostHeader != "" {
+		v.add(f("cost_header"), "not with descriptor (a descriptor's hits_addend is its cost)")
+	}
+	if r.ResponseCostHeader != "" {
+		v.add(f("response_cost_header"), "not with descriptor")
+	}
+	if len(r.Exempt.CIDRs)+len(r.Exempt.Users)+len(r.Exempt.Tenants) > 0 {
+		v.add(f("exempt"), "not with descriptor")
+	}
+	if !r.IsFleet() {
+		v.add(f("scope"), `must be "fleet" with descriptor (the control plane decides descriptors from the fleet budget for every Envoy and replica)`)
+	}
+}
+
+// descriptorPath is a string naming ds's domain and entries, distinct for
+// distinct ones (lengths before texts).
+func descriptorPath(ds *Descriptor) string {
+	b := strconv.AppendInt(nil, int64(len(ds.Domain)), 10)
+	b = append(b, ':')
+	b = append(b, ds.Domain...)
+	for _, e := range ds.Entries {
+		b = strconv.AppendInt(b, int64(len(e.Key)), 10)
+		b = append(b, ':')
+		b = append(b, e.Key...)
+		b = strconv.AppendInt(b, int64(len(e.Value)), 10)
+		b = append(b, ':')
+		b = append(b, e.Value...)
+	}
+	return string(b)
+}
+
+func descriptorText(s string) string {
+	switch {
+	case s == "":
+		return "required"
+	case len(s) > MaxDescriptorBytes || !utf8.ValidString(s):
+		return "must be at most " + strconv.Itoa(MaxDescriptorBytes) + " bytes of UTF-8"
+	}
+	return ""
+}
