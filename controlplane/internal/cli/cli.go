@@ -178,7 +178,7 @@ concurrently between read and write).`,
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "timeout of each request")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, err) })
 	root.AddCommand(applyCmd(g, env), diffCmd(g, env), validateCmd(env), getCmd(g, env), historyCmd(g, env),
-		rollbackCmd(g, env), deleteCmd(g, env), statusCmd(g, env), envoyConfigCmd(g, env), labTestCmd(env), replayCmd(env))
+		rollbackCmd(g, env), deleteCmd(g, env), statusCmd(g, env), envoyConfigCmd(g, env), labTestCmd(env), replayCmd(env), importCmd(env))
 	return root
 }
 

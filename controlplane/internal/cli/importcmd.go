@@ -1,0 +1,60 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-proxy/sluice/controlplane/internal/rlsimport"
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+func importCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "import",
+		Short: "Turn another rate limiter's configuration into a sluice policy",
+	}
+	var policy string
+	rl := &cobra.Command{
+		Use:   "ratelimit FILE... [--policy NAME]",
+		Short: "Turn envoyproxy/ratelimit configuration files into a policy of descriptor rules",
+		Long: `Read envoyproxy/ratelimit configuration files (YAML, as that service loads them;
+several files and domains) and print one sluice policy on standard output: a fixed_window
+rule of scope fleet per descriptor with a rate_limit, served by the control plane's
+RateLimitService to Envoy's ratelimit filter. What sluice cannot express (unlimited,
+replaces, quota_mode, share_threshold, metadata, a '*' inside a value, a limit of 0) is
+refused with the file, line and field; fields that only name metrics are accepted and
+noted on standard error. Apply the result with sluicectl apply -f.`,
+		Args: usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(_ *cobra.Command, args []string) error {
+			var files []rlsimport.File
+			for _, name := range args {
+				data, err := os.ReadFile(name)
+				if err != nil {
+					return withCode(ExitUsage, err)
+				}
+				files = append(files, rlsimport.File{Name: name, Data: data})
+			}
+			res, err := rlsimport.Import(policy, files)
+			if err != nil {
+				return withCode(ExitUsage, err)
+			}
+			for _, n := range res.Notes {
+				fmt.Fprintln(env.Stderr, "note:", n)
+			}
+			var buf bytes.Buffer
+			if err := json.Indent(&buf, rules.EncodePolicy(res.Policy), "", "  "); err != nil {
+				return err
+			}
+			buf.WriteByte('\n')
+			_, err = env.Stdout.Write(buf.Bytes())
+			return err
+		},
+	}
+	rl.Flags().StringVar(&policy, "policy", "default", "name of the policy written")
+	cmd.AddCommand(rl)
+	return cmd
+}

@@ -1,0 +1,323 @@
+// Package rlsimport turns envoyproxy/ratelimit configuration files into a sluice
+// policy of descriptor rules (rules.Descriptor), so a team moving from
+// envoyproxy/ratelimit to sluice's RateLimitService keeps its files' meaning.
+// What it reads is envoyproxy/ratelimit's file format (its README,
+// "Configuration"; src/config/config_impl.go, loadConfig and loadDescriptors):
+//
+//	domain: mongo_cps
+//	descriptors:
+//	  - key: database
+//	    value: users
+//	    rate_limit:
+//	      unit: second
+//	      requests_per_unit: 500
+//	    descriptors: [...]
+//
+// Each descriptor with a rate_limit becomes one fixed_window rule of scope
+// fleet whose descriptor is the path from the domain to it; its window is the
+// unit (second, minute, hour, day, week; a month is 30 days and a year 365, as
+// there). What sluice cannot express is refused with the file, line and field.
+package rlsimport
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-proxy/sluice/shared/rules"
+)
+
+// File is one configuration file: its name (for messages) and contents.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Result is an import: the policy, and notes on what was accepted without an
+// equivalent (metrics-only fields), one line each.
+type Result struct {
+	Policy *rules.Policy
+	Notes  []string
+}
+
+// Units are the rate_limit units envoyproxy/ratelimit accepts (the enum of
+// envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit, case-insensitive)
+// and their length (src/utils/utilities.go, UnitToDivider).
+var Units = map[string]time.Duration{
+	"second": time.Second,
+	"minute": time.Minute,
+	"hour":   time.Hour,
+	"day":    24 * time.Hour,
+	"week":   7 * 24 * time.Hour,
+	"month":  30 * 24 * time.Hour,
+	"year":   365 * 24 * time.Hour,
+}
+
+// Import reads files into a policy named policy. Several files may share a
+// domain (their descriptors must differ); the rules are in file order. The
+// error lists every problem found, each "file:line: field: message".
+func Import(policy string, files []File) (*Result, error) {
+	im := &importer{res: &Result{Policy: &rules.Policy{Name: policy}}, ids: map[string]bool{}, paths: map[string]string{}}
+	for _, f := range files {
+		im.file(f)
+	}
+	if len(im.errs) > 0 {
+		return nil, errors.New(strings.Join(im.errs, "\n"))
+	}
+	if err := im.res.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("the imported policy does not validate: %w", err)
+	}
+	return im.res, nil
+}
+
+type importer struct {
+	res   *Result
+	errs  []string
+	ids   map[string]bool
+	paths map[string]string // descriptor path → where it was first defined
+	name  string            // the current file
+}
+
+func (im *importer) fail(n *yaml.Node, field, msg string) {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	im.errs = append(im.errs, im.name+":"+strconv.Itoa(line)+": "+field+": "+msg)
+}
+
+func (im *importer) file(f File) {
+	im.name = f.Name
+	dec := yaml.NewDecoder(bytes.NewReader(f.Data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		im.errs = append(im.errs, f.Name+": not YAML: "+err.Error())
+		return
+	}
+	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		im.fail(&doc, "(top)", "want a mapping with domain and descriptors")
+		return
+	}
+	var domain string
+	var descs *yaml.Node
+	im.each(doc.Content[0], "", func(k string, v *yaml.Node) {
+		switch k {
+		case "domain":
+			domain = im.str(v, "domain")
+		case "descriptors":
+			descs = v
+		default:
+			im.unknown(v, k)
+		}
+	})
+	if domain == "" {
+		im.fail(doc.Content[0], "domain", "required (envoyproxy/ratelimit: config file cannot have empty domain)")
+		return
+	}
+	if descs != nil {
+		im.descriptors(descs, "descriptors", domain, nil)
+	}
+}
+
+// descriptors reads a list of descriptors under path (the entries above them).
+func (im *importer) descriptors(list *yaml.Node, field, domain string, path []rules.DescriptorEntry) {
+	if list.Kind != yaml.SequenceNode {
+		im.fail(list, field, "want a list of descriptors")
+		return
+	}
+	for i, n := range list.Content {
+		im.descriptor(n, field+"["+strconv.Itoa(i)+"]", domain, path)
+	}
+}
+
+func (im *importer) descriptor(n *yaml.Node, field, domain string, path []rules.DescriptorEntry) {
+	if n.Kind != yaml.MappingNode {
+		im.fail(n, field, "want a mapping (key, value, rate_limit, descriptors)")
+		return
+	}
+	var e rules.DescriptorEntry
+	var rl, children *yaml.Node
+	shadow := false
+	im.each(n, field, func(k string, v *yaml.Node) {
+		f := field + "." + k
+		switch k {
+		case "key":
+			e.Key = im.str(v, f)
+		case "value":
+			e.Value = im.str(v, f)
+			if i := strings.IndexByte(e.Value, '*'); i >= 0 && i != len(e.Value)-1 {
+				im.fail(v, f, "a '*' before the end of a value (a wildcard inside it) is not supported; only a trailing '*' (a prefix)")
+			}
+		case "rate_limit":
+			rl = v
+		case "descriptors":
+			children = v
+		case "shadow_mode":
+			shadow = im.boolean(v, f)
+		case "detailed_metric", "value_to_metric":
+			im.boolean(v, f)
+			im.res.Notes = append(im.res.Notes, im.name+":"+strconv.Itoa(v.Line)+": "+f+": metrics naming only; sluice's metrics are per rule")
+		case "quota_mode":
+			if im.boolean(v, f) {
+				im.fail(v, f, "quota mode is not supported")
+			}
+		case "share_threshold":
+			if im.boolean(v, f) {
+				im.fail(v, f, "a counter shared by every value of a wildcard is not supported (each value is a counter of its own)")
+			}
+		case "metadata":
+			im.fail(v, f, "descriptor metadata in responses is not supported")
+		default:
+			im.unknown(v, field+"."+k)
+		}
+	})
+	if e.Key == "" {
+		im.fail(n, field+".key", "required (envoyproxy/ratelimit: descriptor has empty key)")
+		return
+	}
+	here := append(append([]rules.DescriptorEntry(nil), path...), e)
+	if len(here) > rules.MaxDescriptorEntries {
+		im.fail(n, field, "nested deeper than the "+strconv.Itoa(rules.MaxDescriptorEntries)+" entries a sluice descriptor may have")
+		return
+	}
+	if rl != nil {
+		im.rule(rl, field+".rate_limit", domain, here, shadow)
+	} else if shadow {
+		im.res.Notes = append(im.res.Notes, im.name+":"+strconv.Itoa(n.Line)+": "+field+".shadow_mode: no rate_limit here; ignored")
+	}
+	if children != nil {
+		im.descriptors(children, field+".descriptors", domain, here)
+	}
+}
+
+func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.DescriptorEntry, shadow bool) {
+	if n.Kind != yaml.MappingNode {
+		im.fail(n, field, "want a mapping (unit, requests_per_unit)")
+		return
+	}
+	var unit, name string
+	var rpu uint64
+	var rpuNode *yaml.Node
+	im.each(n, field, func(k string, v *yaml.Node) {
+		f := field + "." + k
+		switch k {
+		case "unit":
+			unit = strings.ToLower(im.str(v, f))
+		case "requests_per_unit":
+			rpuNode = v
+			u, err := strconv.ParseUint(v.Value, 10, 32)
+			if v.Kind != yaml.ScalarNode || err != nil {
+				im.fail(v, f, "want a whole number of requests, 0 to 4294967295")
+			}
+			rpu = u
+		case "unlimited":
+			if im.boolean(v, f) {
+				im.fail(v, f, "unlimited descriptors are not supported yet; leave the descriptor out (a descriptor no rule names is OK) unless a less specific one would then apply")
+			}
+		case "name":
+			name = im.str(v, f)
+		case "replaces":
+			im.fail(v, f, "replaces is not supported: every matching descriptor's limit applies")
+		default:
+			im.unknown(v, f)
+		}
+	})
+	window, ok := Units[unit]
+	if !ok {
+		im.fail(n, field+".unit", "want one of second, minute, hour, day, week, month, year, got "+strconv.Quote(unit))
+		return
+	}
+	if rpuNode == nil || rpu == 0 {
+		im.fail(n, field+".requests_per_unit", "want at least 1 (a limit of 0, every request over it, has no sluice equivalent; deny the route in Envoy instead)")
+		return
+	}
+	ds := &rules.Descriptor{Domain: domain, Entries: path}
+	key := ds.Domain + "\x00" + pathText(path)
+	if where, dup := im.paths[key]; dup {
+		im.fail(n, field, "the same domain and descriptor as "+where)
+		return
+	}
+	im.paths[key] = im.name + ":" + strconv.Itoa(n.Line)
+	r := rules.Rule{ID: im.id(name, domain, path), Descriptor: ds, Algorithm: "fixed_window", Limit: rpu,
+		Window: window, Scope: rules.ScopeFleet, Shadow: shadow}
+	if name != "" {
+		r.Description = "envoyproxy/ratelimit rate_limit " + strconv.Quote(name)
+	}
+	im.res.Policy.Rules = append(im.res.Policy.Rules, r)
+}
+
+// id makes a rule id from a rate limit's name or its descriptor's path:
+// lower case, other characters '-', unique in the policy (a hash suffix when it
+// is long or taken).
+func (im *importer) id(name, domain string, path []rules.DescriptorEntry) string {
+	src := name
+	if src == "" {
+		src = domain + "." + pathText(path)
+	}
+	b := []byte(strings.ToLower(src))
+	for i, c := range b {
+		ok := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || (c == '_' || c == '.' || c == '-') && i > 0
+		if !ok {
+			b[i] = '-'
+		}
+	}
+	id := string(b)
+	if !rules.ValidID(id) || im.ids[id] {
+		h := fnv.New32a()
+		h.Write([]byte(domain + "\x00" + pathText(path)))
+		id = strings.TrimRight(id[:min(len(id), rules.MaxIDBytes-9)], "-._") + "-" + fmt.Sprintf("%08x", h.Sum32())
+	}
+	im.ids[id] = true
+	return id
+}
+
+// pathText is the path as envoyproxy/ratelimit names it: key or key_value,
+// joined by '.'.
+func pathText(path []rules.DescriptorEntry) string {
+	parts := make([]string, len(path))
+	for i, e := range path {
+		parts[i] = e.Key
+		if e.Value != "" {
+			parts[i] += "_" + e.Value
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+// each calls fn for each key of mapping n.
+func (im *importer) each(n *yaml.Node, field string, fn func(k string, v *yaml.Node)) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if k.Kind != yaml.ScalarNode {
+			im.fail(k, field, "a key that is not a string")
+			continue
+		}
+		fn(k.Value, n.Content[i+1])
+	}
+}
+
+func (im *importer) unknown(v *yaml.Node, field string) {
+	im.fail(v, field, "unknown field (envoyproxy/ratelimit refuses it too)")
+}
+
+func (im *importer) str(v *yaml.Node, field string) string {
+	if v.Kind != yaml.ScalarNode {
+		im.fail(v, field, "want a string")
+		return ""
+	}
+	return v.Value
+}
+
+func (im *importer) boolean(v *yaml.Node, field string) bool {
+	var b bool
+	if v.Kind != yaml.ScalarNode || v.Decode(&b) != nil {
+		im.fail(v, field, "want true or false")
+	}
+	return b
+}
