@@ -18,6 +18,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -149,7 +150,11 @@ const (
 // flow-control windows above. creds is nil for plaintext.
 func NewGRPCServer(s *Server, creds credentials.TransportCredentials, also ...func(*grpc.Server) string) *grpc.Server {
 	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxConcurrentStreams(1000),
-		grpc.InitialWindowSize(StreamWindowBytes), grpc.InitialConnWindowSize(ConnWindowBytes)}
+		grpc.InitialWindowSize(StreamWindowBytes), grpc.InitialConnWindowSize(ConnWindowBytes),
+		// Unary calls (the RateLimitService's) run on a pool of goroutines whose
+		// stacks have grown, not on a new goroutine each; when all are busy (an
+		// RLQS stream holds one for its life) a call gets a goroutine of its own.
+		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0)))}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}

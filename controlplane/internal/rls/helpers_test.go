@@ -104,9 +104,16 @@ func (f *fixture) replica(t testing.TB, name string, token string) *replica {
 	rc := redis.NewUniversalClient(o)
 	t.Cleanup(func() { rc.Close() })
 	reg := prometheus.NewRegistry()
+	var now func() int64 // the real clock without a test clock
+	if f.clk != nil {
+		now = f.clk.now
+	}
 	q := quota.New(quota.Options{Backend: quota.NewRedis(rc), Policies: f.pol, Open: token == "", Token: token,
-		Now: f.clk.now, Registry: reg})
-	srv := New(Options{Quota: q, Policies: f.pol, Replica: name, Now: f.clk.now, Registry: reg})
+		Now: now, Registry: reg})
+	srv := New(Options{Quota: q, Policies: f.pol, Replica: name, Now: now, Registry: reg})
+	ctx, cancel := context.WithCancel(context.Background())
+	go srv.Run(ctx)
+	t.Cleanup(cancel)
 	g := rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: q}), nil, srv.Register)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -144,11 +151,10 @@ func (r *replica) call(t testing.TB, domain string, ds ...*commonrl.RateLimitDes
 
 // counterWith returns the value of the sample of name whose label has value
 // (label "" for the sum of all).
-func counterWith(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
+func counterWith(t testing.TB, reg *prometheus.Registry, name, label, value string) float64 {
 	mfs, err := reg.Gather()
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	var sum float64
 	for _, mf := range mfs {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
@@ -21,6 +23,8 @@ type Policies interface {
 type ruleRef struct {
 	policy string
 	rule   *rules.Rule
+	// limit is the rule's current_limit, shared by every response (read-only).
+	limit *rlsv3.RateLimitResponse_RateLimit
 }
 
 // node is one level of a domain's descriptor tree, as envoyproxy/ratelimit
@@ -99,7 +103,7 @@ func build(gen uint64, recs []store.Record, log *slog.Logger) *index {
 					"served", n.rule.policy+"/"+n.rule.rule.ID, "ignored", p.Name+"/"+r.ID)
 				continue
 			}
-			n.rule = &ruleRef{policy: p.Name, rule: r}
+			n.rule = &ruleRef{policy: p.Name, rule: r, limit: currentLimit(r.ID, r.Limit, r.Window)}
 		}
 	}
 	return ix

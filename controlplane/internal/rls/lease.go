@@ -19,8 +19,9 @@ import (
 // Sizing of a replica's asks.
 const (
 	// askHorizon is how much of a key's observed demand one ask wants: the
-	// units its decisions took over this long (the ledger caps it at the
-	// replica's share of the budget).
+	// units its decisions took over this long, or for a window until the
+	// window ends, with a quarter more (the ledger caps it at the replica's
+	// share of the budget).
 	askHorizon = time.Second
 	// refillBelow is the fraction (1/refillBelow) of the last grant left at
 	// which an ask for more starts in the background, so that a steadily used
@@ -122,9 +123,9 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			l.used += hits
 			l.lastUse = now
 			o := l.report(cfg, now, true)
-			if l.asking == nil && l.units*refillBelow < l.last {
+			if l.asking == nil && l.units*refillBelow < l.last && l.short(now) {
 				l.asking = make(chan struct{})
-				go s.ask(context.WithoutCancel(ctx), fr, key, l, 0)
+				s.refill(refillJob{fr: fr, key: key, l: l})
 			}
 			l.mu.Unlock()
 			return o
@@ -156,6 +157,60 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			case <-ctx.Done():
 				return outcome{failed: true}
 			}
+		}
+	}
+}
+
+// short reports whether the lease's units will run out well before it ends
+// (at four fifths of what the rate its decisions took them at since the last
+// ask needs: the grant's headroom, inverted). The caller holds l.mu.
+func (l *lease) short(now int64) bool {
+	elapsed := now - l.askedAt
+	if elapsed <= 0 || l.end <= now {
+		return true
+	}
+	return float64(l.units)*1.25 < float64(l.used)*float64(l.end-now)/float64(elapsed)
+}
+
+// refillJob is a background ask for more units of a key.
+type refillJob struct {
+	fr  *quota.FleetRule
+	key string
+	l   *lease
+}
+
+// refill hands j to the refill workers (Run), or to a goroutine of its own
+// when they are all busy: a refill never waits, and the workers' grown stacks
+// spare most refills a new goroutine's.
+func (s *Server) refill(j refillJob) {
+	if s.workers.Load() > 0 {
+		select {
+		case s.refills <- j:
+			return
+		default:
+		}
+	}
+	go s.ask(context.Background(), j.fr, j.key, j.l, 0)
+}
+
+// refillWorker runs refills until ctx ends.
+func (s *Server) refillWorker(ctx context.Context) {
+	s.workers.Add(1)
+	defer s.workers.Add(-1)
+	for {
+		select {
+		case <-ctx.Done():
+			// Refills handed over meanwhile still end (their waiters with them).
+			for {
+				select {
+				case j := <-s.refills:
+					s.ask(context.Background(), j.fr, j.key, j.l, 0)
+				default:
+					return
+				}
+			}
+		case j := <-s.refills:
+			s.ask(ctx, j.fr, j.key, j.l, 0)
 		}
 	}
 }
@@ -208,7 +263,11 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	case now <= l.askedAt:
 		want = top // spent within a tick of the clock: as much as the share allows
 	default:
-		demand := float64(used) * float64(askHorizon) / float64(now-l.askedAt)
+		horizon := askHorizon
+		if w := fr.Rule.Config.Window; fr.Rule.Config.Algorithm == limit.FixedWindow {
+			horizon = w - time.Duration(now%int64(w)) // epoch-aligned windows
+		}
+		demand := float64(used) * float64(horizon) / float64(now-l.askedAt) * 1.25
 		want = max(want, uint64(min(demand, float64(limit.MaxLimit)))+1)
 	}
 	want = min(want, top)
@@ -277,7 +336,7 @@ func (s *Server) onFailure(fr *quota.FleetRule, key string, hits uint64, now int
 	default:
 		o.admitted, o.remaining = s.local.decide(fr, key, hits, now)
 	}
-	s.m.failureDecisions.WithLabelValues(fr.Rule.Rule.QuotaFailure(), map[bool]string{true: "ok", false: "over_limit"}[o.admitted]).Inc()
+	s.m.failureDecisions.WithLabelValues(fr.Rule.Rule.QuotaFailure(), codeName(o.admitted)).Inc()
 	return o
 }
 

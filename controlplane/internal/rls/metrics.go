@@ -20,6 +20,8 @@ type metrics struct {
 	requests, descriptors, failureDecisions *prometheus.CounterVec
 	asks, askFailures, leasesFull           prometheus.Counter
 	duration                                prometheus.Histogram
+	// The children counted per call.
+	ok, overLimit, dOK, dOver, dShadow, noRule prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
@@ -40,6 +42,9 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 			Help:    "Time from receiving a ShouldRateLimit call to answering it, in seconds.",
 			Buckets: []float64{.00005, .0001, .0002, .0005, .001, .002, .005, .01, .025, .1, .25, 1}}),
 	}
+	m.ok, m.overLimit = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit")
+	m.dOK, m.dOver = m.descriptors.WithLabelValues("ok"), m.descriptors.WithLabelValues("over_limit")
+	m.dShadow, m.noRule = m.descriptors.WithLabelValues("shadow"), m.descriptors.WithLabelValues("no_rule")
 	if reg != nil {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_controlplane_rls_leases",
 			Help: "Fleet keys the rate limit service holds a lease on now."}, leases)

@@ -17,7 +17,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -30,7 +32,6 @@ import (
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/grpcauth"
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
-	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
@@ -78,6 +79,10 @@ type Server struct {
 	entry  string
 	leases leases
 	local  localLimits
+	// refills are the background asks waiting for a worker (Run), workers
+	// how many workers run.
+	refills chan refillJob
+	workers atomic.Int32
 
 	warnMu sync.Mutex
 	warned map[string]int64
@@ -106,7 +111,7 @@ func New(o Options) *Server {
 	s := &Server{o: o, log: o.Logger, ix: indexer{p: o.Policies, log: o.Logger}, entry: "rls:" + o.Replica,
 		leases: leases{m: make(map[string]*lease), max: o.MaxLeases},
 		local:  localLimits{states: make(map[string]localState), max: o.MaxLeases},
-		warned: make(map[string]int64)}
+		warned: make(map[string]int64), refills: make(chan refillJob, 1024)}
 	s.m = newMetrics(o.Registry, func() float64 {
 		s.leases.mu.Lock()
 		defer s.leases.mu.Unlock()
@@ -121,9 +126,12 @@ func (s *Server) Register(g *grpc.Server) string {
 	return rlsv3.RateLimitService_ServiceDesc.ServiceName
 }
 
-// Run sweeps idle leases every second (their units back to the budget) until
-// ctx ends.
+// Run runs the background refills and sweeps idle leases every second (their
+// units back to the budget) until ctx ends.
 func (s *Server) Run(ctx context.Context) {
+	for range 2 * runtime.GOMAXPROCS(0) {
+		go s.refillWorker(ctx)
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -168,7 +176,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		resp.Statuses[i] = st
 	}
-	s.m.requests.WithLabelValues(map[bool]string{true: "over_limit", false: "ok"}[resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT]).Inc()
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		s.m.overLimit.Inc()
+	} else {
+		s.m.ok.Inc()
+	}
 	s.m.duration.Observe(time.Since(start).Seconds())
 	return resp, nil
 }
@@ -178,7 +190,7 @@ func (s *Server) decide(ctx context.Context, ix *index, req *rlsv3.RateLimitRequ
 	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	n := len(d.GetEntries())
 	if n == 0 || n > rules.MaxDescriptorEntries {
-		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		s.m.noRule.Inc()
 		return ok
 	}
 	var kvs [rules.MaxDescriptorEntries]entryKV
@@ -189,20 +201,20 @@ func (s *Server) decide(ctx context.Context, ix *index, req *rlsv3.RateLimitRequ
 	}
 	ref := ix.lookup(req.Domain, kvs[:n])
 	if ref == nil {
-		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		s.m.noRule.Inc()
 		return ok
 	}
 	fr, reason := s.o.Quota.Resolve(ref.policy, s.o.Env, ref.rule.ID)
 	if fr == nil {
 		s.warn("resolve:"+reason, "rls: a descriptor rule cannot be served; its descriptors pass", "policy", ref.policy, "rule", ref.rule.ID, "reason", reason)
-		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		s.m.noRule.Inc()
 		return ok
 	}
 	key, found := fr.Key(&rules.Request{Descriptor: hs[:n]})
 	if !found {
 		// An entry the rule keys on has an empty value: as a request without a
 		// key part's value, not counted.
-		s.m.descriptors.WithLabelValues("no_rule").Inc()
+		s.m.noRule.Inc()
 		return ok
 	}
 	hits := uint64(req.HitsAddend)
@@ -213,20 +225,19 @@ func (s *Server) decide(ctx context.Context, ix *index, req *rlsv3.RateLimitRequ
 		hits = h.GetValue()
 	}
 	o := s.take(ctx, fr, key, hits)
-	cfg := fr.Rule.Config
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{
 		Code:               rlsv3.RateLimitResponse_OK,
-		CurrentLimit:       currentLimit(fr.Rule.ID, cfg),
+		CurrentLimit:       ref.limit,
 		LimitRemaining:     uint32(min(o.remaining, math.MaxUint32)),
-		DurationUntilReset: durationpb.New(o.reset.Round(time.Second)),
+		DurationUntilReset: seconds(o.reset),
 	}
 	switch {
 	case o.admitted:
-		s.m.descriptors.WithLabelValues("ok").Inc()
+		s.m.dOK.Inc()
 	case fr.Rule.Shadow:
-		s.m.descriptors.WithLabelValues("shadow").Inc()
+		s.m.dShadow.Inc()
 	default:
-		s.m.descriptors.WithLabelValues("over_limit").Inc()
+		s.m.dOver.Inc()
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	return st
@@ -248,16 +259,44 @@ var units = []struct {
 	{365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
 }
 
-// currentLimit is a rule's limit as the API has it: the limit per its window
-// when the window is one unit, else UNKNOWN.
-func currentLimit(name string, cfg limit.Config) *rlsv3.RateLimitResponse_RateLimit {
-	cl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(cfg.Limit, math.MaxUint32))}
+// currentLimit is a rule's limit as the API has it: the limit (requests or
+// hits) per its window when the window is one unit, else UNKNOWN.
+func currentLimit(name string, lim uint64, window time.Duration) *rlsv3.RateLimitResponse_RateLimit {
+	cl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(lim, math.MaxUint32))}
 	for _, u := range units {
-		if cfg.Window == u.d {
+		if window == u.d {
 			cl.Unit = u.u
 		}
 	}
 	return cl
+}
+
+// wholeSeconds are the durations of 0 to an hour in whole seconds, shared by
+// the responses (read-only): most resets are one of them.
+var wholeSeconds = func() []*durationpb.Duration {
+	out := make([]*durationpb.Duration, 3601)
+	for i := range out {
+		out[i] = &durationpb.Duration{Seconds: int64(i)}
+	}
+	return out
+}()
+
+// seconds is d in whole seconds, rounded up (as envoyproxy/ratelimit's
+// CalculateReset: the seconds until the window's end, never 0 for a window
+// still running).
+func seconds(d time.Duration) *durationpb.Duration {
+	s := int64((d + time.Second - 1) / time.Second)
+	if s >= 0 && s < int64(len(wholeSeconds)) {
+		return wholeSeconds[s]
+	}
+	return &durationpb.Duration{Seconds: s}
+}
+
+func codeName(admitted bool) string {
+	if admitted {
+		return "ok"
+	}
+	return "over_limit"
 }
 
 // warn logs msg at most every 10 s per what.
