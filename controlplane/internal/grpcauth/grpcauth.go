@@ -25,7 +25,8 @@ import (
 // UNAUTHENTICATED without the credential the mode needs, PERMISSION_DENIED with
 // a wrong one. what names the calls in messages, e.g. "RLQS streams".
 func Owner(ctx context.Context, q *quota.Service, what string) (string, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
+	// Metadata is read by key (metadata.ValueFromIncomingContext), not copied
+	// whole: a RateLimitService call authenticates every time.
 	switch q.Identity() {
 	case quota.IdentityCertificate:
 		p, ok := peer.FromContext(ctx)
@@ -47,7 +48,7 @@ func Owner(ctx context.Context, q *quota.Service, what string) (string, error) {
 		return "", status.Error(codes.PermissionDenied, "quota calls are disabled: no quota token is configured (--quota-token)")
 	}
 	if required {
-		auth := first(md, "authorization")
+		auth := first(metadata.ValueFromIncomingContext(ctx, "authorization"))
 		token, ok := strings.CutPrefix(auth, "Bearer ")
 		if !ok || token == "" {
 			return "", status.Error(codes.Unauthenticated, what+` need the quota token in "authorization: Bearer <token>" metadata`)
@@ -60,7 +61,7 @@ func Owner(ctx context.Context, q *quota.Service, what string) (string, error) {
 		if p, ok := peer.FromContext(ctx); !ok || !quota.SidecarPeer(p.Addr.String()) {
 			return "", status.Error(codes.Unauthenticated, "x-forwarded-client-cert is trusted only from this pod's own sidecar (a loopback peer such as Istio's 127.0.0.6): is the control plane's sidecar injected (on a revision-based Istio, the namespace needs istio.io/rev)?")
 		}
-		id, err := quota.XFCCIdentity(md.Get("x-forwarded-client-cert"))
+		id, err := quota.XFCCIdentity(metadata.ValueFromIncomingContext(ctx, "x-forwarded-client-cert"))
 		if err != nil {
 			return "", status.Error(codes.Unauthenticated, what+" need the x-forwarded-client-cert metadata of the mesh sidecar, with a URI or DNS in its last element (--trust-xfcc): "+err.Error())
 		}
@@ -69,8 +70,8 @@ func Owner(ctx context.Context, q *quota.Service, what string) (string, error) {
 	return "", nil
 }
 
-func first(md metadata.MD, key string) string {
-	if v := md.Get(key); len(v) > 0 {
+func first(v []string) string {
+	if len(v) > 0 {
 		return v[0]
 	}
 	return ""

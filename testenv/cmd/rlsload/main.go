@@ -156,6 +156,7 @@ type result struct {
 	latencies               []time.Duration // sorted
 	cpu                     time.Duration   // the service's, -1 if not measured
 	redisCalls              int64           // -1 if not measured
+	redisCPU                time.Duration   // Redis's user and system CPU time, -1 if not measured
 	perWindow               map[int64]int   // key 0's admitted calls by window start (Unix ns)
 	firstFailure            string          // the first failed call's error or code
 }
@@ -163,7 +164,7 @@ type result struct {
 // drive sends the calls and measures them.
 func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Client, o options, entries []entry) (*result, error) {
 	reqs := requests(o.domain, entries, o.keys)
-	res := &result{cpu: -1, redisCalls: -1, perWindow: map[int64]int{}}
+	res := &result{cpu: -1, redisCalls: -1, redisCPU: -1, perWindow: map[int64]int{}}
 	var cpu0 time.Duration
 	if o.pid > 0 {
 		var err error
@@ -172,9 +173,13 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 		}
 	}
 	var redis0 int64
+	var redisCPU0 time.Duration
 	if rdb != nil {
 		var err error
 		if redis0, err = redisCalls(ctx, rdb); err != nil {
+			return nil, err
+		}
+		if redisCPU0, err = redisCPU(ctx, rdb); err != nil {
 			return nil, err
 		}
 	}
@@ -253,6 +258,11 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 			return nil, err
 		}
 		res.redisCalls = n - redis0
+		c, err := redisCPU(ctx, rdb)
+		if err != nil {
+			return nil, err
+		}
+		res.redisCPU = c - redisCPU0
 	}
 	return res, nil
 }
@@ -280,6 +290,9 @@ func (r *result) print(out io.Writer, o options) {
 			perCore = float64(decided) / r.cpu.Seconds()
 		}
 		fmt.Fprintf(out, "service CPU %.2fs: decisions per CPU second %.0f\n", r.cpu.Seconds(), perCore)
+	}
+	if r.cpu > 0 && r.redisCPU >= 0 {
+		fmt.Fprintf(out, "Redis CPU %.2fs: decisions per CPU second of service and Redis %.0f\n", r.redisCPU.Seconds(), float64(decided)/(r.cpu+r.redisCPU).Seconds())
 	}
 	fmt.Fprintf(out, "latency p50 %v p99 %v\n", percentile(r.latencies, 50), percentile(r.latencies, 99))
 	if r.redisCalls >= 0 && decided > 0 {
@@ -319,6 +332,28 @@ func redisCalls(ctx context.Context, rdb *redis.Client) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// redisCPU is the Redis server's user and system CPU time (INFO cpu:
+// used_cpu_user and used_cpu_sys, seconds).
+func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("redis INFO cpu: %w", err)
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || k != "used_cpu_user" && k != "used_cpu_sys" {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("redis INFO cpu: %q: %w", line, err)
+		}
+		total += f
+	}
+	return time.Duration(total * float64(time.Second)), nil
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times on Linux.
