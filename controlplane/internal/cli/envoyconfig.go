@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/rlqs"
+	"github.com/sluice-proxy/sluice/controlplane/internal/rls"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
@@ -33,32 +34,9 @@ server, or from -f FILE. The quota token, if $SLUICE_QUOTA_TOKEN is set, is sent
 "authorization: Bearer" metadata. Run it again after a policy change. See docs/rlqs.md.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var p *rules.Policy
-			switch {
-			case file != "":
-				pfs, err := loadFiles(env, []string{file})
-				if err != nil {
-					return err
-				}
-				if len(pfs) != 1 {
-					return withCode(ExitUsage, errors.New("-f: give one policy file"))
-				}
-				p = pfs[0].Policy
-			case policy != "":
-				c, err := g.client(env)
-				if err != nil {
-					return err
-				}
-				path := "/v1/policies/" + url.PathEscape(policy)
-				r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodGet, path, nil, false))
-				if err != nil {
-					return err
-				}
-				if p, err = rules.ParsePolicy(r.Body); err != nil {
-					return withCode(ExitServer, fmt.Errorf("GET %s: %w", path, err))
-				}
-			default:
-				return withCode(ExitUsage, errors.New("give --policy NAME (read from the server) or -f FILE"))
+			p, err := policyFor(cmd, g, env, policy, file)
+			if err != nil {
+				return err
 			}
 			o.Token = env.Getenv("SLUICE_QUOTA_TOKEN")
 			doc, notes, err := rlqs.EnvoyConfig(p, o)
@@ -80,6 +58,79 @@ server, or from -f FILE. The quota token, if $SLUICE_QUOTA_TOKEN is set, is sent
 	f.StringVar(&o.Upstream, "upstream", "127.0.0.1:8000", "the service's address, host:port")
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:10000", "the listener's address, host:port")
 	f.DurationVar(&o.ReportingInterval, "reporting-interval", time.Second, "each bucket's reporting_interval (more than 100ms)")
-	root.AddCommand(cmd)
+	root.AddCommand(cmd, rlsConfigCmd(g, env))
 	return root
+}
+
+func rlsConfigCmd(g *globals, env *Env) *cobra.Command {
+	var policy, file string
+	var o rls.ConfigOptions
+	cmd := &cobra.Command{
+		Use:   "rls --policy NAME [-f FILE] [--domain DOMAIN]",
+		Short: "An Envoy bootstrap whose ratelimit filter asks the control plane's RateLimitService",
+		Long: `Print an Envoy bootstrap (YAML) whose envoy.filters.http.ratelimit filter asks the control
+plane's RateLimitService (sluice-controlplane --grpc-listen) about the descriptor rules of one
+domain of a policy: one route rate_limits entry per rule, whose actions produce its descriptor
+(an exact value as a generic_key, remote_address, source_cluster and destination_cluster as
+those actions, any other entry from the request header of its name), failing open and with the
+draft-03 X-RateLimit headers. The policy is read from the server, or from -f FILE. The quota
+token, if $SLUICE_QUOTA_TOKEN is set, is sent as "authorization: Bearer" metadata. See docs/rls.md.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := policyFor(cmd, g, env, policy, file)
+			if err != nil {
+				return err
+			}
+			o.Token = env.Getenv("SLUICE_QUOTA_TOKEN")
+			doc, notes, err := rls.EnvoyConfig(p, o)
+			for _, n := range notes {
+				fmt.Fprintln(env.Stderr, "sluicectl: NOTE:", n)
+			}
+			if err != nil {
+				return withCode(ExitUsage, err)
+			}
+			_, err = env.Stdout.Write(doc)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&policy, "policy", "", "the policy to read from the server")
+	f.StringVarP(&file, "filename", "f", "", "read the policy from this file (YAML or JSON) instead")
+	f.StringVar(&o.Domain, "domain", "", "the rate limit domain (default: the policy's only one)")
+	f.StringVar(&o.ControlPlane, "grpc", "127.0.0.1:8081", "the control plane's --grpc-listen address, host:port")
+	f.StringVar(&o.Upstream, "upstream", "127.0.0.1:8000", "the service's address, host:port")
+	f.StringVar(&o.Listen, "listen", "127.0.0.1:10000", "the listener's address, host:port")
+	f.DurationVar(&o.Timeout, "timeout", 100*time.Millisecond, "the filter's timeout of a call")
+	return cmd
+}
+
+// policyFor reads the policy from file, or the server's current one of name.
+func policyFor(cmd *cobra.Command, g *globals, env *Env, name, file string) (*rules.Policy, error) {
+	switch {
+	case file != "":
+		pfs, err := loadFiles(env, []string{file})
+		if err != nil {
+			return nil, err
+		}
+		if len(pfs) != 1 {
+			return nil, withCode(ExitUsage, errors.New("-f: give one policy file"))
+		}
+		return pfs[0].Policy, nil
+	case name != "":
+		c, err := g.client(env)
+		if err != nil {
+			return nil, err
+		}
+		path := "/v1/policies/" + url.PathEscape(name)
+		r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodGet, path, nil, false))
+		if err != nil {
+			return nil, err
+		}
+		p, err := rules.ParsePolicy(r.Body)
+		if err != nil {
+			return nil, withCode(ExitServer, fmt.Errorf("GET %s: %w", path, err))
+		}
+		return p, nil
+	}
+	return nil, withCode(ExitUsage, errors.New("give --policy NAME (read from the server) or -f FILE"))
 }

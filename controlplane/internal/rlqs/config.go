@@ -2,7 +2,6 @@ package rlqs
 
 import (
 	"errors"
-	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -10,26 +9,18 @@ import (
 
 	xdscorev3 "github.com/cncf/xds/go/xds/core/v3"
 	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rlqsfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
-	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	networkinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
-	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sluice-proxy/sluice/controlplane/internal/envoyboot"
 	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
@@ -109,7 +100,7 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 		}
 		list = append(list, &xdsmatcherv3.Matcher_MatcherList_FieldMatcher{Predicate: pred,
 			OnMatch: &xdsmatcherv3.Matcher_OnMatch{OnMatch: &xdsmatcherv3.Matcher_OnMatch_Action{Action: &xdscorev3.TypedExtensionConfig{
-				Name: "sluice." + r.ID, TypedConfig: mustAny(s)}}}})
+				Name: "sluice." + r.ID, TypedConfig: envoyboot.MustAny(s)}}}})
 	}
 	if len(list) == 0 {
 		return nil, notes, ErrNoFleetRule
@@ -122,7 +113,9 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 		Domain:         o.Env,
 		BucketMatchers: &xdsmatcherv3.Matcher{MatcherType: &xdsmatcherv3.Matcher_MatcherList_{MatcherList: &xdsmatcherv3.Matcher_MatcherList{Matchers: list}}},
 	}
-	b, err := bootstrap(filter, o)
+	b, err := envoyboot.Bootstrap(envoyboot.Options{Node: "sluice-rlqs", Listen: o.Listen, Upstream: o.Upstream,
+		ControlPlaneCluster: "sluice_rlqs", ControlPlane: o.ControlPlane,
+		Filter: &hcmv3.HttpFilter{Name: "envoy.filters.http.rate_limit_quota", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: envoyboot.MustAny(filter)}}})
 	if err != nil {
 		return nil, notes, err
 	}
@@ -196,7 +189,7 @@ func Settings(p *rules.Policy, r *rules.Rule, interval time.Duration) (*rlqsfilt
 			return nil, fail("unknown key part " + strconv.Quote(part))
 		}
 		ids[part] = &rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_ValueBuilder{ValueSpecifier: &rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_ValueBuilder_CustomValue{
-			CustomValue: &corev3.TypedExtensionConfig{Name: part, TypedConfig: mustAny(in)}}}
+			CustomValue: &corev3.TypedExtensionConfig{Name: part, TypedConfig: envoyboot.MustAny(in)}}}
 	}
 	noAssign, status := typev3.RateLimitStrategy_ALLOW_ALL, r.Status
 	if r.QuotaFailure() == rules.QuotaFailureDeny {
@@ -287,13 +280,6 @@ func str(s string) *rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_Va
 	return &rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_ValueBuilder{ValueSpecifier: &rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_ValueBuilder_StringValue{StringValue: s}}
 }
 
-func mustAny(m proto.Message) *anypb.Any {
-	a, err := anypb.New(m)
-	if err != nil {
-		panic(err) // only for messages of linked-in types
-	}
-	return a
-}
 
 // predicate is the rule's match as an xDS matcher predicate on the request
 // headers: the path from ":path" (which carries the query: an exact path is
@@ -343,7 +329,7 @@ func regex(re string) *xdsmatcherv3.StringMatcher {
 func header(name string, sm *xdsmatcherv3.StringMatcher) *xdsmatcherv3.Matcher_MatcherList_Predicate {
 	return &xdsmatcherv3.Matcher_MatcherList_Predicate{MatchType: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate_{
 		SinglePredicate: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate{
-			Input:   &xdscorev3.TypedExtensionConfig{Name: "header " + name, TypedConfig: mustAny(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: name})},
+			Input:   &xdscorev3.TypedExtensionConfig{Name: "header " + name, TypedConfig: envoyboot.MustAny(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: name})},
 			Matcher: &xdsmatcherv3.Matcher_MatcherList_Predicate_SinglePredicate_ValueMatch{ValueMatch: sm},
 		}}}
 }
@@ -368,75 +354,5 @@ func grpcService(token string) *corev3.GrpcService {
 	return g
 }
 
-func address(hostport string) (*corev3.Address, error) {
-	host, port, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return nil, err
-	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return nil, errors.New("bad port in " + strconv.Quote(hostport))
-	}
-	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: host,
-		PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(n)}}}}, nil
-}
 
-func cluster(name, hostport string, h2 bool) (*clusterv3.Cluster, error) {
-	a, err := address(hostport)
-	if err != nil {
-		return nil, err
-	}
-	typ := clusterv3.Cluster_STATIC
-	if net.ParseIP(a.GetSocketAddress().GetAddress()) == nil {
-		typ = clusterv3.Cluster_STRICT_DNS
-	}
-	c := &clusterv3.Cluster{Name: name, ConnectTimeout: durationpb.New(time.Second),
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: typ},
-		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{
-			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: a}}}}}}}}
-	if h2 {
-		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(&httpv3.HttpProtocolOptions{
-			UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{
-				ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}})}
-	}
-	return c, nil
-}
 
-func bootstrap(filter *rlqsfilterv3.RateLimitQuotaFilterConfig, o ConfigOptions) (*bootstrapv3.Bootstrap, error) {
-	listen, err := address(o.Listen)
-	if err != nil {
-		return nil, err
-	}
-	upstream, err := cluster("upstream", o.Upstream, false)
-	if err != nil {
-		return nil, err
-	}
-	rlqsCluster, err := cluster("sluice_rlqs", o.ControlPlane, true)
-	if err != nil {
-		return nil, err
-	}
-	hcm := &hcmv3.HttpConnectionManager{StatPrefix: "ingress_http", UseRemoteAddress: wrapperspb.Bool(true),
-		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{Name: "local",
-			VirtualHosts: []*routev3.VirtualHost{{Name: "upstream", Domains: []string{"*"}, Routes: []*routev3.Route{{
-				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "upstream"}}}}}}}}},
-		HttpFilters: []*hcmv3.HttpFilter{
-			{Name: "envoy.filters.http.rate_limit_quota", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(filter)}},
-			{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})}},
-		}}
-	// Envoy's admin endpoint on loopback, as in envoy/envoy.yaml: /ready and
-	// /stats/prometheus (the filter's rate_limit_quota stats).
-	admin, err := address("127.0.0.1:9901")
-	if err != nil {
-		return nil, err
-	}
-	return &bootstrapv3.Bootstrap{
-		Node:  &corev3.Node{Id: "sluice-rlqs", Cluster: "sluice-rlqs"},
-		Admin: &bootstrapv3.Admin{Address: admin},
-		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
-			Listeners: []*listenerv3.Listener{{Name: "ingress", Address: listen, FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{{
-				Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)}}}}}}},
-			Clusters: []*clusterv3.Cluster{upstream, rlqsCluster},
-		},
-	}, nil
-}
