@@ -280,7 +280,6 @@ func str(s string) *rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_Va
 	return &rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_ValueBuilder{ValueSpecifier: &rlqsfilterv3.RateLimitQuotaBucketSettings_BucketIdBuilder_ValueBuilder_StringValue{StringValue: s}}
 }
 
-
 // predicate is the rule's match as an xDS matcher predicate on the request
 // headers: the path from ":path" (which carries the query: an exact path is
 // matched with an optional "?…" after it), methods from ":method", header
@@ -353,6 +352,3 @@ func grpcService(token string) *corev3.GrpcService {
 	}
 	return g
 }
-
-
-

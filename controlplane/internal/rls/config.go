@@ -108,7 +108,7 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 		FailureModeDeny:         false,
 		EnableXRatelimitHeaders: ratelimitv3.RateLimit_DRAFT_VERSION_03,
 		RateLimitService: &ratelimitconfv3.RateLimitServiceConfig{
-			GrpcService: &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "sluice_rls"}}},
+			GrpcService:         &corev3.GrpcService{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: "sluice_rls"}}},
 			TransportApiVersion: corev3.ApiVersion_V3,
 		},
 	}
