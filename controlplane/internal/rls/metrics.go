@@ -15,11 +15,12 @@ import "github.com/prometheus/client_golang/prometheus"
 //	sluice_controlplane_rls_leases                        fleet keys the replica holds a lease on now
 //	sluice_controlplane_rls_leases_full_total             decisions on a key beyond the lease bound
 //	                                                      (asked for one by one)
+//	sluice_controlplane_rls_limit_overrides_total         descriptors carrying a limit override, not applied
 //	sluice_controlplane_rls_request_duration_seconds      call received → answered (histogram)
 type metrics struct {
-	requests, descriptors, failureDecisions *prometheus.CounterVec
-	asks, askFailures, leasesFull           prometheus.Counter
-	duration                                prometheus.Histogram
+	requests, descriptors, failureDecisions  *prometheus.CounterVec
+	asks, askFailures, leasesFull, overrides prometheus.Counter
+	duration                                 prometheus.Histogram
 	// The children counted per call.
 	ok, overLimit, dOK, dOver, dShadow, noRule prometheus.Counter
 }
@@ -36,6 +37,8 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 			Help: "Asks of the rate limit service for units of a fleet key (each one quota service round for its key)."}),
 		askFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_ask_failures_total",
 			Help: "Asks of the rate limit service the quota service could not decide (store unavailable or too slow)."}),
+		overrides: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_limit_overrides_total",
+			Help: "Rate limit descriptors carrying a limit override (from Envoy's route configuration), which sluice does not apply: the policy's rule decides them."}),
 		leasesFull: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_leases_full_total",
 			Help: "Descriptors on a fleet key beyond the replica's lease bound, decided by an ask of their own."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_controlplane_rls_request_duration_seconds",
@@ -48,7 +51,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 	if reg != nil {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_controlplane_rls_leases",
 			Help: "Fleet keys the rate limit service holds a lease on now."}, leases)
-		reg.MustRegister(m.requests, m.descriptors, m.failureDecisions, m.asks, m.askFailures, m.leasesFull, m.duration, g)
+		reg.MustRegister(m.requests, m.descriptors, m.failureDecisions, m.asks, m.askFailures, m.leasesFull, m.overrides, m.duration, g)
 	}
 	return m
 }

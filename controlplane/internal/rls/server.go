@@ -199,6 +199,12 @@ func (s *Server) decide(ctx context.Context, ix *index, req *rlsv3.RateLimitRequ
 		kvs[i] = entryKV{e.GetKey(), e.GetValue()}
 		hs[i] = rules.Header{Name: e.GetKey(), Value: e.GetValue()}
 	}
+	if d.GetLimit() != nil {
+		// A limit override (Envoy's rate_limits limit from dynamic metadata) names
+		// a limit no policy holds: the rule decides, and the override is counted.
+		s.m.overrides.Inc()
+		s.warn("override", "rls: a descriptor carries a limit override, which sluice does not apply; the policy's rule decides it", "domain", req.Domain)
+	}
 	ref := ix.lookup(req.Domain, kvs[:n])
 	if ref == nil {
 		s.m.noRule.Inc()

@@ -187,10 +187,18 @@ func TestBadCallsAreRefusedWithTheirReason(t *testing.T) {
 			t.Errorf("token %q, %d descriptors: %v, want %v", tc.token, len(tc.req.Descriptors), err, tc.code)
 		}
 	}
+	// A limit override is not applied, and counted.
+	over := desc("generic_key", "api")
+	over.Limit = &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1000, Unit: 1}
+	resp, err := r.client.ShouldRateLimit(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret"),
+		&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{over}})
+	if err != nil || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 10 || counterWith(t, r.reg, "sluice_controlplane_rls_limit_overrides_total", "", "") != 1 {
+		t.Fatalf("override: %v %v", resp, err)
+	}
 	// Entries no rule can have (too many, empty) are OK.
 	c := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
 	long := desc("a", "1", "b", "2", "c", "3", "d", "4", "e", "5", "f", "6", "g", "7", "h", "8", "i", "9")
-	resp, err := r.client.ShouldRateLimit(c, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{long, {}, desc("remote_address", "")}})
+	resp, err = r.client.ShouldRateLimit(c, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{long, {}, desc("remote_address", "")}})
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != 3 {
 		t.Fatalf("odd descriptors: %v %v", resp, err)
 	}

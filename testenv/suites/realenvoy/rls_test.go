@@ -1,0 +1,289 @@
+package realenvoy
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-proxy/sluice/testenv/internal/bootstrap"
+	"github.com/sluice-proxy/sluice/testenv/testkit/envoyproc"
+	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
+	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
+)
+
+// rlsConfig is an envoyproxy/ratelimit configuration file: the API 20 a second,
+// each user (x-user-id) 5 a second.
+const rlsConfig = `domain: edge
+descriptors:
+  - key: generic_key
+    value: api
+    rate_limit:
+      unit: second
+      requests_per_unit: 20
+    descriptors:
+      - key: x-user-id
+        rate_limit:
+          unit: second
+          requests_per_unit: 5
+`
+
+// rlsStack is Envoys running Envoy's ratelimit filter against control plane
+// replicas on one Redis, configured as docs/rls.md says: the file imported with
+// sluicectl import ratelimit, applied, and the bootstrap from sluicectl
+// envoy-config rls.
+type rlsStack struct {
+	cps    []*controlPlane
+	envoys []*envoyproc.Envoy
+}
+
+func startRLSStack(t *testing.T, replicas int) *rlsStack {
+	t.Helper()
+	envoyproc.Binary(t, repo)
+	rs := redisproc.Start(t)
+	s := &rlsStack{}
+	var grpcAddrs []string
+	for i := 0; i < replicas; i++ {
+		g := proctest.FreeAddr(t)
+		grpcAddrs = append(grpcAddrs, g)
+		s.cps = append(s.cps, startControlPlane(t, "control plane "+strconv.Itoa(i), "--redis-url", rs.URL(),
+			"--grpc-listen", g, "--resync-interval", "200ms"))
+	}
+	dir := t.TempDir()
+	cfgFile, polFile, bootFile := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "policy.json"), filepath.Join(dir, "envoy-rls.yaml")
+	if err := os.WriteFile(cfgFile, []byte(rlsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctl := func(out string, args ...string) {
+		cmd := exec.Command(filepath.Join(binDir, "sluicectl"), args...)
+		cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
+		b, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("sluicectl %s: %v", strings.Join(args, " "), err)
+		}
+		if err := os.WriteFile(out, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctl(polFile, "import", "ratelimit", cfgFile, "--policy", "edge")
+	pol, err := os.ReadFile(polFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proctest.PutPolicy(t, s.cps[0].addr, "edge", adminToken, string(pol))
+	for _, cp := range s.cps[1:] { // each replica serves the policy before traffic starts
+		if !proctest.WaitFor(readyTimeout, func() bool {
+			req, _ := http.NewRequest("GET", "http://"+cp.addr+"/v1/policies/edge", nil)
+			req.Header.Set("Authorization", "Bearer "+readToken)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		}) {
+			t.Fatal("a replica does not serve the policy")
+		}
+	}
+	up := startUpstream(t)
+	ctl(bootFile, "envoy-config", "rls", "-f", polFile, "--upstream", up, "--grpc", grpcAddrs[0])
+	for i := 0; i < 2; i++ {
+		s.envoys = append(s.envoys, envoyproc.Start(t, envoyproc.Options{Name: "rls-" + strconv.Itoa(i), Root: repo, Config: bootFile,
+			Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
+				AccessLog: filepath.Join(t.TempDir(), "access.log"),
+				Clusters:  map[string]string{"upstream": up, "sluice_rls": grpcAddrs[i%len(grpcAddrs)]}}}))
+	}
+	return s
+}
+
+// offer sends perSecond requests a second (user "" sends no x-user-id) over
+// the Envoys in turn, spread over each second but never within 30 ms of its
+// edges (so that Envoy's and the control plane's clocks agree on the window),
+// from start for n seconds, and returns the responses' rate-limit headers by
+// status.
+func (s *rlsStack) offer(t *testing.T, user string, perSecond int, start time.Time, n int) map[int][]http.Header {
+	t.Helper()
+	var mu sync.Mutex
+	got := map[int][]http.Header{}
+	var wg sync.WaitGroup
+	step := (time.Second - 60*time.Millisecond) / time.Duration(perSecond)
+	for sec := 0; sec < n; sec++ {
+		for k := 0; k < perSecond; k++ {
+			at := start.Add(time.Duration(sec)*time.Second + 30*time.Millisecond + time.Duration(k)*step)
+			time.Sleep(time.Until(at))
+			e := s.envoys[(sec*perSecond+k)%len(s.envoys)]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, _ := http.NewRequest("GET", "http://"+e.Listener+"/items", nil)
+				if user != "" {
+					req.Header.Set("X-User-Id", user)
+				}
+				resp, err := fresh.Do(req)
+				if err != nil {
+					t.Errorf("%s: %v", e.Name, err)
+					return
+				}
+				resp.Body.Close()
+				mu.Lock()
+				got[resp.StatusCode] = append(got[resp.StatusCode], resp.Header)
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	return got
+}
+
+// admittedPerSecond counts, from every Envoy's access log, the requests of
+// path admitted (200) and denied (429) in each second from start, n seconds.
+func (s *rlsStack) admittedPerSecond(t *testing.T, start time.Time, n int) (admitted, denied []int) {
+	t.Helper()
+	admitted, denied = make([]int, n), make([]int, n)
+	for _, e := range s.envoys {
+		for _, line := range envoyproc.ReadJSONLines(t, e.AccessLog) {
+			ts, err := time.Parse(time.RFC3339Nano, line["timestamp"].(string))
+			if err != nil {
+				t.Fatalf("%s: timestamp %v: %v", e.Name, line["timestamp"], err)
+			}
+			i := int(ts.Sub(start) / time.Second)
+			if ts.Before(start) || i >= n {
+				continue
+			}
+			switch status(line["status"]) {
+			case 200:
+				admitted[i]++
+			case 429:
+				denied[i]++
+			default:
+				t.Errorf("%s: status %v", e.Name, line["status"])
+			}
+		}
+	}
+	return admitted, denied
+}
+
+// status reads an access-log status, a JSON number or string.
+func status(v any) int {
+	switch v := v.(type) {
+	case float64:
+		return int(v)
+	case string:
+		n, _ := strconv.Atoi(v)
+		return n
+	}
+	return 0
+}
+
+// TestEnvoysRatelimitFilterEnforcesAnImportedConfigurationExactly: an
+// envoyproxy/ratelimit file, imported and applied as docs/rls.md says, enforced
+// by two real Envoys' ratelimit filters against two control plane replicas on
+// one Redis: counted from the Envoys' access logs, exactly L admitted in every
+// second when twice L is offered (the API's 20, and one user's 5), the draft-03
+// headers on the responses as Envoy 1.40 writes them (X-RateLimit-Limit: the
+// binding limit, then each descriptor's "limit;w=seconds;name=rule"); with the replicas killed every request passes
+// (failure_mode_deny false) and Envoy counts the errors.
+func TestEnvoysRatelimitFilterEnforcesAnImportedConfigurationExactly(t *testing.T) {
+	s := startRLSStack(t, 2)
+	const seconds = 4
+
+	// The API rule alone (no user header): 40 a second offered, 20 admitted.
+	start := time.Now().Truncate(time.Second).Add(2 * time.Second)
+	s.offer(t, "", 40, start, seconds)
+	var admitted, denied []int
+	proctest.WaitFor(10*time.Second, func() bool {
+		admitted, denied = s.admittedPerSecond(t, start, seconds)
+		sum := 0
+		for i := range admitted {
+			sum += admitted[i] + denied[i]
+		}
+		return sum == 40*seconds
+	})
+	for i := range admitted {
+		t.Logf("api second %d: %d admitted, %d denied", i, admitted[i], denied[i])
+		if admitted[i] != 20 || denied[i] != 20 {
+			t.Errorf("api second %d: %d admitted and %d denied, want exactly 20 and 20", i, admitted[i], denied[i])
+		}
+	}
+
+	// One user: 10 a second offered, 5 admitted (the API's 20 not reached).
+	start = time.Now().Truncate(time.Second).Add(2 * time.Second)
+	got := s.offer(t, "alice", 10, start, seconds)
+	proctest.WaitFor(10*time.Second, func() bool {
+		admitted, denied = s.admittedPerSecond(t, start, seconds)
+		sum := 0
+		for i := range admitted {
+			sum += admitted[i] + denied[i]
+		}
+		return sum == 10*seconds
+	})
+	for i := range admitted {
+		t.Logf("user second %d: %d admitted, %d denied", i, admitted[i], denied[i])
+		if admitted[i] != 5 || denied[i] != 5 {
+			t.Errorf("user second %d: %d admitted and %d denied, want exactly 5 and 5", i, admitted[i], denied[i])
+		}
+	}
+	t.Logf("headers: 200 %v; 429 %v", got[200][0], got[429][0])
+	for code, hs := range got {
+		for _, h := range hs {
+			lim, rem, reset := h.Get("X-RateLimit-Limit"), h.Get("X-RateLimit-Remaining"), h.Get("X-RateLimit-Reset")
+			// Envoy 1.40 writes the least remaining descriptor's limit, then every
+			// descriptor's quota policy with its window and name (the rule id).
+			if !strings.HasPrefix(lim, "5, ") || !strings.Contains(lim, `5;w=1;name="edge.generic_key_api.x-user-id"`) ||
+				!strings.Contains(lim, `20;w=1;name="edge.generic_key_api"`) || rem == "" || reset != "1" {
+				t.Errorf("%d: X-RateLimit-Limit %q Remaining %q Reset %q, want the user's 5 a second", code, lim, rem, reset)
+			}
+			if code == 429 && rem != "0" {
+				t.Errorf("429 with X-RateLimit-Remaining %q", rem)
+			}
+		}
+	}
+
+	// The replicas gone: every request passes, and Envoy counts the errors.
+	for _, cp := range s.cps {
+		cp.Kill()
+	}
+	for i := 0; i < 20; i++ {
+		e := s.envoys[i%2]
+		resp, err := fresh.Get("http://" + e.Listener + "/items")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s without a control plane: %d, want 200 (failure_mode_deny false)", e.Name, resp.StatusCode)
+		}
+	}
+	var failOpen float64
+	for _, e := range s.envoys {
+		failOpen += envoyStat(t, e.Admin, "cluster.upstream.ratelimit.failure_mode_allowed")
+	}
+	if failOpen < 20 {
+		t.Errorf("ratelimit.failure_mode_allowed %v, want the 20 requests", failOpen)
+	}
+}
+
+// envoyStat reads one counter of Envoy's admin /stats (0 when absent).
+func envoyStat(t *testing.T, admin, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/stats?filter=^" + regexp.QuoteMeta(name) + "$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+": "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
