@@ -143,7 +143,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.SetOutput(out)
 	fs.StringVar(&s.Listen, "listen", "127.0.0.1:8080", "HTTP listen address host:port")
 	fs.StringVar(&s.MetricsListen, "metrics-listen", "", "a second listen address host:port serving only /metrics, /healthz and /readyz over plain HTTP, even when --listen serves TLS (for Prometheus); empty: none")
-	fs.StringVar(&s.GRPCListen, "grpc-listen", "", "gRPC listen address host:port of the Rate Limit Quota Service for Envoy's rate_limit_quota filter (same TLS and identity as --listen); empty: none")
+	fs.StringVar(&s.GRPCListen, "grpc-listen", "", "gRPC listen address host:port of the Rate Limit Quota Service (Envoy's rate_limit_quota filter) and the RateLimitService (Envoy's ratelimit filter), same TLS and identity as --listen; empty: none")
 	fs.IntVar(&s.RLQSMaxBuckets, "rlqs-max-buckets", 250000, "most Rate Limit Quota Service buckets tracked, all streams together (about 400 bytes each, whatever their ids); a further bucket is abandoned")
 	fs.IntVar(&s.RLQSMaxBucketsPerIdentity, "rlqs-max-buckets-per-identity", 50000, "most Rate Limit Quota Service buckets tracked for the streams of one identity (all token callers are one)")
 	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")

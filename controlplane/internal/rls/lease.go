@@ -63,6 +63,9 @@ type lease struct {
 	lastUse int64
 	// asking is closed when the ask in flight ends; nil when none is.
 	asking chan struct{}
+	// gone: the sweep forgot the lease and gave its units back; a decision
+	// holding it looks the key up again.
+	gone bool
 }
 
 // outcome is one descriptor's decision.
@@ -112,6 +115,14 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 	for attempt := 0; ; attempt++ {
 		now := s.o.Now()
 		l.mu.Lock()
+		if l.gone {
+			l.mu.Unlock()
+			if l = s.leases.get(key); l == nil {
+				s.m.leasesFull.Inc()
+				l = &lease{}
+			}
+			continue
+		}
 		l.expire(fr, now)
 		if hits == 0 {
 			o := l.report(cfg, now, true)
@@ -384,50 +395,41 @@ func (ll *localLimits) decide(fr *quota.FleetRule, key string, hits uint64, now 
 	return d.Allowed, d.Remaining
 }
 
-// sweep returns the units of leases unused for idleAfter and forgets them,
-// and forgets the local limiters' states when the service answers again.
+// sweep returns the units of leases unused for idleAfter and forgets them.
 func (s *Server) sweep(ctx context.Context) {
 	now := s.o.Now()
+	var backs []giveBack
 	s.leases.mu.Lock()
-	var idle []string
 	for k, l := range s.leases.m {
 		l.mu.Lock()
 		if l.asking == nil && now-l.lastUse > int64(idleAfter) && now-l.askedAt > int64(idleAfter) {
-			if l.units > 0 || l.used > 0 {
-				idle = append(idle, k)
-			} else {
-				delete(s.leases.m, k)
+			delete(s.leases.m, k)
+			l.gone = true
+			ret := l.units
+			if now >= l.end {
+				ret = 0
 			}
+			if l.rule != nil && l.used+ret > 0 {
+				backs = append(backs, giveBack{rule: l.rule, key: k, used: l.used, ret: ret})
+			}
+			l.units, l.used = 0, 0
 		}
 		l.mu.Unlock()
 	}
 	s.leases.mu.Unlock()
-	for _, k := range idle {
-		s.leases.mu.Lock()
-		l := s.leases.m[k]
-		delete(s.leases.m, k)
-		s.leases.mu.Unlock()
-		if l != nil {
-			s.giveBack(ctx, k, l, now)
+	for _, b := range backs {
+		s.m.asks.Inc()
+		if _, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: b.rule, Key: b.key, Entry: s.entry,
+			Used: b.used, Return: b.ret, Interval: askInterval}}); err != nil {
+			s.m.askFailures.Inc()
 		}
 	}
 }
 
-// giveBack reports what an idle lease used and returns its units.
-func (s *Server) giveBack(ctx context.Context, key string, l *lease, now int64) {
-	l.mu.Lock()
-	fr := l.rule
-	used, ret := l.used, l.units
-	if now >= l.end {
-		ret = 0
-	}
-	l.mu.Unlock()
-	if fr == nil || used+ret == 0 {
-		return
-	}
-	s.m.asks.Inc()
-	if _, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
-		Used: used, Return: ret, Interval: askInterval}}); err != nil {
-		s.m.askFailures.Inc()
-	}
+// giveBack is a forgotten lease's report: units it used since its last ask,
+// and units it returns.
+type giveBack struct {
+	rule      *quota.FleetRule
+	key       string
+	used, ret uint64
 }
