@@ -275,3 +275,30 @@ func TestATokenBucketHoldsTheFleetBound(t *testing.T) {
 		t.Fatalf("admitted %d from a full bucket, want 2", n)
 	}
 }
+
+// TestAnIdleLeaseGivesItsUnitsBack: units a replica leased and stopped using
+// are returned by the sweep, so another replica may admit them in the same
+// window; a decision after the sweep starts a lease afresh.
+func TestAnIdleLeaseGivesItsUnitsBack(t *testing.T) {
+	f := newFixture(t, rlsPolicy)
+	a, b := f.replica(t, "a", ""), f.replica(t, "b", "")
+	for i := 0; i < 2; i++ { // the second ask leases more than it spends
+		if resp := a.call(t, "edge", desc("generic_key", "api")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("a: %v", resp)
+		}
+	}
+	f.clk.advance(idleAfter + time.Second) // same minute: the fixture starts at one
+	a.srv.sweep(context.Background())
+	n := 0
+	for ; n < 20; n++ {
+		if b.call(t, "edge", desc("generic_key", "api")).OverallCode != rlsv3.RateLimitResponse_OK {
+			break
+		}
+	}
+	if n != 8 {
+		t.Fatalf("b admitted %d of the window's 10 after a's 2, want 8 (a's unspent units returned)", n)
+	}
+	if resp := a.call(t, "edge", desc("generic_key", "api")); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a after the sweep, the window spent: %v", resp)
+	}
+}
