@@ -302,3 +302,37 @@ func TestAnIdleLeaseGivesItsUnitsBack(t *testing.T) {
 		t.Fatalf("a after the sweep, the window spent: %v", resp)
 	}
 }
+
+// TestARedisOutageIsDecidedByOnQuotaFailure: with the quota store gone, each
+// rule's on_quota_failure decides, and the decisions are counted.
+func TestARedisOutageIsDecidedByOnQuotaFailure(t *testing.T) {
+	f := newFixture(t, `{"policy":"down","rules":[
+	 {"id":"p","descriptor":{"domain":"d","entries":[{"key":"k","value":"p"}]},"algorithm":"fixed_window","limit":4,"window":"1m","scope":"fleet","on_quota_failure":"pass"},
+	 {"id":"n","descriptor":{"domain":"d","entries":[{"key":"k","value":"n"}]},"algorithm":"fixed_window","limit":4,"window":"1m","scope":"fleet","on_quota_failure":"deny"},
+	 {"id":"l","descriptor":{"domain":"d","entries":[{"key":"k","value":"l"}]},"algorithm":"fixed_window","limit":4,"window":"1m","scope":"fleet","local_share":0.5}]}`)
+	r := f.replica(t, "a", "")
+	f.redis.Kill()
+	count := func(v string) (ok int) {
+		for i := 0; i < 6; i++ {
+			if r.call(t, "d", desc("k", v)).OverallCode == rlsv3.RateLimitResponse_OK {
+				ok++
+			}
+		}
+		return ok
+	}
+	if got := count("p"); got != 6 {
+		t.Errorf("pass: %d of 6 admitted, want all", got)
+	}
+	if got := count("n"); got != 0 {
+		t.Errorf("deny: %d of 6 admitted, want none", got)
+	}
+	if got := count("l"); got != 2 {
+		t.Errorf("local at half of 4: %d of 6 admitted, want 2", got)
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_failure_decisions_total", "", ""); got != 18 {
+		t.Errorf("failure decisions %v, want 18", got)
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_ask_failures_total", "", ""); got < 3 {
+		t.Errorf("ask failures %v, want one per rule at least", got)
+	}
+}
