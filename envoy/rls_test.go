@@ -94,7 +94,7 @@ func TestEnvoyRLSConfigNamesWhatItCannotDo(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("--domain two: %v\n%s", err, stderr.String())
 	}
-	if !strings.Contains(stderr.String(), `rule b: entry "bad key" is not a header name`) || strings.Contains(stdout.String(), "generic_key") ||
+	if !strings.Contains(stderr.String(), `rule b: entry "bad key" has no action that produces it`) || strings.Contains(stdout.String(), "generic_key") ||
 		!strings.Contains(stdout.String(), "remote_address") {
 		t.Fatalf("--domain two:\n%s\n%s", stderr.String(), stdout.String())
 	}

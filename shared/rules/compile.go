@@ -175,7 +175,7 @@ func (c *Compiled) compileRule(i int, r *Rule) error {
 		}
 		cr.parts = append(cr.parts, alts)
 	}
-	if ds := r.Descriptor; ds != nil {
+	if ds := r.Descriptor; ds != nil && !ds.HTTP {
 		cr.match.never = true
 		for j := range ds.Entries {
 			if e := &ds.Entries[j]; !e.Exact() {

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"net/netip"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -29,12 +30,22 @@ const (
 // exact value, in order, each under the tag "d.<key>" (so a rule with only exact
 // values has one global counter, and "key" is not allowed with a descriptor);
 // as envoyproxy/ratelimit, where the cache key holds every entry's value.
+//
+// With HTTP the rule applies to HTTP requests too, as a rule without a
+// descriptor does (its match and key, in the Wasm filter and the rate limit
+// quota service), and descriptors spend the same fleet keys: each entry without
+// an exact value names, in KeyPart, the element of the rule's key its value
+// fills, so that a descriptor and a request of the same user, say, count on one
+// counter.
 type Descriptor struct {
 	// Domain ["domain"] is the rate limit domain (the ratelimit filter's "domain"),
 	// 1 to MaxDescriptorBytes bytes of UTF-8. Required.
 	Domain string
 	// Entries ["entries"], 1 to MaxDescriptorEntries, are matched in order.
 	Entries []DescriptorEntry
+	// HTTP ["http"]: the rule also applies to HTTP requests, on the same fleet
+	// keys (see above). Default false: descriptors only.
+	HTTP bool
 }
 
 // DescriptorEntry is one (key, value) of a Descriptor.
@@ -49,6 +60,12 @@ type DescriptorEntry struct {
 	// wildcard); otherwise exactly this value. At most MaxDescriptorBytes bytes of
 	// UTF-8; no other '*'.
 	Value string
+	// KeyPart ["key_part"], only with Descriptor.HTTP and required there for an
+	// entry without an exact value, is the element of the rule's "key" whose
+	// value the entry's value is: "user", "tenant", "client_ip", "method",
+	// "path" or "header:<name>" (one alternative). Every element of the key but
+	// "route" is filled by exactly one entry.
+	KeyPart string
 }
 
 // Exact reports whether the entry names one exact value (the value is then not
@@ -92,6 +109,8 @@ func decodeDescriptor(d *strictjson.Decoder, r *Rule) error {
 		switch key {
 		case "domain":
 			ds.Domain = str(d)
+		case "http":
+			ds.HTTP, _ = boolean(d)
 		case "entries":
 			if d.Null() {
 				return nil
@@ -108,6 +127,8 @@ func decodeDescriptor(d *strictjson.Decoder, r *Rule) error {
 						if e.Value == "" {
 							d.Fail("must not be empty (omit it to accept any value)")
 						}
+					case "key_part":
+						e.KeyPart = str(d)
 					}
 					return nil
 				})
@@ -132,9 +153,11 @@ func writeDescriptor(w *strictjson.Writer, ds *Descriptor) {
 		w.AppendKey("key")
 		w.AppendString(e.Key)
 		optString(w, "value", e.Value)
+		optString(w, "key_part", e.KeyPart)
 		w.EndObject()
 	}
 	w.EndArray()
+	optTrue(w, "http", ds.HTTP)
 	w.EndObject()
 }
 
@@ -167,11 +190,20 @@ func (v *validator) descriptor(r *Rule, field string) {
 			}
 		}
 	}
-	if !r.Match.isZero() {
-		v.add(f("match"), "not with descriptor (a descriptor rule applies to rate limit service descriptors, never to HTTP requests)")
-	}
-	if len(r.Key) > 0 {
-		v.add(f("key"), "not with descriptor (its counter is keyed by the values of its entries without an exact value)")
+	if ds.HTTP {
+		v.boundKey(r, field)
+	} else {
+		if !r.Match.isZero() {
+			v.add(f("match"), `not with descriptor unless "http": true (a descriptor rule applies to rate limit service descriptors only)`)
+		}
+		if len(r.Key) > 0 {
+			v.add(f("key"), `not with descriptor unless "http": true (its counter is keyed by the values of its entries without an exact value)`)
+		}
+		for i := range ds.Entries {
+			if ds.Entries[i].KeyPart != "" {
+				v.add(join(elemPath(join(df, "entries"), i), "key_part"), `only with "http": true`)
+			}
+		}
 	}
 	if r.CostHeader != "" {
 		v.add(f("cost_header"), "not with descriptor (a descriptor's hits_addend is its cost)")
@@ -185,6 +217,45 @@ func (v *validator) descriptor(r *Rule, field string) {
 	if !r.IsFleet() {
 		v.add(f("scope"), `must be "fleet" with descriptor (the control plane decides descriptors from the fleet budget for every Envoy and replica)`)
 	}
+}
+
+// Request returns what a request descriptor's entries (in order, Name the key;
+// a descriptor ds matched) say to a rule with descriptor ds, for its counter key
+// (Compiled.AppendKey): with HTTP, each entry's value set where its KeyPart reads
+// (the user, tenant, client IP, method, path or a header); without, the entries
+// as Request.Descriptor. ok is false when a client_ip value is no IP address.
+func (ds *Descriptor) Request(entries []Header) (req Request, ok bool) {
+	if !ds.HTTP {
+		return Request{Descriptor: entries}, true
+	}
+	for i := range ds.Entries {
+		part := ds.Entries[i].KeyPart
+		if part == "" || i >= len(entries) {
+			continue
+		}
+		v := entries[i].Value
+		switch part {
+		case "user":
+			req.User = v
+		case "tenant":
+			req.Tenant = v
+		case "method":
+			req.Method = v
+		case "path":
+			req.Path = PathOnly(v)
+		case "client_ip":
+			ip, err := netip.ParseAddr(v)
+			if err != nil {
+				return req, false
+			}
+			req.ClientIP = ip
+		default:
+			if name, found := strings.CutPrefix(part, "header:"); found {
+				req.Headers = append(req.Headers, Header{Name: name, Value: v})
+			}
+		}
+	}
+	return req, true
 }
 
 // descriptorPath is a string naming ds's domain and entries, distinct for
@@ -202,6 +273,50 @@ func descriptorPath(ds *Descriptor) string {
 		b = append(b, e.Value...)
 	}
 	return string(b)
+}
+
+// boundKey checks an HTTP descriptor rule's binding of its entries to its key:
+// every entry without an exact value fills one key element, every element but
+// route is filled once.
+func (v *validator) boundKey(r *Rule, field string) {
+	df := join(field, "descriptor")
+	filled := make([]bool, len(r.Key))
+	for i := range r.Descriptor.Entries {
+		e := &r.Descriptor.Entries[i]
+		ef := join(elemPath(join(df, "entries"), i), "key_part")
+		switch {
+		case e.Exact() && e.KeyPart != "":
+			v.add(ef, "not with an exact value (the value is not part of the counter)")
+			continue
+		case e.Exact():
+			continue
+		case e.KeyPart == "":
+			v.add(ef, `required with "http": true for an entry without an exact value: the element of the rule's key it fills`)
+			continue
+		}
+		j := -1
+		for k, part := range r.Key {
+			if part == e.KeyPart {
+				j = k
+			}
+		}
+		alt, ok := parseKeyAlt(e.KeyPart)
+		switch {
+		case j < 0:
+			v.add(ef, "must be an element of the rule's key, got "+quoteClipped(e.KeyPart))
+		case !ok || alt.kind == partRoute:
+			v.add(ef, "must be one of user, tenant, client_ip, method, path, header:<name> (one alternative), got "+quoteClipped(e.KeyPart))
+		case filled[j]:
+			v.add(ef, "fills "+quoteClipped(e.KeyPart)+" a second time")
+		default:
+			filled[j] = true
+		}
+	}
+	for k, part := range r.Key {
+		if !filled[k] && part != "route" {
+			v.add(elemPath(join(field, "key"), k), "no descriptor entry fills it (key_part)")
+		}
+	}
 }
 
 func descriptorText(s string) string {

@@ -55,6 +55,34 @@ func TestADescriptorRuleRoundTripsAndIsKeyedByItsOpenEntries(t *testing.T) {
 	}
 }
 
+// An HTTP descriptor rule counts a descriptor and a request of the same user
+// on one key, and still matches requests by its match.
+func TestAnHTTPDescriptorRuleSharesItsKeyWithRequests(t *testing.T) {
+	p := mustParse(t, `{"policy":"shared","identity":{"user_header":"x-user-id"},"rules":[
+	 {"id":"api","match":{"path_prefix":"/api/"},"key":["user","header:x-plan","route"],"algorithm":"fixed_window","limit":9,"window":"1m","scope":"fleet",
+	  "descriptor":{"domain":"edge","http":true,"entries":[{"key":"generic_key","value":"api"},{"key":"uid","key_part":"user"},{"key":"plan","key_part":"header:x-plan"}]}}]}`)
+	if again := mustParse(t, string(EncodePolicy(p))); !reflect.DeepEqual(again, p) {
+		t.Fatalf("round trip differs:\n%s", EncodePolicy(p))
+	}
+	c, err := Compile(p, CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	http := &Request{Method: "GET", Path: "/api/x", Headers: []Header{{"x-user-id", "alice"}, {"x-plan", "gold"}}}
+	if got := c.Match(http, nil); len(got) != 1 {
+		t.Fatalf("the request matched %v", got)
+	}
+	want, _ := c.AppendKey(nil, 0, http)
+	req, ok := p.Rules[0].Descriptor.Request([]Header{{"generic_key", "api"}, {"uid", "alice"}, {"plan", "gold"}})
+	got, found := c.AppendKey(nil, 0, &req)
+	if !ok || !found || string(got) != string(want) {
+		t.Fatalf("descriptor key %q, request key %q", got, want)
+	}
+	if c.Match(&Request{Path: "/other"}, nil) != nil {
+		t.Fatal("the match is not applied")
+	}
+}
+
 func TestADescriptorEntryAcceptsItsValue(t *testing.T) {
 	for _, tc := range []struct {
 		value, v string
@@ -94,6 +122,12 @@ func TestABadDescriptorRuleNamesTheField(t *testing.T) {
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet","match":{"path":"/x"}`, "rules[0].match", "not with descriptor"},
 		{`"descriptor":{"domain":"` + strings.Repeat("d", MaxDescriptorBytes+1) + `","entries":[{"key":"k"}]},"scope":"fleet"`, "rules[0].descriptor.domain", "at most"},
 		{`"descriptor":{"domain":"d","entries":[` + strings.Repeat(`{"key":"k"},`, MaxDescriptorEntries) + `{"key":"k"}]},"scope":"fleet"`, "rules[0].descriptor.entries", "at most"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k","key_part":"user"}]},"scope":"fleet"`, "rules[0].descriptor.entries[0].key_part", `only with "http": true`},
+		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k"}]},"scope":"fleet","key":["header:k"]`, "rules[0].descriptor.entries[0].key_part", "required"},
+		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"header:j"}]},"scope":"fleet","key":["header:k"]`, "rules[0].descriptor.entries[0].key_part", "must be an element"},
+		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","value":"v"}]},"scope":"fleet","key":["header:k"]`, "rules[0].key[0]", "no descriptor entry fills it"},
+		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"header:k"},{"key":"j","key_part":"header:k"}]},"scope":"fleet","key":["header:k"]`, "rules[0].descriptor.entries[1].key_part", "a second time"},
+		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"user|client_ip"}]},"scope":"fleet","key":["user|client_ip"]`, "rules[0].descriptor.entries[0].key_part", "one alternative"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet"},{"id":"s","algorithm":"gcra","limit":5,"window":"1s","descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet"`, "rules[1].descriptor", "the same domain and entries as rules[0]"},
 	} {
 		doc := `{"policy":"p","rules":[{"id":"r","algorithm":"fixed_window","limit":5,"window":"1s",` + tc.rule + `}]}`

@@ -99,9 +99,10 @@ type Rule struct {
 	// [MaxDescriptionBytes] bytes.
 	Description string
 	// Descriptor ["descriptor"], when present, makes the rule one the control
-	// plane's rate limit service applies to descriptors, and nothing else does;
-	// see [Descriptor]. It requires "scope": "fleet" and excludes match, key,
-	// cost_header, response_cost_header and exempt.
+	// plane's rate limit service applies to descriptors; HTTP requests too only
+	// with its "http" (see [Descriptor]). It requires "scope": "fleet" and
+	// excludes cost_header, response_cost_header and exempt, and without "http"
+	// match and key.
 	Descriptor *Descriptor
 	// Match ["match"] selects the requests the rule applies to; the zero Match
 	// (absent) selects every request.

@@ -80,7 +80,7 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 	var list []*xdsmatcherv3.Matcher_MatcherList_FieldMatcher
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		if r.Descriptor != nil {
+		if r.Descriptor != nil && !r.Descriptor.HTTP {
 			notes = append(notes, "rule "+r.ID+": a descriptor rule; Envoy's ratelimit filter asks for it (sluicectl envoy-config rls)")
 			continue
 		}
@@ -238,7 +238,7 @@ func Warnings(p *rules.Policy) []string {
 	var out []string
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		if !r.IsFleet() || r.Descriptor != nil {
+		if !r.IsFleet() || r.Descriptor != nil && !r.Descriptor.HTTP {
 			continue
 		}
 		if ml := maxLease(r); ml > 0 && ml < EnvoyReportInterval {

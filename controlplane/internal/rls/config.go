@@ -89,7 +89,7 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 		if r.Descriptor == nil || r.Descriptor.Domain != o.Domain {
 			continue
 		}
-		actions, from := Actions(r.Descriptor)
+		actions, from := Actions(&p.Identity, r.Descriptor)
 		if actions == nil {
 			notes = append(notes, "rule "+r.ID+": "+from)
 			continue
@@ -148,31 +148,51 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 
 // Actions returns the route rate_limit actions that produce descriptor ds's
 // entries, in order, as Envoy's actions name them (route_components.proto,
-// RateLimit.Action): an exact value is a generic_key with the entry's key;
+// RateLimit.Action): an exact value is a generic_key with the entry's key; an
+// entry of an HTTP descriptor rule reads what its key_part reads (its header,
+// the identity's user or tenant header, :method, :path, or the client address
+// as remote_address, which only an entry of that key can carry);
 // "remote_address", "source_cluster" and "destination_cluster" without one are
 // those actions; any other key is read from the request header of that name.
 // from says where the request values come from, "" when none does; with nil
 // actions it says why none can be made.
-func Actions(ds *rules.Descriptor) (actions []*routev3.RateLimit_Action, from string) {
+func Actions(id *rules.Identity, ds *rules.Descriptor) (actions []*routev3.RateLimit_Action, from string) {
 	var headers []string
+	header := func(name, key string) *routev3.RateLimit_Action {
+		headers = append(headers, name)
+		return &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_RequestHeaders_{RequestHeaders: &routev3.RateLimit_Action_RequestHeaders{
+			HeaderName: name, DescriptorKey: key}}}
+	}
 	for _, e := range ds.Entries {
 		var a *routev3.RateLimit_Action
 		switch {
 		case e.Exact():
 			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_GenericKey_{GenericKey: &routev3.RateLimit_Action_GenericKey{
 				DescriptorKey: e.Key, DescriptorValue: e.Value}}}
-		case e.Key == "remote_address":
+		case e.KeyPart == "user" && id.UserHeader != "":
+			a = header(id.UserHeader, e.Key)
+		case e.KeyPart == "tenant" && id.TenantHeader != "":
+			a = header(id.TenantHeader, e.Key)
+		case e.KeyPart == "method":
+			a = header(":method", e.Key)
+		case e.KeyPart == "path":
+			a = header(":path", e.Key)
+		case strings.HasPrefix(e.KeyPart, "header:"):
+			a = header(strings.TrimPrefix(e.KeyPart, "header:"), e.Key)
+		case e.Key == "remote_address" && (e.KeyPart == "" || e.KeyPart == "client_ip"):
 			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_RemoteAddress_{RemoteAddress: &routev3.RateLimit_Action_RemoteAddress{}}}
-		case e.Key == "source_cluster":
+		case e.KeyPart == "" && e.Key == "source_cluster":
 			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_SourceCluster_{SourceCluster: &routev3.RateLimit_Action_SourceCluster{}}}
-		case e.Key == "destination_cluster":
+		case e.KeyPart == "" && e.Key == "destination_cluster":
 			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_DestinationCluster_{DestinationCluster: &routev3.RateLimit_Action_DestinationCluster{}}}
-		case rules.ValidHeaderName(strings.ToLower(e.Key)):
-			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_RequestHeaders_{RequestHeaders: &routev3.RateLimit_Action_RequestHeaders{
-				HeaderName: strings.ToLower(e.Key), DescriptorKey: e.Key}}}
-			headers = append(headers, strings.ToLower(e.Key))
+		case e.KeyPart == "" && rules.ValidHeaderName(strings.ToLower(e.Key)):
+			a = header(strings.ToLower(e.Key), e.Key)
 		default:
-			return nil, "entry " + strconv.Quote(e.Key) + " is not a header name to read its value from; write its route action by hand (docs/rls.md)"
+			what := "entry " + strconv.Quote(e.Key)
+			if e.KeyPart != "" {
+				what += " (key_part " + e.KeyPart + ")"
+			}
+			return nil, what + " has no action that produces it; write its route action by hand (docs/rls.md)"
 		}
 		actions = append(actions, a)
 	}

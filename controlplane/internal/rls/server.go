@@ -216,10 +216,12 @@ func (s *Server) decide(ctx context.Context, ix *index, req *rlsv3.RateLimitRequ
 		s.m.noRule.Inc()
 		return ok
 	}
-	key, found := fr.Key(&rules.Request{Descriptor: hs[:n]})
-	if !found {
-		// An entry the rule keys on has an empty value: as a request without a
-		// key part's value, not counted.
+	rreq, valid := ref.rule.Descriptor.Request(hs[:n])
+	key, found := fr.Key(&rreq)
+	if !valid || !found {
+		// An entry the rule keys on has an empty value (or a client_ip value
+		// that is no address): as a request without a key part's value, not
+		// counted.
 		s.m.noRule.Inc()
 		return ok
 	}
