@@ -280,7 +280,7 @@ func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, snap
 	if tlsSrv != nil {
 		creds = credentials.NewTLS(tlsSrv.Config())
 	}
-	rs := rls.New(rls.Options{Quota: qsvc, Policies: snap, Registry: reg, Logger: log})
+	rs := rls.New(rls.Options{Quota: qsvc, Policies: snap, Env: s.RLSEnv, Registry: reg, Logger: log})
 	go rs.Run(ctx)
 	gs := rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log,
 		MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds, rs.Register)

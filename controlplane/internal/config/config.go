@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/controlplane/version"
+	"github.com/sluice-proxy/sluice/shared/rules"
 )
 
 // Settings is every setting of the control plane.
@@ -42,6 +43,9 @@ type Settings struct {
 	// Service's buckets, all streams together and per identity
 	// (rlqs.Options.MaxBuckets, MaxBucketsPerIdentity).
 	RLQSMaxBuckets, RLQSMaxBucketsPerIdentity int
+	// RLSEnv is the env the RateLimitService counts on (rls.Options.Env): the
+	// Wasm filters' env, so that an HTTP descriptor rule spends their fleet keys.
+	RLSEnv string
 	// RedisURL selects the Redis store: a redis:// or rediss:// URL, or a
 	// comma-separated list of host:port (several: Cluster, or Sentinels with
 	// RedisMasterName). Empty selects the embedded store in DataDir.
@@ -146,6 +150,7 @@ func Parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.StringVar(&s.GRPCListen, "grpc-listen", "", "gRPC listen address host:port of the Rate Limit Quota Service (Envoy's rate_limit_quota filter) and the RateLimitService (Envoy's ratelimit filter), same TLS and identity as --listen; empty: none")
 	fs.IntVar(&s.RLQSMaxBuckets, "rlqs-max-buckets", 250000, "most Rate Limit Quota Service buckets tracked, all streams together (about 400 bytes each, whatever their ids); a further bucket is abandoned")
 	fs.IntVar(&s.RLQSMaxBucketsPerIdentity, "rlqs-max-buckets-per-identity", 50000, "most Rate Limit Quota Service buckets tracked for the streams of one identity (all token callers are one)")
+	fs.StringVar(&s.RLSEnv, "rls-env", "default", "the env of the counter keys the RateLimitService counts on: the Wasm filters' env, for rules with \"http\": true descriptors")
 	fs.StringVar(&s.RedisURL, "redis-url", "", "Redis: redis:// or rediss:// URL, or comma-separated host:port list (Cluster, or Sentinels with --redis-master-name); empty: embedded store")
 	fs.StringVar(&s.RedisMasterName, "redis-master-name", "", "Sentinel master name (the --redis-url addresses are Sentinels)")
 	fs.IntVar(&s.RedisWaitReplicas, "redis-wait-replicas", 0, "acknowledge a write only once this many Redis replicas confirmed it (WAIT); 0: do not wait")
@@ -291,6 +296,8 @@ func (s Settings) Check() error {
 	case s.RequireIdentity && s.ClientCAFile == "" && !s.TrustXFCC:
 		return errors.New("config: --require-identity: no way to know which Envoy calls (token-only: any holder of the quota token could act for any Envoy); " +
 			"serve mTLS with --client-ca-file (envoy/kubernetes/controlplane-mtls.yaml), or, behind a mesh sidecar that is the only way in, set --trust-xfcc (Istio: trust-xfcc \"true\" in the ConfigMap)")
+	case !rules.ValidName(s.RLSEnv):
+		return fmt.Errorf("config: --rls-env %q: want 1 to 63 characters of a-z, 0-9, '_', '.', '-'", s.RLSEnv)
 	case s.RLQSMaxBuckets < 1 || s.RLQSMaxBucketsPerIdentity < 1:
 		return fmt.Errorf("config: --rlqs-max-buckets %d and --rlqs-max-buckets-per-identity %d: want ≥ 1", s.RLQSMaxBuckets, s.RLQSMaxBucketsPerIdentity)
 	case s.QuotaMaxEntriesPerIdentity < 1 || s.QuotaMaxEntriesPerIdentity > 262144:

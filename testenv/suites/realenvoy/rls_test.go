@@ -287,3 +287,122 @@ func envoyStat(t *testing.T, admin, name string) float64 {
 	}
 	return 0
 }
+
+// sharedPolicy is mixedPolicy's per-tenant rule made an HTTP descriptor rule:
+// Envoy's ratelimit filter sends (generic_key=q, tenant=<tenant>), which fills
+// the rule's tenant key part, so all three kinds of Envoy count on one key.
+var sharedPolicy = `{"policy":"default","identity":{"tenant_header":"x-tenant-id"},"rules":[` +
+	`{"id":"probe","match":{"path_prefix":"/reports/"},"key":["tenant"],"algorithm":"fixed_window","limit":1,"window":"1h"},` +
+	`{"id":"per-tenant","match":{"path_prefix":"/q/"},"key":["tenant"],"algorithm":"fixed_window",` +
+	`"limit":` + strconv.Itoa(rlqsLimit) + `,"window":"` + rlqsWindow.String() + `","scope":"fleet",` +
+	`"descriptor":{"domain":"edge","http":true,"entries":[{"key":"generic_key","value":"q"},{"key":"tenant","key_part":"tenant"}]}}]}`
+
+// TestRatelimitRateLimitQuotaAndWasmEnvoysShareOneLimit: a real Envoy of each
+// kind — Envoy's ratelimit filter (the control plane's RateLimitService, counting
+// on the Wasm filters' env with --rls-env), Envoy's rate_limit_quota filter
+// (RLQS) and the sluice Wasm filter — spend one fleet key through two control
+// planes on one Redis: offered 5×L a window, a third by each kind, never more
+// than L is admitted in a window, and the ratelimit-filter and Wasm Envoys, which
+// ask when their requests come, are admitted in every window (the RLQS Envoy, on
+// its 5 s reports, over the run).
+func TestRatelimitRateLimitQuotaAndWasmEnvoysShareOneLimit(t *testing.T) {
+	envoyproc.Binary(t, repo)
+	rs := redisproc.Start(t)
+	grpcAddr := proctest.FreeAddr(t)
+	cps := []*controlPlane{
+		startControlPlane(t, "control plane 0", "--redis-url", rs.URL(), "--resync-interval", "200ms"),
+		startControlPlane(t, "control plane 1", "--redis-url", rs.URL(), "--resync-interval", "200ms",
+			"--grpc-listen", grpcAddr, "--rls-env", "dev"),
+	}
+	v := proctest.PutPolicy(t, cps[0].addr, "default", adminToken, sharedPolicy)
+	up := startUpstream(t)
+
+	wasm := startProxy(t, envoyKind, proxySpec{name: "wasm", config: "envoy/envoy.yaml", upstream: up,
+		clusters: map[string]string{"control_plane": cps[0].addr}})
+	awaitVersion(t, wasm, v)
+	rlqsEnvoy := envoyproc.Start(t, envoyproc.Options{Name: "rlqs", Root: repo, Config: rlqsBootstrap(t, sharedPolicy, "dev", grpcAddr, up),
+		Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
+			Clusters: map[string]string{"upstream": up, "sluice_rlqs": grpcAddr}}})
+	dir := t.TempDir()
+	polFile, bootFile := filepath.Join(dir, "policy.json"), filepath.Join(dir, "envoy-rls.yaml")
+	if err := os.WriteFile(polFile, []byte(sharedPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), "envoy-config", "rls", "-f", polFile, "--grpc", grpcAddr, "--upstream", up)
+	cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
+	boot, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sluicectl envoy-config rls: %v", err)
+	}
+	if err := os.WriteFile(bootFile, boot, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rlsEnvoy := envoyproc.Start(t, envoyproc.Options{Name: "rls", Root: repo, Config: bootFile,
+		Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
+			Clusters: map[string]string{"upstream": up, "sluice_rls": grpcAddr}}})
+	kinds := []struct{ name, addr string }{{"ratelimit", rlsEnvoy.Listener}, {"rlqs", rlqsEnvoy.Listener}, {"wasm", wasm.addr}}
+
+	const windows = 3
+	per := rlqsWindow / (5 * rlqsLimit)
+	start := time.Now().Truncate(rlqsWindow).Add(rlqsWindow)
+	admitted := map[int64][]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < windows*5*rlqsLimit; i++ {
+		at := start.Add(time.Duration(i) * per)
+		if off := at.Sub(at.Truncate(rlqsWindow)); off < 30*time.Millisecond || rlqsWindow-off < 30*time.Millisecond {
+			continue
+		}
+		time.Sleep(time.Until(at))
+		k := i % len(kinds)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("GET", "http://"+kinds[k].addr+"/q/items", nil)
+			req.Header.Set("X-Tenant-Id", "acme")
+			resp, err := fresh.Do(req)
+			if err != nil {
+				t.Errorf("%s: %v", kinds[k].name, err)
+				return
+			}
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				mu.Lock()
+				w := at.Truncate(rlqsWindow).Unix()
+				if admitted[w] == nil {
+					admitted[w] = make([]int, len(kinds))
+				}
+				admitted[w][k]++
+				mu.Unlock()
+			case http.StatusTooManyRequests:
+			default:
+				t.Errorf("%s: status %d", kinds[k].name, resp.StatusCode)
+			}
+		}()
+	}
+	wg.Wait()
+	total := make([]int, len(kinds))
+	for w := start; w.Before(start.Add(windows * rlqsWindow)); w = w.Add(rlqsWindow) {
+		a := admitted[w.Unix()]
+		if a == nil {
+			a = make([]int, len(kinds))
+		}
+		sum := 0
+		for k := range kinds {
+			sum += a[k]
+			total[k] += a[k]
+		}
+		t.Logf("window %s: %d admitted through the ratelimit filter, %d through RLQS, %d through Wasm (L = %d, %d offered)",
+			w.Format("15:04:05"), a[0], a[1], a[2], rlqsLimit, 5*rlqsLimit)
+		if sum > rlqsLimit {
+			t.Errorf("window %s: %d admitted, over L = %d", w.Format("15:04:05"), sum, rlqsLimit)
+		}
+		if a[0] == 0 || a[2] == 0 {
+			t.Errorf("window %s: the ratelimit-filter Envoy (%d) or the Wasm Envoy (%d) got nothing", w.Format("15:04:05"), a[0], a[2])
+		}
+	}
+	if total[1] == 0 {
+		t.Errorf("the RLQS Envoy got nothing in %d windows", windows)
+	}
+}
