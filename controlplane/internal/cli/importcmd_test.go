@@ -34,3 +34,33 @@ func TestImportRatelimitPrintsAPolicyOrThePlaceOfTheProblem(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 }
+
+// The imported example's test file, whose steps are rate limit descriptors,
+// passes; a wrong expectation names the step and what came back.
+func TestDescriptorStepsAskTheRateLimitService(t *testing.T) {
+	code, out, errs := runCtl("test", "--wasm", labWasm(t), "../../../examples/rls-policy.test.yaml")
+	if code != ExitOK || !strings.Contains(out, "3 passed, 0 failed") {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "p.json"), []byte(`{"policy":"p","rules":[
+	 {"id":"d","descriptor":{"domain":"d","entries":[{"key":"k","value":"v"}]},"algorithm":"fixed_window","limit":2,"window":"1m","scope":"fleet"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "p.test.yaml")
+	if err := os.WriteFile(file, []byte("policy: p.json\ntests:\n  - name: two\n    steps:\n      - {at: 0s, domain: d, descriptor: [{k: v}], count: 3, expect: 200}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = runCtl("test", "--wasm", labWasm(t), file)
+	if code != 1 || !strings.Contains(out, "request 3 of 3 at 0s: descriptor d k=v") || !strings.Contains(out, "expected status 200, got 429") ||
+		!strings.Contains(out, `"rule":"d"`) {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	if err := os.WriteFile(file, []byte("policy: p.json\ntests:\n  - name: bad\n    steps:\n      - {at: 0s, domain: d, path: /x, descriptor: [{k: v}]}\n      - {at: 0s, domain: d}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = runCtl("test", "--wasm", labWasm(t), file)
+	if code != ExitUsage || !strings.Contains(errs, "a descriptor step has no path") || !strings.Contains(errs, "domain and descriptor go together") {
+		t.Fatalf("exit %d\n%s", code, errs)
+	}
+}

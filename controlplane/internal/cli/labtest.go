@@ -48,6 +48,11 @@ type labStep struct {
 	count         int
 	expect        int // 0: any status
 	expectHeaders [][2]string
+	// domain and descriptor, when set, make the step a rate limit service
+	// descriptor (Envoy's ratelimit filter's), hits its hits_addend.
+	domain     string
+	descriptor [][2]string
+	hits       uint64
 }
 
 // maxStepCount bounds a step's count, so a typo cannot run for hours.
@@ -161,7 +166,13 @@ func runLabTest(cmd *cobra.Command, env *Env, bin []byte, lf *labFile, t labTest
 			return "", err
 		}
 		for i := range s.count {
-			d, err := f.Do(lab.Request{Method: s.method, Path: s.path, Headers: s.headers, ClientIP: s.clientIP})
+			var d lab.Decision
+			var err error
+			if s.domain != "" {
+				d, err = f.DoDescriptor(lab.Descriptor{Domain: s.domain, Entries: s.descriptor, Hits: s.hits})
+			} else {
+				d, err = f.Do(lab.Request{Method: s.method, Path: s.path, Headers: s.headers, ClientIP: s.clientIP})
+			}
 			if err != nil {
 				return "", err
 			}
@@ -199,6 +210,16 @@ func (s *labStep) check(d lab.Decision) string {
 // describe is the step's request as one line: method, path, headers, client.
 func (s *labStep) describe() string {
 	var b strings.Builder
+	if s.domain != "" {
+		b.WriteString("descriptor " + s.domain)
+		for _, kv := range s.descriptor {
+			b.WriteString(" " + kv[0] + "=" + kv[1])
+		}
+		if s.hits > 0 {
+			b.WriteString(" hits " + strconv.FormatUint(s.hits, 10))
+		}
+		return b.String()
+	}
 	b.WriteString(s.method + " " + s.path)
 	for _, kv := range s.headers {
 		b.WriteString(" " + kv[0] + "=" + kv[1])
@@ -547,16 +568,44 @@ func (p *labParser) step(n *yaml.Node, field string) labStep {
 				}
 				s.clientIP = str
 			}
+		case "domain":
+			s.domain, _ = p.scalar(v, f)
+			if s.domain == "" {
+				p.add(v.Line, f, "must not be empty")
+			}
+		case "descriptor":
+			if v.Kind != yaml.SequenceNode || len(v.Content) == 0 {
+				p.add(v.Line, f, "must be a list of entries such as [{generic_key: api}, {x-user-id: alice}]")
+				break
+			}
+			for i, e := range v.Content {
+				ef := f + "[" + strconv.Itoa(i) + "]"
+				if e.Kind != yaml.MappingNode || len(e.Content) != 2 {
+					p.add(e.Line, ef, "must be one key: value entry such as {generic_key: api}")
+					continue
+				}
+				val, _ := p.scalar(e.Content[1], ef)
+				s.descriptor = append(s.descriptor, [2]string{e.Content[0].Value, val})
+			}
+		case "hits":
+			s.hits = uint64(p.intIn(v, f, 0, maxStepCount))
 		case "count":
 			s.count = p.intIn(v, f, 1, maxStepCount)
 		case "expect":
 			s.expect = p.intIn(v, f, 100, 599)
 		default:
-			p.add(v.Line, f, `unknown field (want at, method, path, headers, client_ip, count, expect or expect_headers)`)
+			p.add(v.Line, f, `unknown field (want at, method, path, headers, client_ip, count, expect or expect_headers; or domain, descriptor and hits for a rate limit descriptor)`)
 		}
 	})
-	if !havePath {
+	switch {
+	case (s.domain != "") != (s.descriptor != nil):
+		p.add(n.Line, field, "domain and descriptor go together (a rate limit descriptor step)")
+	case s.domain != "" && (havePath || s.headers != nil || s.clientIP != ""):
+		p.add(n.Line, field, "a descriptor step has no path, headers or client_ip")
+	case s.domain == "" && !havePath:
 		p.add(n.Line, field+".path", "required")
+	case s.domain == "" && s.hits != 0:
+		p.add(n.Line, field+".hits", "only with a descriptor")
 	}
 	return s
 }

@@ -31,7 +31,12 @@ import (
 	"strings"
 	"time"
 
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
+	"github.com/sluice-proxy/sluice/controlplane/internal/rls"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
 	"github.com/sluice-proxy/sluice/shared/strictjson"
@@ -177,6 +182,7 @@ type Fleet struct {
 	ctx      context.Context
 	seq      uint64 // requests sent, for x-request-id
 	tick     time.Duration
+	rls      *rls.Server // the rate limit service of the descriptor rules; nil without
 }
 
 // DefaultStart is the virtual time a Fleet starts at unless Config.Start says.
@@ -241,6 +247,14 @@ func NewFleet(ctx context.Context, cfg Config) (*Fleet, error) {
 			Logger:   slog.New(slog.DiscardHandler),
 		})
 		client = &http.Client{Transport: inProcess{svc}}
+		for i := range p.Rules {
+			if p.Rules[i].Descriptor != nil {
+				f.rls = rls.New(rls.Options{Quota: svc, Policies: staticPolicy{store.Record{Name: p.Name, Version: p.Version, Doc: doc}},
+					Env: cfg.Env, Replica: "lab", InlineRefills: true, Now: func() int64 { return f.clock.Now().UnixNano() },
+					Logger: slog.New(slog.DiscardHandler)})
+				break
+			}
+		}
 	}
 	for e := range cfg.Envoys {
 		if f.fleet {
@@ -323,6 +337,72 @@ func (f *Fleet) settle() error {
 		}
 	}
 	return nil
+}
+
+// Descriptor is one rate limit descriptor sent to the control plane's rate
+// limit service, as Envoy's ratelimit filter sends it.
+type Descriptor struct {
+	// Domain is the request's domain; Entries the descriptor's (key, value)
+	// entries in order.
+	Domain  string
+	Entries [][2]string
+	// Hits is the descriptor's hits_addend (0 means 1).
+	Hits uint64
+}
+
+// DoDescriptor asks the rate limit service about d at the current virtual time
+// and returns its answer as Envoy's ratelimit filter turns it into a response:
+// 429 for OVER_LIMIT, else 200 (from the lab's upstream), with the draft-03
+// headers Envoy 1.40 writes for one descriptor (docs/rls.md). RateLimit names
+// the rule, its limit, what is left and the reset; nil when no rule names d.
+// Errors: a policy without descriptor rules, a call the service refuses.
+func (f *Fleet) DoDescriptor(d Descriptor) (Decision, error) {
+	if f.rls == nil {
+		return Decision{}, errors.New("lab: the policy has no descriptor rule")
+	}
+	desc := &commonrl.RateLimitDescriptor{}
+	for _, kv := range d.Entries {
+		desc.Entries = append(desc.Entries, &commonrl.RateLimitDescriptor_Entry{Key: kv[0], Value: kv[1]})
+	}
+	if d.Hits > 0 {
+		desc.HitsAddend = wrapperspb.UInt64(d.Hits)
+	}
+	resp, err := f.rls.ShouldRateLimit(f.ctx, &rlsv3.RateLimitRequest{Domain: d.Domain, Descriptors: []*commonrl.RateLimitDescriptor{desc}})
+	if err != nil {
+		return Decision{}, fmt.Errorf("lab: %w", err)
+	}
+	st := resp.Statuses[0]
+	dec := Decision{Status: http.StatusOK}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		dec.Status = http.StatusTooManyRequests
+	}
+	if cl := st.GetCurrentLimit(); cl != nil {
+		rl := &RateLimit{RateLimited: dec.Status != http.StatusOK, Rule: cl.GetName(), Limit: uint64(cl.GetRequestsPerUnit()),
+			Remaining: uint64(st.GetLimitRemaining()), Reset: st.GetDurationUntilReset().GetSeconds(), Scope: rules.ScopeFleet}
+		dec.RateLimit = rl
+		raw, _ := json.Marshal(rl)
+		dec.RawRateLimit = string(raw)
+		limit := strconv.FormatUint(rl.Limit, 10)
+		window := ""
+		if w := unitSeconds[cl.GetUnit()]; w > 0 {
+			window = ";w=" + strconv.Itoa(w)
+		}
+		dec.Headers = host.Headers{
+			{"x-ratelimit-limit", limit + ", " + limit + window + `;name="` + rl.Rule + `"`},
+			{"x-ratelimit-remaining", strconv.FormatUint(rl.Remaining, 10)},
+			{"x-ratelimit-reset", strconv.FormatInt(rl.Reset, 10)},
+		}
+	}
+	return dec, nil
+}
+
+// unitSeconds are the RateLimitService's units in seconds, as Envoy writes
+// them in the draft-03 headers' w parameter.
+var unitSeconds = map[rlsv3.RateLimitResponse_RateLimit_Unit]int{
+	rlsv3.RateLimitResponse_RateLimit_SECOND: 1, rlsv3.RateLimitResponse_RateLimit_MINUTE: 60,
+	rlsv3.RateLimitResponse_RateLimit_HOUR: 3600, rlsv3.RateLimitResponse_RateLimit_DAY: 86400,
+	rlsv3.RateLimitResponse_RateLimit_WEEK: 604800, rlsv3.RateLimitResponse_RateLimit_MONTH: 2592000,
+	rlsv3.RateLimitResponse_RateLimit_YEAR: 31536000,
 }
 
 // Do sends r through the filter of Envoy r.Envoy at the current virtual time
@@ -486,6 +566,10 @@ func (s staticPolicy) Get(name string) (store.Record, bool) {
 	}
 	return s.rec, true
 }
+
+// List and Generation are the rate limit service's view of it.
+func (s staticPolicy) List() []store.Record { return []store.Record{s.rec} }
+func (s staticPolicy) Generation() uint64   { return 1 }
 
 // inProcess answers the filter's calls without a network: /v1/quota by the
 // quota service, a policy poll with 304 (the static policy stays), anything

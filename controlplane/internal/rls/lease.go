@@ -134,11 +134,14 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			l.used += hits
 			l.lastUse = now
 			o := l.report(cfg, now, true)
-			if l.asking == nil && l.units*refillBelow < l.last && l.short(now) {
+			refill := l.asking == nil && l.units*refillBelow < l.last && l.short(now)
+			if refill {
 				l.asking = make(chan struct{})
-				s.refill(refillJob{fr: fr, key: key, l: l})
 			}
 			l.mu.Unlock()
+			if refill {
+				s.refill(refillJob{fr: fr, key: key, l: l})
+			}
 			return o
 		}
 		switch {
@@ -194,6 +197,10 @@ type refillJob struct {
 // when they are all busy: a refill never waits, and the workers' grown stacks
 // spare most refills a new goroutine's.
 func (s *Server) refill(j refillJob) {
+	if s.o.InlineRefills {
+		s.ask(context.Background(), j.fr, j.key, j.l, 0)
+		return
+	}
 	if s.workers.Load() > 0 {
 		select {
 		case s.refills <- j:

@@ -61,6 +61,10 @@ type Options struct {
 	Replica string
 	// MaxLeases bounds the leases held (default DefaultMaxLeases).
 	MaxLeases int
+	// InlineRefills runs the background refills in the call that started
+	// them, after its decision: a caller deciding one descriptor at a time on
+	// a virtual clock (the policy lab) then depends on its inputs alone.
+	InlineRefills bool
 	// Now is the clock in Unix nanoseconds (default time.Now().UnixNano).
 	Now func() int64
 	// Registry receives the metrics; nil registers none.
