@@ -209,11 +209,12 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 				}
 				key := int(i % int64(o.keys))
 				t0 := time.Now()
-				resp, err := c.ShouldRateLimit(runCtx, reqs[key])
+				// The call does not carry the run's deadline: gRPC sends it as
+				// grpc-timeout, and a server enforcing it ends calls a little before
+				// the client's clock does, which would count as failures.
+				resp, err := c.ShouldRateLimit(ctx, reqs[key])
 				if err != nil {
-					if runCtx.Err() == nil {
-						fail(err.Error())
-					}
+					fail(err.Error())
 					continue
 				}
 				lat = append(lat, time.Since(t0))
