@@ -110,7 +110,15 @@ func Compile(p *Policy, opts CompileOptions) (*Compiled, error) {
 
 func (c *Compiled) compileRule(i int, r *Rule) error {
 	var v validator
-	cfg, _ := v.limitConfig(r, "")
+	var cfg limit.Config
+	if r.Descriptor != nil && r.Descriptor.Unlimited {
+		// Never enforced (no request matches it, the rate limit service answers
+		// its descriptors OK): a placeholder limiter keeps every compiled rule
+		// alike for the filter's per-rule state.
+		cfg = limit.Config{Algorithm: limit.FixedWindow, Limit: limit.MaxLimit, Window: limit.MaxWindow}
+	} else {
+		cfg, _ = v.limitConfig(r, "")
+	}
 	if len(v.errs) > 0 {
 		return v.errs
 	}

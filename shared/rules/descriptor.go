@@ -46,7 +46,22 @@ type Descriptor struct {
 	// HTTP ["http"]: the rule also applies to HTTP requests, on the same fleet
 	// keys (see above). Default false: descriptors only.
 	HTTP bool
+	// Unlimited ["unlimited"]: a descriptor the rule names is never limited nor
+	// counted, and is answered OK (envoyproxy/ratelimit's unlimited: a more
+	// specific node that exempts what a less specific one limits). The rule then
+	// has no algorithm, limit or other limit parameter, no shadow, status or
+	// scope, and no HTTP.
+	Unlimited bool
+	// Replaces ["replaces"] are ids of descriptor rules of the same policy that
+	// this rule replaces: in a call where a descriptor matches this rule, the
+	// descriptors matching them are answered OK without a limit and not counted
+	// (envoyproxy/ratelimit's replaces, which names rate limits by name). At most
+	// MaxReplaces; not this rule itself.
+	Replaces []string
 }
+
+// MaxReplaces bounds Descriptor.Replaces.
+const MaxReplaces = 16
 
 // DescriptorEntry is one (key, value) of a Descriptor.
 type DescriptorEntry struct {
@@ -111,6 +126,10 @@ func decodeDescriptor(d *strictjson.Decoder, r *Rule) error {
 			ds.Domain = str(d)
 		case "http":
 			ds.HTTP, _ = boolean(d)
+		case "unlimited":
+			ds.Unlimited, _ = boolean(d)
+		case "replaces":
+			ds.Replaces = strList(d)
 		case "entries":
 			if d.Null() {
 				return nil
@@ -158,6 +177,8 @@ func writeDescriptor(w *strictjson.Writer, ds *Descriptor) {
 	}
 	w.EndArray()
 	optTrue(w, "http", ds.HTTP)
+	optTrue(w, "unlimited", ds.Unlimited)
+	optList(w, "replaces", ds.Replaces)
 	w.EndObject()
 }
 
@@ -214,7 +235,24 @@ func (v *validator) descriptor(r *Rule, field string) {
 	if len(r.Exempt.CIDRs)+len(r.Exempt.Users)+len(r.Exempt.Tenants) > 0 {
 		v.add(f("exempt"), "not with descriptor")
 	}
-	if !r.IsFleet() {
+	if len(ds.Replaces) > MaxReplaces {
+		v.add(join(df, "replaces"), "at most "+strconv.Itoa(MaxReplaces)+" rule ids")
+	}
+	for i, id := range ds.Replaces {
+		if id == r.ID {
+			v.add(elemPath(join(df, "replaces"), i), "a rule does not replace itself")
+		}
+	}
+	if ds.Unlimited {
+		if r.Algorithm != "" || r.Limit != 0 || r.Window != 0 || r.Burst != 0 || r.Slots != 0 || r.Align != "" ||
+			r.Timezone != "" || r.Lease != 0 || r.Cost != 0 || r.MaxCost != 0 || r.Shadow || r.Status != 0 ||
+			r.Scope != "" || r.OnQuotaFailure != "" || r.LocalSharePermille != 0 {
+			v.add(field, "an unlimited descriptor rule has only id, description and descriptor (no algorithm, limit parameters, shadow, status or scope)")
+		}
+		if ds.HTTP {
+			v.add(join(df, "http"), "not with unlimited (an HTTP request no rule limits needs no rule)")
+		}
+	} else if !r.IsFleet() {
 		v.add(f("scope"), `must be "fleet" with descriptor (the control plane decides descriptors from the fleet budget for every Envoy and replica)`)
 	}
 }

@@ -83,6 +83,24 @@ func TestAnHTTPDescriptorRuleSharesItsKeyWithRequests(t *testing.T) {
 	}
 }
 
+// An unlimited descriptor rule has no limit parameters and compiles; replaces
+// round-trips.
+func TestUnlimitedAndReplacingDescriptorRulesParse(t *testing.T) {
+	p := mustParse(t, `{"policy":"u","rules":[
+	 {"id":"a","descriptor":{"domain":"d","entries":[{"key":"k","value":"v"}],"unlimited":true}},
+	 {"id":"b","descriptor":{"domain":"d","entries":[{"key":"k"}],"replaces":["a"]},"algorithm":"fixed_window","limit":1,"window":"1s","scope":"fleet"}]}`)
+	if again := mustParse(t, string(EncodePolicy(p))); !reflect.DeepEqual(again, p) {
+		t.Fatalf("round trip differs:\n%s", EncodePolicy(p))
+	}
+	c, err := Compile(p, CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Match(&Request{Path: "/"}, nil) != nil {
+		t.Fatal("an HTTP request matched a descriptor rule")
+	}
+}
+
 func TestADescriptorEntryAcceptsItsValue(t *testing.T) {
 	for _, tc := range []struct {
 		value, v string
@@ -128,6 +146,9 @@ func TestABadDescriptorRuleNamesTheField(t *testing.T) {
 		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","value":"v"}]},"scope":"fleet","key":["header:k"]`, "rules[0].key[0]", "no descriptor entry fills it"},
 		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"header:k"},{"key":"j","key_part":"header:k"}]},"scope":"fleet","key":["header:k"]`, "rules[0].descriptor.entries[1].key_part", "a second time"},
 		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"user|client_ip"}]},"scope":"fleet","key":["user|client_ip"]`, "rules[0].descriptor.entries[0].key_part", "one alternative"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"unlimited":true}`, "rules[0]", "an unlimited descriptor rule has only id"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"replaces":["r"]},"scope":"fleet"`, "rules[0].descriptor.replaces[0]", "does not replace itself"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"replaces":["nope"]},"scope":"fleet"`, "rules[0].descriptor.replaces[0]", "must be the id of a descriptor rule"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet"},{"id":"s","algorithm":"gcra","limit":5,"window":"1s","descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet"`, "rules[1].descriptor", "the same domain and entries as rules[0]"},
 	} {
 		doc := `{"policy":"p","rules":[{"id":"r","algorithm":"fixed_window","limit":5,"window":"1s",` + tc.rule + `}]}`

@@ -317,6 +317,17 @@ func (v *validator) policy(p *Policy) {
 		}
 		seen[r.ID] = i
 	}
+	for i := range p.Rules {
+		ds := p.Rules[i].Descriptor
+		if ds == nil {
+			continue
+		}
+		for k, id := range ds.Replaces {
+			if j, ok := seen[id]; !ok || p.Rules[j].Descriptor == nil {
+				v.add(elemPath(elemPath("rules", i)+".descriptor.replaces", k), "must be the id of a descriptor rule of this policy, got "+quoteClipped(id))
+			}
+		}
+	}
 }
 
 func (v *validator) exempt(e *Exempt, field string) {
@@ -393,6 +404,9 @@ func (v *validator) rule(r *Rule, field string, id *Identity) {
 		v.key(r.Key, f("key"), id)
 	}
 
+	if r.Descriptor != nil && r.Descriptor.Unlimited {
+		return // no limit to check (descriptor says what it may have)
+	}
 	// Algorithm and its parameters: the bounds are package limit's.
 	cfg, ok := v.limitConfig(r, field)
 	if ok {

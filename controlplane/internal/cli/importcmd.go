@@ -24,9 +24,9 @@ func importCmd(env *Env) *cobra.Command {
 		Long: `Read envoyproxy/ratelimit configuration files (YAML, as that service loads them;
 several files and domains) and print one sluice policy on standard output: a fixed_window
 rule of scope fleet per descriptor with a rate_limit, served by the control plane's
-RateLimitService to Envoy's ratelimit filter. What sluice cannot express (unlimited,
-replaces, quota_mode, share_threshold, metadata, a '*' inside a value, a limit of 0) is
-refused with the file, line and field; fields that only name metrics are accepted and
+RateLimitService to Envoy's ratelimit filter; unlimited and replaces as there. What
+sluice cannot express (quota_mode, share_threshold, metadata, a '*' inside a value, a
+limit of 0) is refused with the file, line and field; fields that only name metrics are accepted and
 noted on standard error. Apply the result with sluicectl apply -f.`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(_ *cobra.Command, args []string) error {

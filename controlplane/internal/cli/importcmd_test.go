@@ -18,7 +18,7 @@ func TestImportRatelimitPrintsAPolicyOrThePlaceOfTheProblem(t *testing.T) {
 	if err := os.WriteFile(good, []byte("domain: d\ndescriptors:\n  - key: generic_key\n    value: api\n    rate_limit: {unit: minute, requests_per_unit: 60}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bad, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n"), 0o600); err != nil {
+	if err := os.WriteFile(bad, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    share_threshold: true\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errs := runCtl("import", "ratelimit", "--policy", "edge", good)
@@ -30,7 +30,7 @@ func TestImportRatelimitPrintsAPolicyOrThePlaceOfTheProblem(t *testing.T) {
 		t.Fatalf("output %s: %v", out, err)
 	}
 	code, _, errs = runCtl("import", "ratelimit", good, bad)
-	if code != ExitUsage || !strings.Contains(errs, "bad.yaml:4: descriptors[0].rate_limit.unlimited") {
+	if code != ExitUsage || !strings.Contains(errs, "bad.yaml:5: descriptors[0].share_threshold") {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
 }

@@ -86,8 +86,8 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 	var limits []*routev3.RateLimit
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		if r.Descriptor == nil || r.Descriptor.Domain != o.Domain {
-			continue
+		if r.Descriptor == nil || r.Descriptor.Domain != o.Domain || r.Descriptor.Unlimited {
+			continue // an unlimited rule's descriptors are those a less specific rule's actions send
 		}
 		actions, from := Actions(&p.Identity, r.Descriptor)
 		if actions == nil {

@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 //	sluice_controlplane_rls_requests_total{code}          ShouldRateLimit calls answered, by overall code
 //	                                                      (ok, over_limit) or gRPC error (invalid, refused)
 //	sluice_controlplane_rls_descriptors_total{result}     descriptors decided: ok, over_limit, shadow (over
-//	                                                      the limit, answered OK), no_rule
+//	                                                      the limit, answered OK), unlimited, replaced, no_rule
 //	sluice_controlplane_rls_asks_total                    asks for units to the quota service
 //	sluice_controlplane_rls_ask_failures_total            asks the quota service could not decide
 //	sluice_controlplane_rls_failure_decisions_total{on_quota_failure,code}
@@ -23,6 +23,7 @@ type metrics struct {
 	duration                                 prometheus.Histogram
 	// The children counted per call.
 	ok, overLimit, dOK, dOver, dShadow, noRule prometheus.Counter
+	dUnlimited, dReplaced                      prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
@@ -30,7 +31,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_requests_total",
 			Help: "RateLimitService ShouldRateLimit calls, by overall code (ok, over_limit) or error (invalid, refused)."}, []string{"code"}),
 		descriptors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_descriptors_total",
-			Help: "Rate limit descriptors decided: ok, over_limit, shadow (over the limit of a shadow rule, answered OK), no_rule."}, []string{"result"}),
+			Help: "Rate limit descriptors decided: ok, over_limit, shadow (over the limit of a shadow rule, answered OK), unlimited, replaced (by another descriptor's rule in the call), no_rule."}, []string{"result"}),
 		failureDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_failure_decisions_total",
 			Help: "Descriptors decided by the rule's on_quota_failure because the quota service could not decide, by that policy and code."}, []string{"on_quota_failure", "code"}),
 		asks: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_asks_total",
@@ -48,6 +49,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 	m.ok, m.overLimit = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit")
 	m.dOK, m.dOver = m.descriptors.WithLabelValues("ok"), m.descriptors.WithLabelValues("over_limit")
 	m.dShadow, m.noRule = m.descriptors.WithLabelValues("shadow"), m.descriptors.WithLabelValues("no_rule")
+	m.dUnlimited, m.dReplaced = m.descriptors.WithLabelValues("unlimited"), m.descriptors.WithLabelValues("replaced")
 	if reg != nil {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_controlplane_rls_leases",
 			Help: "Fleet keys the rate limit service holds a lease on now."}, leases)

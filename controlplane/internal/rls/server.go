@@ -173,8 +173,32 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	ix := s.ix.get()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+	// Every descriptor's rule first, for the rules they replace (as
+	// envoyproxy/ratelimit's constructLimitsToCheck: a replaced limit is not
+	// checked when any descriptor of the call matched the replacing one).
+	var small [8]*ruleRef
+	refs := small[:0]
+	var replaced map[ruleID]bool
+	for _, d := range req.Descriptors {
+		ref := s.lookup(ix, req.Domain, d)
+		refs = append(refs, ref)
+		if ref != nil && len(ref.rule.Descriptor.Replaces) > 0 {
+			if replaced == nil {
+				replaced = make(map[ruleID]bool)
+			}
+			for _, id := range ref.rule.Descriptor.Replaces {
+				replaced[ruleID{ref.policy, id}] = true
+			}
+		}
+	}
 	for i, d := range req.Descriptors {
-		st := s.decide(ctx, ix, req, d)
+		ref := refs[i]
+		if ref != nil && replaced[ruleID{ref.policy, ref.rule.ID}] {
+			s.m.dReplaced.Inc()
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			continue
+		}
+		st := s.decide(ctx, ref, req, d)
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
@@ -189,30 +213,47 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	return resp, nil
 }
 
-// decide decides one descriptor.
-func (s *Server) decide(ctx context.Context, ix *index, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {
-	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+// ruleID names a rule of a policy.
+type ruleID struct{ policy, id string }
+
+// lookup returns the rule descriptor d of domain names, or nil.
+func (s *Server) lookup(ix *index, domain string, d *commonrl.RateLimitDescriptor) *ruleRef {
 	n := len(d.GetEntries())
 	if n == 0 || n > rules.MaxDescriptorEntries {
-		s.m.noRule.Inc()
-		return ok
+		return nil
 	}
 	var kvs [rules.MaxDescriptorEntries]entryKV
-	var hs [rules.MaxDescriptorEntries]rules.Header
 	for i, e := range d.Entries {
 		kvs[i] = entryKV{e.GetKey(), e.GetValue()}
-		hs[i] = rules.Header{Name: e.GetKey(), Value: e.GetValue()}
 	}
 	if d.GetLimit() != nil {
 		// A limit override (Envoy's rate_limits limit from dynamic metadata) names
 		// a limit no policy holds: the rule decides, and the override is counted.
 		s.m.overrides.Inc()
-		s.warn("override", "rls: a descriptor carries a limit override, which sluice does not apply; the policy's rule decides it", "domain", req.Domain)
+		s.warn("override", "rls: a descriptor carries a limit override, which sluice does not apply; the policy's rule decides it", "domain", domain)
 	}
-	ref := ix.lookup(req.Domain, kvs[:n])
+	return ix.lookup(domain, kvs[:n])
+}
+
+// unlimitedStatus is an unlimited descriptor's status, as envoyproxy/ratelimit
+// answers it (OK, no limit, the most remaining), shared (read-only).
+var unlimitedStatus = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+
+// decide decides descriptor d of req under rule ref (nil: no rule).
+func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {
+	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	if ref == nil {
 		s.m.noRule.Inc()
 		return ok
+	}
+	if ref.rule.Descriptor.Unlimited {
+		s.m.dUnlimited.Inc()
+		return unlimitedStatus
+	}
+	n := len(d.Entries)
+	var hs [rules.MaxDescriptorEntries]rules.Header
+	for i, e := range d.Entries {
+		hs[i] = rules.Header{Name: e.GetKey(), Value: e.GetValue()}
 	}
 	fr, reason := s.o.Quota.Resolve(ref.policy, s.o.Env, ref.rule.ID)
 	if fr == nil {

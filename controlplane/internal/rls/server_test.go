@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -334,5 +335,43 @@ func TestARedisOutageIsDecidedByOnQuotaFailure(t *testing.T) {
 	}
 	if got := counterWith(t, r.reg, "sluice_controlplane_rls_ask_failures_total", "", ""); got < 3 {
 		t.Errorf("ask failures %v, want one per rule at least", got)
+	}
+}
+
+// TestUnlimitedAndReplacesAreHonoured: an unlimited descriptor is OK without a
+// limit and takes precedence over the key alone, as a more specific node of
+// envoyproxy/ratelimit's tree; a rule replaced by another descriptor's rule
+// in the same call is neither checked nor counted.
+func TestUnlimitedAndReplacesAreHonoured(t *testing.T) {
+	f := newFixture(t, `{"policy":"r","rules":[
+	 {"id":"per-ip","descriptor":{"domain":"d","entries":[{"key":"remote_address"}]},"algorithm":"fixed_window","limit":1,"window":"1m","scope":"fleet"},
+	 {"id":"office","descriptor":{"domain":"d","entries":[{"key":"remote_address","value":"10.0.0.1"}],"unlimited":true}},
+	 {"id":"global","descriptor":{"domain":"d","entries":[{"key":"generic_key","value":"all"}]},"algorithm":"fixed_window","limit":2,"window":"1m","scope":"fleet"},
+	 {"id":"vip","descriptor":{"domain":"d","entries":[{"key":"plan","value":"vip"}],"replaces":["global"]},"algorithm":"fixed_window","limit":5,"window":"1m","scope":"fleet"}]}`)
+	r := f.replica(t, "a", "")
+	for i := 0; i < 3; i++ {
+		resp := r.call(t, "d", desc("remote_address", "10.0.0.1"))
+		if st := resp.Statuses[0]; resp.OverallCode != rlsv3.RateLimitResponse_OK || st.CurrentLimit != nil || st.LimitRemaining != math.MaxUint32 {
+			t.Fatalf("unlimited %d: %v", i, resp)
+		}
+	}
+	if r.call(t, "d", desc("remote_address", "10.0.0.2")).OverallCode != rlsv3.RateLimitResponse_OK ||
+		r.call(t, "d", desc("remote_address", "10.0.0.2")).OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatal("the key alone is not limited to 1")
+	}
+	// With the vip descriptor in the call, global is not checked nor counted.
+	for i := 0; i < 4; i++ {
+		resp := r.call(t, "d", desc("generic_key", "all"), desc("plan", "vip"))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].CurrentLimit.GetName() != "vip" {
+			t.Fatalf("replaced %d: %v", i, resp)
+		}
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := r.call(t, "d", desc("generic_key", "all")).OverallCode; got != want {
+			t.Fatalf("global alone %d: %v, want %v (the replaced calls counted nothing)", i, got, want)
+		}
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_descriptors_total", "result", "replaced"); got != 4 {
+		t.Errorf("replaced %v, want 4", got)
 	}
 }

@@ -16,7 +16,9 @@
 // Each descriptor with a rate_limit becomes one fixed_window rule of scope
 // fleet whose descriptor is the path from the domain to it; its window is the
 // unit (second, minute, hour, day, week; a month is 30 days and a year 365, as
-// there). What sluice cannot express is refused with the file, line and field.
+// there); an unlimited one a rule of an unlimited descriptor; replaces names
+// the replaced rules by id. What sluice cannot express is refused with the
+// file, line and field.
 package rlsimport
 
 import (
@@ -63,9 +65,21 @@ var Units = map[string]time.Duration{
 // domain (their descriptors must differ); the rules are in file order. The
 // error lists every problem found, each "file:line: field: message".
 func Import(policy string, files []File) (*Result, error) {
-	im := &importer{res: &Result{Policy: &rules.Policy{Name: policy}}, ids: map[string]bool{}, paths: map[string]string{}}
+	im := &importer{res: &Result{Policy: &rules.Policy{Name: policy}}, ids: map[string]bool{}, paths: map[string]string{},
+		names: map[[2]string]string{}}
 	for _, f := range files {
 		im.file(f)
+	}
+	for _, pr := range im.pending {
+		ds := im.res.Policy.Rules[pr.rule].Descriptor
+		for _, n := range pr.names {
+			id, ok := im.names[[2]string{pr.domain, n}]
+			if !ok {
+				im.errs = append(im.errs, pr.where+": replaces: no rate_limit of domain "+strconv.Quote(pr.domain)+" is named "+strconv.Quote(n))
+				continue
+			}
+			ds.Replaces = append(ds.Replaces, id)
+		}
 	}
 	if len(im.errs) > 0 {
 		return nil, errors.New(strings.Join(im.errs, "\n"))
@@ -82,6 +96,18 @@ type importer struct {
 	ids   map[string]bool
 	paths map[string]string // descriptor path → where it was first defined
 	name  string            // the current file
+	// names maps a rate limit's (domain, name) to its rule's id; pending are
+	// the replaces to resolve once every file is read.
+	names   map[[2]string]string
+	pending []pendingReplace
+}
+
+// pendingReplace is a rate limit's replaces, by name, to map to rule ids.
+type pendingReplace struct {
+	rule   int // index in the policy's rules
+	domain string
+	names  []string
+	where  string // file:line of the replaces
 }
 
 func (im *importer) fail(n *yaml.Node, field, msg string) {
@@ -203,7 +229,9 @@ func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.Descri
 	}
 	var unit, name string
 	var rpu uint64
-	var rpuNode *yaml.Node
+	var rpuNode, replacesNode *yaml.Node
+	var replaces []string
+	unlimited := false
 	im.each(n, field, func(k string, v *yaml.Node) {
 		f := field + "." + k
 		switch k {
@@ -217,37 +245,78 @@ func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.Descri
 			}
 			rpu = u
 		case "unlimited":
-			if im.boolean(v, f) {
-				im.fail(v, f, "unlimited descriptors are not supported yet; leave the descriptor out (a descriptor no rule names is OK) unless a less specific one would then apply")
-			}
+			unlimited = im.boolean(v, f)
 		case "name":
 			name = im.str(v, f)
 		case "replaces":
-			im.fail(v, f, "replaces is not supported: every matching descriptor's limit applies")
+			replacesNode = v
+			if v.Kind != yaml.SequenceNode {
+				im.fail(v, f, "want a list of {name: …}")
+				break
+			}
+			for i, r := range v.Content {
+				rf := f + "[" + strconv.Itoa(i) + "]"
+				if r.Kind != yaml.MappingNode {
+					im.fail(r, rf, "want {name: …}")
+					continue
+				}
+				im.each(r, rf, func(k string, rv *yaml.Node) {
+					if k != "name" {
+						im.unknown(rv, rf+"."+k)
+						return
+					}
+					n := im.str(rv, rf+".name")
+					switch {
+					case n == "":
+						im.fail(rv, rf+".name", "must not be empty (envoyproxy/ratelimit: should not have an empty replaces entry)")
+					case n == name:
+						im.fail(rv, rf+".name", "replaces should not contain the name of the same descriptor")
+					default:
+						replaces = append(replaces, n)
+					}
+				})
+			}
 		default:
 			im.unknown(v, f)
 		}
 	})
 	window, ok := Units[unit]
-	if !ok {
+	switch {
+	case unlimited && unit != "":
+		im.fail(n, field+".unit", "should not be given with unlimited (envoyproxy/ratelimit refuses it too)")
+		return
+	case unlimited && shadow:
+		im.fail(n, field, "shadow_mode has nothing to observe on an unlimited descriptor")
+		return
+	case unlimited:
+	case !ok:
 		im.fail(n, field+".unit", "want one of second, minute, hour, day, week, month, year, got "+strconv.Quote(unit))
 		return
-	}
-	if rpuNode == nil || rpu == 0 {
+	case rpuNode == nil || rpu == 0:
 		im.fail(n, field+".requests_per_unit", "want at least 1 (a limit of 0, every request over it, has no sluice equivalent; deny the route in Envoy instead)")
 		return
 	}
-	ds := &rules.Descriptor{Domain: domain, Entries: path}
+	ds := &rules.Descriptor{Domain: domain, Entries: path, Unlimited: unlimited}
 	key := ds.Domain + "\x00" + pathText(path)
 	if where, dup := im.paths[key]; dup {
 		im.fail(n, field, "the same domain and descriptor as "+where)
 		return
 	}
 	im.paths[key] = im.name + ":" + strconv.Itoa(n.Line)
-	r := rules.Rule{ID: im.id(name, domain, path), Descriptor: ds, Algorithm: "fixed_window", Limit: rpu,
-		Window: window, Scope: rules.ScopeFleet, Shadow: shadow}
+	r := rules.Rule{ID: im.id(name, domain, path), Descriptor: ds}
+	if !unlimited {
+		r.Algorithm, r.Limit, r.Window, r.Scope, r.Shadow = "fixed_window", rpu, window, rules.ScopeFleet, shadow
+	}
 	if name != "" {
 		r.Description = "envoyproxy/ratelimit rate_limit " + strconv.Quote(name)
+		if prev, dup := im.names[[2]string{domain, name}]; dup {
+			im.fail(n, field+".name", "the name of another rate_limit of this domain too (rule "+prev+"): replaces could not tell them apart")
+		}
+		im.names[[2]string{domain, name}] = r.ID
+	}
+	if len(replaces) > 0 {
+		im.pending = append(im.pending, pendingReplace{rule: len(im.res.Policy.Rules), domain: domain, names: replaces,
+			where: im.name + ":" + strconv.Itoa(replacesNode.Line)})
 	}
 	im.res.Policy.Rules = append(im.res.Policy.Rules, r)
 }

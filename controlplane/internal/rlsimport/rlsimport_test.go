@@ -100,14 +100,48 @@ func TestEnvoyproxyRatelimitFilesBecomeOneRulePerLimit(t *testing.T) {
 	}
 }
 
+// unlimited and replaces, as envoyproxy/ratelimit's README uses them.
+func TestUnlimitedAndReplacesAreImported(t *testing.T) {
+	res, err := Import("p", []File{{"f.yaml", []byte(`
+domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: remote_address
+    value: 10.0.0.1
+    rate_limit: {unlimited: true}
+  - key: generic_key
+    value: global
+    rate_limit: {name: global, unit: minute, requests_per_unit: 100}
+  - key: plan
+    value: vip
+    rate_limit:
+      name: vip
+      unit: minute
+      requests_per_unit: 1000
+      replaces: [{name: global}]
+`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := res.Policy.Rules
+	if !rs[1].Descriptor.Unlimited || rs[1].Algorithm != "" || rs[1].Scope != "" {
+		t.Errorf("unlimited: %+v", rs[1])
+	}
+	if rs[2].ID != "global" || len(rs[3].Descriptor.Replaces) != 1 || rs[3].Descriptor.Replaces[0] != "global" {
+		t.Errorf("replaces: %+v %+v", rs[2], rs[3].Descriptor)
+	}
+}
+
 func TestWhatSluiceCannotExpressIsRefusedWithItsPlace(t *testing.T) {
 	for _, tc := range []struct{ doc, want string }{
 		{"descriptors: []", "f.yaml:1: domain: required"},
 		{"domain: d\ndescriptors:\n  - value: x\n    rate_limit: {unit: second, requests_per_unit: 1}", "f.yaml:3: descriptors[0].key: required"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}", "descriptors[0].rate_limit.unit: want one of"},
 		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0}", "descriptors[0].rate_limit.requests_per_unit: want at least 1"},
-		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}", "f.yaml:4: descriptors[0].rate_limit.unlimited: unlimited descriptors are not supported"},
-		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: b}]}", "rate_limit.replaces: replaces is not supported"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}", "f.yaml:4: descriptors[0].rate_limit.unit: should not be given with unlimited"},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: b}]}", "f.yaml:4: replaces: no rate_limit of domain \"d\" is named \"b\""},
+		{"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: a}]}", "replaces should not contain the name of the same descriptor"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: a*b\n    rate_limit: {unit: second, requests_per_unit: 1}", "f.yaml:4: descriptors[0].value: a '*' before the end"},
 		{"domain: d\ndescriptors:\n  - key: k\n    value: a*\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}", "descriptors[0].share_threshold: a counter shared"},
 		{"domain: d\ndescriptors:\n  - key: k\n    colour: red", "f.yaml:4: descriptors[0].colour: unknown field"},
