@@ -1,7 +1,6 @@
 package rules
 
 import (
-	"net/netip"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -271,26 +270,8 @@ func (ds *Descriptor) Request(entries []Header) (req Request, ok bool) {
 		if part == "" || i >= len(entries) {
 			continue
 		}
-		v := entries[i].Value
-		switch part {
-		case "user":
-			req.User = v
-		case "tenant":
-			req.Tenant = v
-		case "method":
-			req.Method = v
-		case "path":
-			req.Path = PathOnly(v)
-		case "client_ip":
-			ip, err := netip.ParseAddr(v)
-			if err != nil {
-				return req, false
-			}
-			req.ClientIP = ip
-		default:
-			if name, found := strings.CutPrefix(part, "header:"); found {
-				req.Headers = append(req.Headers, Header{Name: name, Value: v})
-			}
+		if _, valid := req.SetPart(part, entries[i].Value); !valid {
+			return req, false
 		}
 	}
 	return req, true

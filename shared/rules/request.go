@@ -51,6 +51,38 @@ func (r *Request) clientIP() netip.Addr {
 	return r.ClientIP
 }
 
+// SetPart sets the value the key part part (one alternative of Rule.Key,
+// "route" aside) reads: the user, tenant, method, path (PathOnly applied),
+// client address or a header (its name lower-cased), for a request known by
+// its key values rather than its headers (an RLQS bucket id, a rate limit
+// descriptor). known is false for an unknown part or header name; valid is
+// false when a client_ip value is no IP address.
+func (r *Request) SetPart(part, value string) (known, valid bool) {
+	switch part {
+	case "user":
+		r.User = value
+	case "tenant":
+		r.Tenant = value
+	case "method":
+		r.Method = value
+	case "path":
+		r.Path = PathOnly(value)
+	case "client_ip":
+		ip, err := netip.ParseAddr(value)
+		if err != nil {
+			return true, false
+		}
+		r.ClientIP = ip
+	default:
+		name, ok := strings.CutPrefix(part, "header:")
+		if !ok || !ValidHeaderName(name) {
+			return false, false
+		}
+		r.Headers = append(r.Headers, Header{Name: strings.ToLower(name), Value: value})
+	}
+	return true, true
+}
+
 // Header is one request header field.
 type Header struct {
 	// Name is the header name in lower case.

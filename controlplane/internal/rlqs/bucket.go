@@ -1,7 +1,6 @@
 package rlqs
 
 import (
-	"net/netip"
 	"strings"
 	"time"
 
@@ -42,36 +41,19 @@ const (
 func request(entries map[string]string, keyParts []string) (rules.Request, string) {
 	var req rules.Request
 	for name, v := range entries {
-		switch name {
-		case EntryPolicy, EntryRule:
+		switch {
+		case name == EntryPolicy || name == EntryRule:
 			continue
-		}
-		if name != "route" && !keysOn(keyParts, name) {
+		case name == "route":
+			continue // route's value is the rule's own
+		case !keysOn(keyParts, name):
 			return req, ReasonUnknownEntry
 		}
-		switch name {
-		case "route":
-			// route's value is the rule's own.
-		case "user":
-			req.User = v
-		case "tenant":
-			req.Tenant = v
-		case "method":
-			req.Method = v
-		case "path":
-			req.Path = rules.PathOnly(v)
-		case "client_ip":
-			ip, err := netip.ParseAddr(v)
-			if err != nil {
-				return req, ReasonBadValue
-			}
-			req.ClientIP = ip
-		default:
-			h, ok := strings.CutPrefix(name, "header:")
-			if !ok || !rules.ValidHeaderName(h) {
-				return req, ReasonUnknownEntry
-			}
-			req.Headers = append(req.Headers, rules.Header{Name: strings.ToLower(h), Value: v})
+		switch known, valid := req.SetPart(name, v); {
+		case !known:
+			return req, ReasonUnknownEntry
+		case !valid:
+			return req, ReasonBadValue
 		}
 	}
 	return req, ""
