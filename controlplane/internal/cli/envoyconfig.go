@@ -39,15 +39,7 @@ server, or from -f FILE. The quota token, if $SLUICE_QUOTA_TOKEN is set, is sent
 				return err
 			}
 			o.Token = env.Getenv("SLUICE_QUOTA_TOKEN")
-			doc, notes, err := rlqs.EnvoyConfig(p, o)
-			for _, n := range notes {
-				fmt.Fprintln(env.Stderr, "sluicectl: NOTE:", n)
-			}
-			if err != nil {
-				return withCode(ExitUsage, err)
-			}
-			_, err = env.Stdout.Write(doc)
-			return err
+			return writeEnvoyConfig(env)(rlqs.EnvoyConfig(p, o))
 		},
 	}
 	f := cmd.Flags()
@@ -82,15 +74,7 @@ token, if $SLUICE_QUOTA_TOKEN is set, is sent as "authorization: Bearer" metadat
 				return err
 			}
 			o.Token = env.Getenv("SLUICE_QUOTA_TOKEN")
-			doc, notes, err := rls.EnvoyConfig(p, o)
-			for _, n := range notes {
-				fmt.Fprintln(env.Stderr, "sluicectl: NOTE:", n)
-			}
-			if err != nil {
-				return withCode(ExitUsage, err)
-			}
-			_, err = env.Stdout.Write(doc)
-			return err
+			return writeEnvoyConfig(env)(rls.EnvoyConfig(p, o))
 		},
 	}
 	f := cmd.Flags()
@@ -102,6 +86,21 @@ token, if $SLUICE_QUOTA_TOKEN is set, is sent as "authorization: Bearer" metadat
 	f.StringVar(&o.Listen, "listen", "127.0.0.1:10000", "the listener's address, host:port")
 	f.DurationVar(&o.Timeout, "timeout", 100*time.Millisecond, "the filter's timeout of a call")
 	return cmd
+}
+
+// writeEnvoyConfig returns the end of an envoy-config command: its notes on
+// standard error, then its error (exit 2) or the document on standard output.
+func writeEnvoyConfig(env *Env) func(doc []byte, notes []string, err error) error {
+	return func(doc []byte, notes []string, err error) error {
+		for _, n := range notes {
+			fmt.Fprintln(env.Stderr, "sluicectl: NOTE:", n)
+		}
+		if err != nil {
+			return withCode(ExitUsage, err)
+		}
+		_, err = env.Stdout.Write(doc)
+		return err
+	}
 }
 
 // policyFor reads the policy from file, or the server's current one of name.

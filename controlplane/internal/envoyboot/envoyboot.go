@@ -21,10 +21,12 @@ import (
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"sigs.k8s.io/yaml"
 )
 
 // MustAny packs m, a message of a linked-in type, into an Any.
@@ -129,4 +131,21 @@ func Bootstrap(o Options) (*bootstrapv3.Bootstrap, error) {
 			Clusters: []*clusterv3.Cluster{upstream, cp},
 		},
 	}, nil
+}
+
+// Document is b as YAML (proto field names) after head, a comment of lines
+// starting "# ", and one "# NOTE:" paragraph per note.
+func Document(b *bootstrapv3.Bootstrap, head string, notes []string) ([]byte, error) {
+	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	y, err := yaml.JSONToYAML(js)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range notes {
+		head += "#\n# NOTE: " + n + "\n"
+	}
+	return append([]byte(head), y...), nil
 }

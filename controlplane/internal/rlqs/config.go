@@ -15,10 +15,8 @@ import (
 	networkinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/envoyboot"
 	"github.com/sluice-proxy/sluice/shared/rules"
@@ -119,14 +117,6 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 	if err != nil {
 		return nil, notes, err
 	}
-	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
-	if err != nil {
-		return nil, notes, err
-	}
-	y, err := yaml.JSONToYAML(js)
-	if err != nil {
-		return nil, notes, err
-	}
 	if o.Token == "" {
 		notes = append(notes, "no quota token ($SLUICE_QUOTA_TOKEN was unset): the stream carries no authorization metadata, "+
 			"so a control plane that has a quota token refuses it (UNAUTHENTICATED) and every bucket stays on its no_assignment_behavior; "+
@@ -138,10 +128,8 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 		"# Each fleet rule is a bucket matcher; its bucket ids name the policy, the rule and\n" +
 		"# the rule's key parts, so these Envoys spend the same budget as Envoys running the\n" +
 		"# sluice Wasm filter. See docs/rlqs.md.\n"
-	for _, n := range notes {
-		head += "#\n# NOTE: " + n + "\n"
-	}
-	return append([]byte(head), y...), notes, nil
+	doc, err = envoyboot.Document(b, head, notes)
+	return doc, notes, err
 }
 
 // Settings returns the bucket settings of fleet rule r of policy p: a bucket id of

@@ -14,10 +14,8 @@ import (
 	filev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
-	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/envoyboot"
 	"github.com/sluice-proxy/sluice/shared/rules"
@@ -122,14 +120,6 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 	if err != nil {
 		return nil, notes, err
 	}
-	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
-	if err != nil {
-		return nil, notes, err
-	}
-	y, err := yaml.JSONToYAML(js)
-	if err != nil {
-		return nil, notes, err
-	}
 	if o.Token == "" {
 		notes = append(notes, "no quota token ($SLUICE_QUOTA_TOKEN was unset): the calls carry no authorization metadata, "+
 			"so a control plane that has a quota token refuses them (UNAUTHENTICATED) and, failing open, Envoy admits every request; "+
@@ -140,10 +130,8 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 		"#   sluicectl envoy-config rls --policy " + p.Name + "\n" +
 		"# Each descriptor rule of domain " + strconv.Quote(o.Domain) + " is a route rate_limits entry whose\n" +
 		"# actions produce its descriptor. See docs/rls.md.\n"
-	for _, n := range notes {
-		head += "#\n# NOTE: " + n + "\n"
-	}
-	return append([]byte(head), y...), notes, nil
+	doc, err = envoyboot.Document(b, head, notes)
+	return doc, notes, err
 }
 
 // Actions returns the route rate_limit actions that produce descriptor ds's
