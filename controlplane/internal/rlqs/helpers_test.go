@@ -9,34 +9,12 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/testkit/promtest"
 )
 
-// counterWith returns the value of the sample of name whose label has value
-// (label "" for the sum of all).
-func counterWith(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			ok := label == ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					ok = true
-				}
-			}
-			if ok {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+// counterWith is promtest.Counter.
+func counterWith(_ testing.TB, reg *prometheus.Registry, name, label, value string) float64 {
+	return promtest.Counter(reg, name, label, value)
 }
 
 func mustRequest(t *testing.T, id map[string]string) *rules.Request {

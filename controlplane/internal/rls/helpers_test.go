@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-proxy/sluice/controlplane/internal/rlqs"
 	"github.com/sluice-proxy/sluice/controlplane/internal/store"
 	"github.com/sluice-proxy/sluice/shared/rules"
+	"github.com/sluice-proxy/sluice/testenv/testkit/promtest"
 	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
@@ -149,29 +150,7 @@ func (r *replica) call(t testing.TB, domain string, ds ...*commonrl.RateLimitDes
 	return resp
 }
 
-// counterWith returns the value of the sample of name whose label has value
-// (label "" for the sum of all).
-func counterWith(t testing.TB, reg *prometheus.Registry, name, label, value string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		panic(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			ok := label == ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					ok = true
-				}
-			}
-			if ok {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+// counterWith is promtest.Counter.
+func counterWith(_ testing.TB, reg *prometheus.Registry, name, label, value string) float64 {
+	return promtest.Counter(reg, name, label, value)
 }

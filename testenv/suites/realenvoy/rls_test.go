@@ -170,6 +170,22 @@ func (s *rlsStack) admittedPerSecond(t *testing.T, start time.Time, n int) (admi
 	return admitted, denied
 }
 
+// awaitLogged waits until the access logs hold total decisions in the n
+// seconds from start (file access logs are flushed every 100 ms), and returns
+// admittedPerSecond's counts.
+func (s *rlsStack) awaitLogged(t *testing.T, start time.Time, n, total int) (admitted, denied []int) {
+	t.Helper()
+	proctest.WaitFor(10*time.Second, func() bool {
+		admitted, denied = s.admittedPerSecond(t, start, n)
+		sum := 0
+		for i := range admitted {
+			sum += admitted[i] + denied[i]
+		}
+		return sum == total
+	})
+	return admitted, denied
+}
+
 // status reads an access-log status, a JSON number or string.
 func status(v any) int {
 	switch v := v.(type) {
@@ -197,15 +213,7 @@ func TestEnvoysRatelimitFilterEnforcesAnImportedConfigurationExactly(t *testing.
 	// The API rule alone (no user header): 40 a second offered, 20 admitted.
 	start := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	s.offer(t, "", 40, start, seconds)
-	var admitted, denied []int
-	proctest.WaitFor(10*time.Second, func() bool {
-		admitted, denied = s.admittedPerSecond(t, start, seconds)
-		sum := 0
-		for i := range admitted {
-			sum += admitted[i] + denied[i]
-		}
-		return sum == 40*seconds
-	})
+	admitted, denied := s.awaitLogged(t, start, seconds, 40*seconds)
 	for i := range admitted {
 		t.Logf("api second %d: %d admitted, %d denied", i, admitted[i], denied[i])
 		if admitted[i] != 20 || denied[i] != 20 {
@@ -216,14 +224,7 @@ func TestEnvoysRatelimitFilterEnforcesAnImportedConfigurationExactly(t *testing.
 	// One user: 10 a second offered, 5 admitted (the API's 20 not reached).
 	start = time.Now().Truncate(time.Second).Add(2 * time.Second)
 	got := s.offer(t, "alice", 10, start, seconds)
-	proctest.WaitFor(10*time.Second, func() bool {
-		admitted, denied = s.admittedPerSecond(t, start, seconds)
-		sum := 0
-		for i := range admitted {
-			sum += admitted[i] + denied[i]
-		}
-		return sum == 10*seconds
-	})
+	admitted, denied = s.awaitLogged(t, start, seconds, 10*seconds)
 	for i := range admitted {
 		t.Logf("user second %d: %d admitted, %d denied", i, admitted[i], denied[i])
 		if admitted[i] != 5 || denied[i] != 5 {
