@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -250,36 +251,14 @@ func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.Descri
 			name = im.str(v, f)
 		case "replaces":
 			replacesNode = v
-			if v.Kind != yaml.SequenceNode {
-				im.fail(v, f, "want a list of {name: …}")
-				break
-			}
-			for i, r := range v.Content {
-				rf := f + "[" + strconv.Itoa(i) + "]"
-				if r.Kind != yaml.MappingNode {
-					im.fail(r, rf, "want {name: …}")
-					continue
-				}
-				im.each(r, rf, func(k string, rv *yaml.Node) {
-					if k != "name" {
-						im.unknown(rv, rf+"."+k)
-						return
-					}
-					n := im.str(rv, rf+".name")
-					switch {
-					case n == "":
-						im.fail(rv, rf+".name", "must not be empty (envoyproxy/ratelimit: should not have an empty replaces entry)")
-					case n == name:
-						im.fail(rv, rf+".name", "replaces should not contain the name of the same descriptor")
-					default:
-						replaces = append(replaces, n)
-					}
-				})
-			}
+			replaces = im.replaces(v, f)
 		default:
 			im.unknown(v, f)
 		}
 	})
+	if name != "" && slices.Contains(replaces, name) {
+		im.fail(replacesNode, field+".replaces", "replaces should not contain the name of the same descriptor")
+	}
 	window, ok := Units[unit]
 	switch {
 	case unlimited && unit != "":
@@ -319,6 +298,34 @@ func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.Descri
 			where: im.name + ":" + strconv.Itoa(replacesNode.Line)})
 	}
 	im.res.Policy.Rules = append(im.res.Policy.Rules, r)
+}
+
+// replaces reads a rate_limit's replaces (a list of {name: …}).
+func (im *importer) replaces(v *yaml.Node, f string) (names []string) {
+	if v.Kind != yaml.SequenceNode {
+		im.fail(v, f, "want a list of {name: …}")
+		return nil
+	}
+	for i, r := range v.Content {
+		rf := f + "[" + strconv.Itoa(i) + "]"
+		if r.Kind != yaml.MappingNode {
+			im.fail(r, rf, "want {name: …}")
+			continue
+		}
+		im.each(r, rf, func(k string, rv *yaml.Node) {
+			if k != "name" {
+				im.unknown(rv, rf+"."+k)
+				return
+			}
+			n := im.str(rv, rf+".name")
+			if n == "" {
+				im.fail(rv, rf+".name", "must not be empty (envoyproxy/ratelimit: should not have an empty replaces entry)")
+				return
+			}
+			names = append(names, n)
+		})
+	}
+	return names
 }
 
 // id makes a rule id from a rate limit's name or its descriptor's path:
