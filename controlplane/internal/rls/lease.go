@@ -163,7 +163,10 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			ch = make(chan struct{})
 			l.asking = ch
 			l.mu.Unlock()
-			s.ask(ctx, fr, key, l, hits)
+			// Not the caller's cancellation: a call Envoy gave up on must not
+			// fail the ask the key's other decisions wait for (the quota
+			// service's own timeout bounds it).
+			s.ask(context.WithoutCancel(ctx), fr, key, l, hits)
 		} else {
 			l.mu.Unlock()
 			select {
