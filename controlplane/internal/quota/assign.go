@@ -56,6 +56,23 @@ func (s *Service) Resolve(policy, env, rule string) (*FleetRule, string) {
 	return &FleetRule{c: c, idx: i, Policy: policy, Version: rec.Version, Rule: c.c.Rule(i)}, ""
 }
 
+// FleetRuleOf returns fleet rule id of p, a policy no store holds, compiled for
+// env ("" is "default"): a limit a caller makes up on the spot (a rate limit
+// descriptor's limit override) decided in the same ledger as the policies'
+// rules. Its counters are its fingerprint's, like any rule's. Errors: p does not
+// compile, or has no fleet rule id.
+func (s *Service) FleetRuleOf(p *rules.Policy, env, id string) (*FleetRule, error) {
+	c, err := s.compilePolicy(p, env)
+	if err != nil {
+		return nil, err
+	}
+	i, ok := c.byID[id]
+	if !ok || c.fleet[i] == nil {
+		return nil, errors.New("quota: no fleet rule " + id + " in policy " + p.Name)
+	}
+	return &FleetRule{c: c, idx: i, Policy: p.Name, Version: p.Version, Rule: c.c.Rule(i)}, nil
+}
+
 // Key returns the counter key req is counted under, as the filter builds it
 // (rules.Compiled.AppendKey), and false when a key part has no value.
 func (r *FleetRule) Key(req *rules.Request) (string, bool) {

@@ -180,11 +180,25 @@ func (s *Service) compile(rec store.Record, env string) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c, err = s.compilePolicy(p, env); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if len(s.cache) >= 64 {
+		clear(s.cache)
+	}
+	s.cache[k] = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+// compilePolicy compiles p for env with its rules' fleet limiters.
+func (s *Service) compilePolicy(p *rules.Policy, env string) (*compiled, error) {
 	rc, err := rules.Compile(p, rules.CompileOptions{Env: env})
 	if err != nil {
 		return nil, err
 	}
-	c = &compiled{c: rc, byID: make(map[string]int, rc.Len()), fleet: make([]*fleetLimiter, rc.Len()), pfx: make([]string, rc.Len())}
+	c := &compiled{c: rc, byID: make(map[string]int, rc.Len()), fleet: make([]*fleetLimiter, rc.Len()), pfx: make([]string, rc.Len())}
 	for i := 0; i < rc.Len(); i++ {
 		r := rc.Rule(i)
 		c.byID[r.ID] = i
@@ -195,12 +209,6 @@ func (s *Service) compile(rec store.Record, env string) (*compiled, error) {
 		}
 		c.pfx[i] = StorageKey(r.Fingerprint, "")
 	}
-	s.mu.Lock()
-	if len(s.cache) >= 64 {
-		clear(s.cache)
-	}
-	s.cache[k] = c
-	s.mu.Unlock()
 	return c, nil
 }
 

@@ -15,7 +15,7 @@ import "github.com/prometheus/client_golang/prometheus"
 //	sluice_controlplane_rls_leases                        fleet keys the replica holds a lease on now
 //	sluice_controlplane_rls_leases_full_total             decisions on a key beyond the lease bound
 //	                                                      (asked for one by one)
-//	sluice_controlplane_rls_limit_overrides_total         descriptors carrying a limit override, not applied
+//	sluice_controlplane_rls_limit_overrides_total         descriptors carrying a limit override (decided by it)
 //	sluice_controlplane_rls_request_duration_seconds      call received → answered (histogram)
 type metrics struct {
 	requests, descriptors, failureDecisions  *prometheus.CounterVec
@@ -39,7 +39,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 		askFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_ask_failures_total",
 			Help: "Asks of the rate limit service the quota service could not decide (store unavailable or too slow)."}),
 		overrides: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_limit_overrides_total",
-			Help: "Rate limit descriptors carrying a limit override (from Envoy's route configuration), which sluice does not apply: the policy's rule decides them."}),
+			Help: "Rate limit descriptors carrying a limit override (from Envoy's route configuration), decided by that limit."}),
 		leasesFull: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_leases_full_total",
 			Help: "Descriptors on a fleet key beyond the replica's lease bound, decided by an ask of their own."}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_controlplane_rls_request_duration_seconds",

@@ -14,10 +14,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"hash/fnv"
 	"log/slog"
 	"math"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +85,9 @@ type Server struct {
 	entry  string
 	leases leases
 	local  localLimits
+	// overrideRules are the rules of limit overrides (overrideRule).
+	overrideMu    sync.Mutex
+	overrideRules map[overrideKey]*quota.FleetRule
 	// refills are the background asks waiting for a worker (Run), workers
 	// how many workers run.
 	refills chan refillJob
@@ -115,7 +120,7 @@ func New(o Options) *Server {
 	s := &Server{o: o, log: o.Logger, ix: indexer{p: o.Policies, log: o.Logger}, entry: "rls:" + o.Replica,
 		leases: leases{m: make(map[string]*lease), max: o.MaxLeases},
 		local:  localLimits{states: make(map[string]localState), max: o.MaxLeases},
-		warned: make(map[string]int64), refills: make(chan refillJob, 1024)}
+		warned: make(map[string]int64), refills: make(chan refillJob, 1024), overrideRules: make(map[overrideKey]*quota.FleetRule)}
 	s.m = newMetrics(o.Registry, func() float64 {
 		s.leases.mu.Lock()
 		defer s.leases.mu.Unlock()
@@ -198,7 +203,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 			continue
 		}
-		st := s.decide(ctx, ref, req, d)
+		var st *rlsv3.RateLimitResponse_DescriptorStatus
+		if d.GetLimit() != nil {
+			st = s.decideOverride(ctx, ix, req, d)
+		} else {
+			st = s.decide(ctx, ref, req, d)
+		}
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
@@ -227,10 +237,7 @@ func (s *Server) lookup(ix *index, domain string, d *commonrl.RateLimitDescripto
 		kvs[i] = entryKV{e.GetKey(), e.GetValue()}
 	}
 	if d.GetLimit() != nil {
-		// A limit override (Envoy's rate_limits limit from dynamic metadata) names
-		// a limit no policy holds: the rule decides, and the override is counted.
-		s.m.overrides.Inc()
-		s.warn("override", "rls: a descriptor carries a limit override, which sluice does not apply; the policy's rule decides it", "domain", domain)
+		return nil // its own limit (decideOverride), neither replacing nor replaced
 	}
 	return ix.lookup(domain, kvs[:n])
 }
@@ -270,30 +277,133 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		s.m.noRule.Inc()
 		return ok
 	}
-	hits := uint64(req.HitsAddend)
-	if hits == 0 {
-		hits = 1
-	}
+	return s.status(ref.limit, fr.Rule.Shadow, s.take(ctx, fr, key, hits(req, d)))
+}
+
+// hits is what descriptor d of req costs: its own hits_addend when set (0
+// included), else the request's, else 1.
+func hits(req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) uint64 {
 	if h := d.GetHitsAddend(); h != nil {
-		hits = h.GetValue()
+		return h.GetValue()
 	}
-	o := s.take(ctx, fr, key, hits)
+	return max(uint64(req.HitsAddend), 1)
+}
+
+// status is a limited descriptor's status: its limit, what is left and the
+// reset, OVER_LIMIT unless o admitted it or the rule is in shadow mode.
+func (s *Server) status(limit *rlsv3.RateLimitResponse_RateLimit, shadow bool, o outcome) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{
 		Code:               rlsv3.RateLimitResponse_OK,
-		CurrentLimit:       ref.limit,
+		CurrentLimit:       limit,
 		LimitRemaining:     uint32(min(o.remaining, math.MaxUint32)),
 		DurationUntilReset: seconds(o.reset),
 	}
 	switch {
 	case o.admitted:
 		s.m.dOK.Inc()
-	case fr.Rule.Shadow:
+	case shadow:
 		s.m.dShadow.Inc()
 	default:
 		s.m.dOver.Inc()
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	return st
+}
+
+// OverridePolicy is the name of the policy the rules of limit overrides are
+// counted under (their counter keys rl:{env}:rls-overrides/…).
+const OverridePolicy = "rls-overrides"
+
+// decideOverride decides descriptor d, which carries its own limit (Envoy's
+// rate_limits limit override, from dynamic metadata), as envoyproxy/ratelimit
+// does (GetLimit): when a rule of the request's domain exists, d is limited to
+// requests_per_unit per unit, counted per value of every entry, whatever rule
+// its entries would match, never in shadow mode; a limit of 0 is always over.
+// The limit is a fleet rule of its own (FleetRuleOf) in the ledger, one per
+// domain, entry keys and limit.
+func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {
+	s.m.overrides.Inc()
+	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	lim := d.GetLimit()
+	n := len(d.GetEntries())
+	// envoy.type.v3.RateLimitUnit numbers its units as the response's enum
+	// does (envoyproxy/ratelimit converts one to the other by number).
+	unit := rlsv3.RateLimitResponse_RateLimit_Unit(lim.GetUnit())
+	var window time.Duration
+	for _, u := range units {
+		if u.u == unit {
+			window = u.d
+		}
+	}
+	if ix.domains[req.Domain] == nil || n == 0 || n > rules.MaxDescriptorEntries || window == 0 {
+		s.m.noRule.Inc()
+		return ok
+	}
+	cl := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: lim.GetRequestsPerUnit(), Unit: unit}
+	if lim.GetRequestsPerUnit() == 0 {
+		return s.status(cl, false, outcome{reset: window})
+	}
+	var hs [rules.MaxDescriptorEntries]rules.Header
+	for i, e := range d.Entries {
+		hs[i] = rules.Header{Name: e.GetKey(), Value: e.GetValue()}
+	}
+	fr := s.overrideRule(req.Domain, hs[:n], uint64(lim.GetRequestsPerUnit()), window)
+	if fr == nil {
+		s.m.noRule.Inc()
+		return ok
+	}
+	key, found := fr.Key(&rules.Request{Descriptor: hs[:n]})
+	if !found {
+		s.m.noRule.Inc()
+		return ok
+	}
+	return s.status(cl, false, s.take(ctx, fr, key, hits(req, d)))
+}
+
+// overrideRule returns the fleet rule of a limit override: a fixed window of
+// limit per window on a descriptor of domain with entries' keys (any values),
+// cached; nil when no such rule can be (a key too long).
+func (s *Server) overrideRule(domain string, entries []rules.Header, limit uint64, window time.Duration) *quota.FleetRule {
+	h := fnv.New64a()
+	h.Write([]byte(domain))
+	for _, e := range entries {
+		h.Write([]byte{0})
+		h.Write([]byte(e.Name))
+	}
+	k := overrideKey{sum: h.Sum64(), limit: limit, window: window}
+	s.overrideMu.Lock()
+	defer s.overrideMu.Unlock()
+	if fr, ok := s.overrideRules[k]; ok {
+		return fr
+	}
+	id := "override-" + strconv.FormatUint(k.sum, 16) + "-" + strconv.FormatUint(limit, 10) + "-" + strconv.FormatInt(int64(window/time.Second), 10)
+	ds := &rules.Descriptor{Domain: domain}
+	for _, e := range entries {
+		ds.Entries = append(ds.Entries, rules.DescriptorEntry{Key: e.Name})
+	}
+	p := &rules.Policy{Name: OverridePolicy, Version: 1, Rules: []rules.Rule{{ID: id, Descriptor: ds,
+		Algorithm: "fixed_window", Limit: limit, Window: window, Scope: rules.ScopeFleet}}}
+	fr, err := s.o.Quota.FleetRuleOf(p, s.o.Env, id)
+	if err != nil {
+		s.warn("override-rule", "rls: a limit override cannot be counted; its descriptors pass", "domain", domain, "err", err)
+		fr = nil
+	}
+	if len(s.overrideRules) >= maxOverrideRules {
+		clear(s.overrideRules)
+	}
+	s.overrideRules[k] = fr
+	return fr
+}
+
+// maxOverrideRules bounds the cached rules of limit overrides.
+const maxOverrideRules = 1024
+
+// overrideKey names a limit override's rule: a digest of its domain and entry
+// keys, and the limit.
+type overrideKey struct {
+	sum    uint64
+	limit  uint64
+	window time.Duration
 }
 
 // units are the rate limit units of the RateLimitService API with their

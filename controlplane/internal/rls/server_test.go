@@ -11,6 +11,7 @@ import (
 
 	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -188,18 +189,10 @@ func TestBadCallsAreRefusedWithTheirReason(t *testing.T) {
 			t.Errorf("token %q, %d descriptors: %v, want %v", tc.token, len(tc.req.Descriptors), err, tc.code)
 		}
 	}
-	// A limit override is not applied, and counted.
-	over := desc("generic_key", "api")
-	over.Limit = &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1000, Unit: 1}
-	resp, err := r.client.ShouldRateLimit(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret"),
-		&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{over}})
-	if err != nil || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 10 || counterWith(t, r.reg, "sluice_controlplane_rls_limit_overrides_total", "", "") != 1 {
-		t.Fatalf("override: %v %v", resp, err)
-	}
 	// Entries no rule can have (too many, empty) are OK.
 	c := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
 	long := desc("a", "1", "b", "2", "c", "3", "d", "4", "e", "5", "f", "6", "g", "7", "h", "8", "i", "9")
-	resp, err = r.client.ShouldRateLimit(c, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{long, {}, desc("remote_address", "")}})
+	resp, err := r.client.ShouldRateLimit(c, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*commonrl.RateLimitDescriptor{long, {}, desc("remote_address", "")}})
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.Statuses) != 3 {
 		t.Fatalf("odd descriptors: %v %v", resp, err)
 	}
@@ -373,5 +366,48 @@ func TestUnlimitedAndReplacesAreHonoured(t *testing.T) {
 	}
 	if got := counterWith(t, r.reg, "sluice_controlplane_rls_descriptors_total", "result", "replaced"); got != 4 {
 		t.Errorf("replaced %v, want 4", got)
+	}
+}
+
+// TestALimitOverrideIsItsOwnLimit: a descriptor carrying a limit (Envoy's
+// rate_limits limit override) is limited to it, per value of every entry,
+// whatever rule its entries match, in any domain a rule names, as
+// envoyproxy/ratelimit's GetLimit has it; 0 is always over.
+func TestALimitOverrideIsItsOwnLimit(t *testing.T) {
+	f := newFixture(t, rlsPolicy)
+	r := f.replica(t, "a", "")
+	over := func(rpu uint32, kv ...string) *commonrl.RateLimitDescriptor {
+		d := desc(kv...)
+		d.Limit = &commonrl.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit_MINUTE}
+		return d
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		resp := r.call(t, "edge", over(2, "generic_key", "api"))
+		st := resp.Statuses[0]
+		if resp.OverallCode != want || st.CurrentLimit.GetRequestsPerUnit() != 2 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Fatalf("override %d: %v, want %v under 2 a minute", i, resp, want)
+		}
+	}
+	// The rule's own counter was not touched; another override is another counter.
+	if resp := r.call(t, "edge", desc("generic_key", "api")); resp.Statuses[0].LimitRemaining != 9 {
+		t.Fatalf("the rule after overrides: %v", resp)
+	}
+	if resp := r.call(t, "edge", over(3, "generic_key", "api")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("a limit of 3: %v", resp)
+	}
+	// Entries no rule names, in a domain a rule does: limited all the same.
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := r.call(t, "edge", over(1, "anything", "x")).OverallCode; got != want {
+			t.Fatalf("unnamed entries %d: %v, want %v", i, got, want)
+		}
+	}
+	if resp := r.call(t, "nowhere", over(1, "generic_key", "api")); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("a domain no rule names: %v", resp)
+	}
+	if resp := r.call(t, "edge", over(0, "generic_key", "zero")); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("a limit of 0: %v", resp)
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_limit_overrides_total", "", ""); got != 8 {
+		t.Errorf("overrides counted %v, want 8", got)
 	}
 }
