@@ -303,7 +303,8 @@ var sharedPolicy = `{"policy":"default","identity":{"tenant_header":"x-tenant-id
 // on the Wasm filters' env with --rls-env), Envoy's rate_limit_quota filter
 // (RLQS) and the sluice Wasm filter — spend one fleet key through two control
 // planes on one Redis: offered 5×L a window, a third by each kind, never more
-// than L is admitted in a window, and the ratelimit-filter and Wasm Envoys, which
+// than L and at least 95 % of L is admitted in a window, and the
+// ratelimit-filter and Wasm Envoys, which
 // ask when their requests come, are admitted in every window (the RLQS Envoy, on
 // its 5 s reports, over the run).
 func TestRatelimitRateLimitQuotaAndWasmEnvoysShareOneLimit(t *testing.T) {
@@ -398,6 +399,10 @@ func TestRatelimitRateLimitQuotaAndWasmEnvoysShareOneLimit(t *testing.T) {
 			w.Format("15:04:05"), a[0], a[1], a[2], rlqsLimit, 5*rlqsLimit)
 		if sum > rlqsLimit {
 			t.Errorf("window %s: %d admitted, over L = %d", w.Format("15:04:05"), sum, rlqsLimit)
+		}
+		// Demand remains in every window (5×L offered): the budget is spent.
+		if sum < rlqsLimit*95/100 {
+			t.Errorf("window %s: %d admitted, less than 95 %% of L = %d while demand remained", w.Format("15:04:05"), sum, rlqsLimit)
 		}
 		if a[0] == 0 || a[2] == 0 {
 			t.Errorf("window %s: the ratelimit-filter Envoy (%d) or the Wasm Envoy (%d) got nothing", w.Format("15:04:05"), a[0], a[2])
