@@ -61,18 +61,7 @@ func startRLSStack(t *testing.T, replicas int) *rlsStack {
 	if err := os.WriteFile(cfgFile, []byte(rlsConfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctl := func(out string, args ...string) {
-		cmd := exec.Command(filepath.Join(binDir, "sluicectl"), args...)
-		cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
-		b, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("sluicectl %s: %v", strings.Join(args, " "), err)
-		}
-		if err := os.WriteFile(out, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctl(polFile, "import", "ratelimit", cfgFile, "--policy", "edge")
+	sluicectlTo(t, polFile, "import", "ratelimit", cfgFile, "--policy", "edge")
 	pol, err := os.ReadFile(polFile)
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +82,7 @@ func startRLSStack(t *testing.T, replicas int) *rlsStack {
 		}
 	}
 	up := startUpstream(t)
-	ctl(bootFile, "envoy-config", "rls", "-f", polFile, "--upstream", up, "--grpc", grpcAddrs[0])
+	sluicectlTo(t, bootFile, "envoy-config", "rls", "-f", polFile, "--upstream", up, "--grpc", grpcAddrs[0])
 	for i := 0; i < 2; i++ {
 		s.envoys = append(s.envoys, envoyproc.Start(t, envoyproc.Options{Name: "rls-" + strconv.Itoa(i), Root: repo, Config: bootFile,
 			Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
@@ -101,6 +90,21 @@ func startRLSStack(t *testing.T, replicas int) *rlsStack {
 				Clusters:  map[string]string{"upstream": up, "sluice_rls": grpcAddrs[i%len(grpcAddrs)]}}}))
 	}
 	return s
+}
+
+// sluicectlTo runs the built sluicectl with args, the quota token in its
+// environment as docs/rls.md says, and writes its standard output to out.
+func sluicectlTo(t *testing.T, out string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), args...)
+	cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
+	b, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sluicectl %s: %v", strings.Join(args, " "), err)
+	}
+	if err := os.WriteFile(out, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // offer sends perSecond requests a second (user "" sends no x-user-id) over
@@ -330,15 +334,7 @@ func TestRatelimitRateLimitQuotaAndWasmEnvoysShareOneLimit(t *testing.T) {
 	if err := os.WriteFile(polFile, []byte(sharedPolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(binDir, "sluicectl"), "envoy-config", "rls", "-f", polFile, "--grpc", grpcAddr, "--upstream", up)
-	cmd.Env = append(os.Environ(), "SLUICE_QUOTA_TOKEN="+quotaToken)
-	boot, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("sluicectl envoy-config rls: %v", err)
-	}
-	if err := os.WriteFile(bootFile, boot, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	sluicectlTo(t, bootFile, "envoy-config", "rls", "-f", polFile, "--grpc", grpcAddr, "--upstream", up)
 	rlsEnvoy := envoyproc.Start(t, envoyproc.Options{Name: "rls", Root: repo, Config: bootFile,
 		Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
 			Clusters: map[string]string{"upstream": up, "sluice_rls": grpcAddr}}})
