@@ -11,7 +11,7 @@
 // plugin uses entries_per_bucket). A bucket's value is its entries back to
 // back, EntrySize bytes each, little-endian:
 //
-//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64 | charge u64 | charge_until i64
+//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64 | charge u64 | charge_until i64 | reported i64
 //
 // A value whose length is not a multiple of EntrySize is corrupt and read as
 // empty. An entry is found by the key's hash (the same SipHash the counter
@@ -35,15 +35,18 @@ const (
 	offClaim
 	offCharge
 	offChargeUntil
+	offReported
 	offEnd
 )
 
-// EntrySize is the encoded size of an Entry in bytes (80).
+// EntrySize is the encoded size of an Entry in bytes (88).
 const EntrySize = offEnd
 
 // Layout names what the fields of an encoded Entry mean beyond their size: "c",
-// the last two slots are a charge (Charge, ChargeUntil). The earlier layout of
-// the same size held a debt there, paid from grants by the module itself.
+// slots 9 and 10 are a charge (Charge, ChargeUntil). The earlier layout of the
+// same size held a debt there, paid from grants by the module itself. The
+// plugin's lease keys hold EntrySize and Layout, so a module of another
+// layout never reads these entries.
 const Layout = "c"
 
 // Entry is the lease an Envoy holds for one counter key of a fleet rule.
@@ -79,6 +82,12 @@ type Entry struct {
 	// first of them for the other algorithms (by then they no longer weigh in
 	// the service's count, and booking them would take from a later window).
 	ChargeUntil int64
+	// Reported is when a worker last took Used out of the entry for a report,
+	// Unix ns (0: never). Every worker of the Envoy spends from the entry and
+	// reports what was used since any of them last did, so Used over the time
+	// since Reported is the whole Envoy's rate, which no worker's own reports
+	// show.
+	Reported int64
 }
 
 // AddCharge adds units admitted without a lease to e's charge at now; until is
@@ -211,6 +220,7 @@ func decode(b []byte) Entry {
 		Expiry: int64(le.Uint64(b[offExpiry:])), Sent: int64(le.Uint64(b[offSent:])),
 		Fingerprint: le.Uint64(b[offFingerprint:]), LastUse: int64(le.Uint64(b[offLastUse:])), Claim: int64(le.Uint64(b[offClaim:])),
 		Charge: le.Uint64(b[offCharge:]), ChargeUntil: int64(le.Uint64(b[offChargeUntil:])),
+		Reported: int64(le.Uint64(b[offReported:])),
 	}
 }
 
@@ -229,4 +239,5 @@ func encode(b []byte, e Entry) {
 	le.PutUint64(b[offClaim:], uint64(e.Claim))
 	le.PutUint64(b[offCharge:], e.Charge)
 	le.PutUint64(b[offChargeUntil:], uint64(e.ChargeUntil))
+	le.PutUint64(b[offReported:], uint64(e.Reported))
 }

@@ -599,3 +599,39 @@ func (f *fixture) secondWorker() *fixture {
 	b.c.Envoy, b.c.Policy = f.c.Envoy, f.c.Policy
 	return b
 }
+
+// TestALeaseRunningLowAtTheEnvoysRateIsToppedUp: every worker of an Envoy
+// spends from one lease, so each worker's report takes out only the units
+// spent since the last report of any worker. A worker reporting 100 ms after
+// another sees 10 units used; at the Envoy's rate (100 units a second) the
+// 200 units left last two intervals, so it asks for more, as a lone worker
+// seeing 100 used in its interval would. Judged by the worker's own share
+// (10), it only reported, and with enough workers the lease ran dry before
+// any report asked.
+func TestALeaseRunningLowAtTheEnvoysRateIsToppedUp(t *testing.T) {
+	a := newFixture(t)
+	b := a.secondWorker()
+	ka := a.key("rl:t:p/r:user=a:60s")
+	b.key("rl:t:p/r:user=a:60s") // b knows the key too
+	t0 := a.h.now
+	b.c.Tick(t0)                               // b reports at t0 + 1 s
+	a.c.Tick(t0 + int64(100*time.Millisecond)) // a at t0 + 1.1 s
+	a.h.now = t0 + int64(interval)
+	a.setLease(ka, fleet.Entry{Held: 210, Used: 100, Expiry: a.h.now + int64(time.Minute), LastUse: a.h.now})
+	b.c.Tick(a.h.now)
+	if len(a.h.calls) != 1 || a.h.calls[0].req.Keys[0].Want != 0 || a.h.calls[0].req.Keys[0].Used != 100 {
+		t.Fatalf("b's tick: %d calls, want one reporting 100 used and asking nothing (210 left > two intervals of 100)", len(a.h.calls))
+	}
+	a.h.now += int64(100 * time.Millisecond)
+	e := a.lease(ka)
+	e.Held, e.Used, e.LastUse = e.Held-10, e.Used+10, a.h.now
+	a.setLease(ka, e)
+	a.c.Tick(a.h.now)
+	if len(a.h.calls) != 2 {
+		t.Fatalf("a's tick: %d calls in all, want 2", len(a.h.calls))
+	}
+	got := a.h.calls[1].req.Keys[0]
+	if got.Used != 10 || got.Want == 0 {
+		t.Fatalf("a's tick sent used %d want %d; want used 10 and an ask (200 left, two intervals at the Envoy's rate)", got.Used, got.Want)
+	}
+}

@@ -3,6 +3,8 @@ package fleetclient
 // Reports and asks: what the worker sends, in calls within the service's limits.
 
 import (
+	"math/bits"
+
 	"github.com/sluice-proxy/sluice/filter/internal/fleet"
 	"github.com/sluice-proxy/sluice/shared/quota"
 )
@@ -84,7 +86,7 @@ func (c *Client) Tick(now int64) {
 			k.granted = false
 			keys, kinds = append(keys, k), append(kinds, Return)
 		case now-e.LastUse <= 2*interval && e.Claim <= now && k.RefusedUntil <= now &&
-			(live <= 2*e.Used || e.Expiry-now <= 2*interval):
+			(runsLow(e, live, now, interval) || e.Expiry-now <= 2*interval):
 			k.Want = max(k.Want, 2*e.Used)
 			keys, kinds = append(keys, k), append(kinds, Ask)
 		case e.Used > 0 || (c.charges && e.Charge > 0):
@@ -95,6 +97,22 @@ func (c *Client) Tick(now int64) {
 		c.send(pol, keys, kinds, now)
 	}
 	c.forgetIdle(now, false)
+}
+
+// runsLow reports whether the live units of lease e last at most two report
+// intervals at the Envoy's rate: e.Used over the time since any worker last
+// reported (e.Reported; one interval when none did, or longer ago). A lease is
+// topped up to a little more than one interval's worth, so a key in steady use
+// asks at every report, whichever worker makes it.
+func runsLow(e fleet.Entry, live uint64, now, interval int64) bool {
+	elapsed := interval
+	if e.Reported > 0 && e.Reported < now && now-e.Reported < interval {
+		elapsed = now - e.Reported
+	}
+	// live × elapsed ≤ 2 × Used × interval, in 128 bits.
+	lh, ll := bits.Mul64(live, uint64(elapsed))
+	uh, ul := bits.Mul64(e.Used, 2*uint64(interval))
+	return lh < uh || (lh == uh && ll <= ul)
 }
 
 // PolicyChanged drops the records of keys whose rule the new policy removed,
@@ -157,7 +175,7 @@ func (c *Client) send(pol *Policy, keys []*Key, kinds []Kind, now int64) bool {
 				return false
 			}
 			used = e.Used
-			e.Used = 0
+			e.Used, e.Reported = 0, now
 			if c.charges {
 				charge, chargeUntil = e.TakeCharge(now)
 			}
