@@ -379,6 +379,10 @@ request = function() i = i + 1; return wrk.format("GET", "/api/items", {["x-user
 				if got := chainGet(b, addr, "user-1"); got != v.status {
 					b.Fatalf("%s: status %d, want %d", v.name, got, v.status)
 				}
+				var waits int64
+				if v.fleet {
+					waits = -chainCounter(b, e.Admin, "sluice.quota.waits")
+				}
 				out, err := exec.Command(wrk, "-t2", "-c64", "-d"+strconv.Itoa(secs)+"s", "-s", script, "http://"+addr).CombinedOutput()
 				if err != nil {
 					b.Fatalf("%s: wrk: %v\n%s", v.name, err, out)
@@ -386,12 +390,40 @@ request = function() i = i + 1; return wrk.format("GET", "/api/items", {["x-user
 				x := wrkRate(b, string(out))
 				rps[v.name] = append(rps[v.name], x)
 				fmt.Printf("round %d %s: %.0f req/s\n", r+1, v.name, x)
+				if v.fleet {
+					// A fleet row measures spending from warm leases only
+					// while no request waits for a quota call: say how many
+					// did (each is a call and a pause).
+					waits += chainCounter(b, e.Admin, "sluice.quota.waits")
+					fmt.Printf("round %d %s: %d requests waited for a quota call (%.2f %% of %.0f)\n",
+						r+1, v.name, waits, 100*float64(waits)/(x*float64(secs)), x*float64(secs))
+				}
 				e.Kill()
 			}
 		}
 	}
 	// On stdout: go test truncates a benchmark's log.
 	fmt.Print(chainTable(vs, rps))
+}
+
+// chainCounter is the value of Envoy's counter name (a sluice metric, under
+// wasmcustom.), 0 if absent. The filter flushes its metrics on tick, so two
+// reads a run apart count that run's events shifted by up to a tick.
+func chainCounter(t testing.TB, admin, name string) int64 {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/stats?filter=" + regexp.QuoteMeta(name) + "$")
+	if err != nil {
+		t.Fatalf("stats: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimPrefix(line, "wasmcustom."), name+": "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // chainTable is the benchmark's table: per variant the median over rounds
