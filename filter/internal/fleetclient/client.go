@@ -263,6 +263,10 @@ type Client struct {
 	charges    bool
 	nextReport int64
 	buf, mod   []byte
+	// followBuckets are the lease buckets a followUp pass read, by key, their
+	// bytes copies in followBuf (both reused from pass to pass).
+	followBuckets map[string][]byte
+	followBuf     []byte
 }
 
 // New returns a client.
@@ -273,7 +277,8 @@ func New(host Host, cfg Config, m Metrics) *Client {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = quota.DefaultMaxKeys
 	}
-	return &Client{host: host, cfg: cfg, m: m, keys: map[string]*Key{}, calls: map[*call]struct{}{}, ruleEnvoys: map[string]uint32{}}
+	return &Client{host: host, cfg: cfg, m: m, keys: map[string]*Key{}, calls: map[*call]struct{}{}, ruleEnvoys: map[string]uint32{},
+		followBuckets: map[string][]byte{}}
 }
 
 // Envoys returns how many Envoys share a key of rule ruleID as the service last

@@ -635,3 +635,42 @@ func TestALeaseRunningLowAtTheEnvoysRateIsToppedUp(t *testing.T) {
 		t.Fatalf("a's tick sent used %d want %d; want used 10 and an ask (200 left, two intervals at the Envoy's rate)", got.Used, got.Want)
 	}
 }
+
+// TestALeaseThatWouldRunDryBeforeTheNextReportIsToppedUpAtOnce: between
+// reports, a worker asks for a key whose lease, at the Envoy's rate, would run
+// dry before its next report and the answer (two ticks): 300 ms after a report
+// at 100 units a second, 60 units left last 600 ms, and the next report is
+// 700 ms away. A lease that lasts until then is left alone, and no key is
+// asked for twice while its call is in flight.
+func TestALeaseThatWouldRunDryBeforeTheNextReportIsToppedUpAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		held uint64
+		ask  bool
+	}{{60, true}, {200, false}} {
+		f := newFixture(t)
+		k := f.key("rl:t:p/r:user=a:60s")
+		t0 := f.h.now
+		f.c.Tick(t0) // reports at t0 + 1 s
+		f.h.now = t0 + int64(interval)
+		f.setLease(k, fleet.Entry{Held: 1000, Used: 100, Expiry: f.h.now + int64(time.Minute), LastUse: f.h.now})
+		f.c.Tick(f.h.now)
+		if len(f.h.calls) != 1 || f.h.calls[0].req.Keys[0].Want != 0 {
+			t.Fatalf("the report: %d calls, want one reporting (no ask: 1,000 held)", len(f.h.calls))
+		}
+		f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusGranted} })
+		f.h.now += int64(300 * time.Millisecond)
+		e := f.lease(k)
+		e.Held, e.Used, e.LastUse = c.held, 30, f.h.now
+		f.setLease(k, e)
+		f.c.Tick(f.h.now)
+		asked := len(f.h.calls) == 2 && f.h.calls[1].req.Keys[0].Want > 0
+		if asked != c.ask {
+			t.Fatalf("%d held, 30 used in 300 ms, next report in 700 ms: asked %v, want %v", c.held, asked, c.ask)
+		}
+		f.h.now += int64(100 * time.Millisecond)
+		f.c.Tick(f.h.now)
+		if want := map[bool]int{true: 2, false: 1}[c.ask]; len(f.h.calls) != want {
+			t.Fatalf("%d held: %d calls after the next tick, want %d", c.held, len(f.h.calls), want)
+		}
+	}
+}

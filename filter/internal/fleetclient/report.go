@@ -53,6 +53,7 @@ func (c *Client) Tick(now int64) {
 		c.nextReport = now + interval
 	}
 	if now < c.nextReport {
+		c.followUp(pol, now)
 		return
 	}
 	c.nextReport = now + interval
@@ -97,6 +98,62 @@ func (c *Client) Tick(now int64) {
 		c.send(pol, keys, kinds, now)
 	}
 	c.forgetIdle(now, false)
+}
+
+// followUp asks, between reports, for the keys whose lease would run dry at
+// the Envoy's rate before this worker's next report and its answer (two
+// ticks), so that their requests do not wait for a call. A report tops a lease
+// up to a little more than an interval at the rate the service saw; a rising
+// rate, a late tick or a slow answer eats that margin. A rate needs two ticks
+// of use since the last report to be judged. Each lease bucket is read once.
+func (c *Client) followUp(pol *Policy, now int64) {
+	tick := int64(c.cfg.Tick)
+	until := c.nextReport - now + 2*tick
+	var keys []*Key
+	for _, k := range c.keys {
+		if k.call != nil || k.RefusedUntil > now || k.FailedUntil > now {
+			continue
+		}
+		r, ok := pol.Rule(k.RuleID)
+		if !ok {
+			continue
+		}
+		name := r.LeaseKeys[k.Bucket]
+		value, read := c.followBuckets[name]
+		if !read {
+			v, _, err := c.host.GetSharedData(name)
+			if err != nil {
+				v = nil
+			}
+			start := len(c.followBuf)
+			c.followBuf = append(c.followBuf, v...)
+			value = c.followBuf[start:len(c.followBuf):len(c.followBuf)]
+			c.followBuckets[name] = value
+		}
+		e, _, found := fleet.Find(value, k.Hash)
+		if !found || e.Fingerprint != r.Fingerprint || e.Claim > now || e.Used == 0 ||
+			e.Reported == 0 || now-e.Reported < 2*tick || now-e.LastUse > 2*tick {
+			continue
+		}
+		// live × elapsed ≤ Used × until: gone before the report's answer.
+		lh, ll := bits.Mul64(e.Live(r.Fingerprint, now), uint64(now-e.Reported))
+		uh, ul := bits.Mul64(e.Used, uint64(until))
+		if lh < uh || (lh == uh && ll <= ul) {
+			keys = append(keys, k)
+		}
+	}
+	clear(c.followBuckets)
+	c.followBuf = c.followBuf[:0]
+	if cap(c.followBuf) > maxKeepBytes {
+		c.followBuf = nil
+	}
+	if len(keys) > 0 {
+		kinds := make([]Kind, len(keys))
+		for i := range kinds {
+			kinds[i] = Ask
+		}
+		c.send(pol, keys, kinds, now)
+	}
 }
 
 // runsLow reports whether the live units of lease e last at most two report
