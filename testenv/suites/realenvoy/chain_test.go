@@ -104,6 +104,7 @@ func chainVariants(withC bool) []chainVariant {
 		vs = append(vs,
 			chainVariant{name: "z_baseline_sluice_1", k: chainK, status: 200, module: "baseline", config: chainPolicy(chainRule("r1", never))},
 			chainVariant{name: "z_baseline_sluice_5", k: chainK, status: 200, module: "baseline", config: five},
+			chainVariant{name: "z_baseline_sluice_fleet", k: chainK, status: 200, module: "baseline", config: chainFleetConfig, fleet: true},
 			chainVariant{name: "z_baseline_sluice_1_denied_k1", k: 1, status: 429, module: "baseline", config: chainPolicy(chainRule("r1", 1))})
 	}
 	if withC {
