@@ -312,6 +312,9 @@ type decision struct {
 	me    *entry
 	old   entry // me as stored
 	fresh bool  // me was created by this ask
+	// renew: the filter asked near the end of its bucket lease; a grant starts
+	// a lease of its own (begin, record).
+	renew bool
 	// others active entries besides me, assignments of them assignment clients.
 	others, assignments uint64
 	res                 quota.KeyResult
@@ -372,6 +375,15 @@ func (f *fleetLimiter) begin(d *decision, now int64) bool {
 	if me.held > 0 && (me.exp <= now || me.tag != d.tag) {
 		me.held, me.exp = 0, 0
 	}
+	// A bucket's lease keeps the end of its first grant while it holds units
+	// (leaseEnd), so a filter's key in steady use, whose lease never empties, lost
+	// it at every end and its requests waited for a call. A filter asking within
+	// two of its report intervals of the end renews it (record): if anything is
+	// granted, what it still holds is given up, as it would be at the end (spent
+	// from the bucket when granted, never credited back), and the grant, sized as
+	// if nothing were held, starts a lease of its own, which the filter takes in
+	// place of the old one (the answer's held is the grant alone).
+	d.renew = d.ao == nil && f.validity > 0 && me.held > 0 && d.k.Want > 0 && me.exp-now <= 2*int64(d.interval)
 	retain := retainFor(d.interval)
 	all, assignments := l.ring.active(now, retain)
 	if !d.fresh && l.ring.counts(d.old.last, now, retain) {
@@ -478,8 +490,12 @@ func (f *fleetLimiter) size(d *decision) uint64 {
 			demand, _ = bits.Div64(hi, lo, dd)
 			demand++
 		}
-		if demand > me.held {
-			want = min(want, demand-me.held)
+		held := me.held
+		if d.renew {
+			held = 0 // given up if this grants anything
+		}
+		if demand > held {
+			want = min(want, demand-held)
 		} else {
 			want = 1
 		}
@@ -535,6 +551,9 @@ func (f *fleetLimiter) record(d *decision, granted uint64) {
 	}
 	if granted > 0 {
 		l.total += granted
+		if d.renew {
+			me.held, me.exp = 0, 0
+		}
 		switch {
 		case f.validity == 0:
 			// Fixed window, time wheel: granted counts what the Envoy was
