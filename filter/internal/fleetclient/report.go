@@ -135,10 +135,8 @@ func (c *Client) followUp(pol *Policy, now int64) {
 			e.Reported == 0 || now-e.Reported < 2*tick || now-e.LastUse > 2*tick {
 			continue
 		}
-		// live × elapsed ≤ Used × until: gone before the report's answer.
-		lh, ll := bits.Mul64(e.Live(r.Fingerprint, now), uint64(now-e.Reported))
-		uh, ul := bits.Mul64(e.Used, uint64(until))
-		if lh < uh || (lh == uh && ll <= ul) {
+		// live ≤ Used/elapsed × until: gone before the report's answer.
+		if mulAtMost(e.Live(r.Fingerprint, now), uint64(now-e.Reported), e.Used, uint64(until)) {
 			keys = append(keys, k)
 		}
 	}
@@ -166,10 +164,14 @@ func runsLow(e fleet.Entry, live uint64, now, interval int64) bool {
 	if e.Reported > 0 && e.Reported < now && now-e.Reported < interval {
 		elapsed = now - e.Reported
 	}
-	// live × elapsed ≤ 2 × Used × interval, in 128 bits.
-	lh, ll := bits.Mul64(live, uint64(elapsed))
-	uh, ul := bits.Mul64(e.Used, 2*uint64(interval))
-	return lh < uh || (lh == uh && ll <= ul)
+	return mulAtMost(live, uint64(elapsed), e.Used, 2*uint64(interval))
+}
+
+// mulAtMost reports whether a·b ≤ c·d, the products taken in 128 bits.
+func mulAtMost(a, b, c, d uint64) bool {
+	h1, l1 := bits.Mul64(a, b)
+	h2, l2 := bits.Mul64(c, d)
+	return h1 < h2 || (h1 == h2 && l1 <= l2)
 }
 
 // PolicyChanged drops the records of keys whose rule the new policy removed,
