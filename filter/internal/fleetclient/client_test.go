@@ -674,3 +674,23 @@ func TestALeaseThatWouldRunDryBeforeTheNextReportIsToppedUpAtOnce(t *testing.T) 
 		}
 	}
 }
+
+// TestMulAtMostComparesFullProducts: products past 64 bits (units as large as
+// a lease may hold, times nanoseconds) compare whole, never wrapped.
+func TestMulAtMostComparesFullProducts(t *testing.T) {
+	for _, c := range []struct {
+		a, b, c, d uint64
+		want       bool
+	}{
+		{1 << 63, 4, 1 << 62, 8, true},
+		{1 << 63, 5, 1 << 62, 8, false},
+		{1<<64 - 1, 1<<64 - 1, 1<<64 - 1, 1<<64 - 1, true},
+		{3, 1 << 62, 1, 1<<63 + 1<<62, true},
+		{0, 0, 0, 0, true},
+		{1, 1, 0, 5, false},
+	} {
+		if got := mulAtMost(c.a, c.b, c.c, c.d); got != c.want {
+			t.Errorf("mulAtMost(%d, %d, %d, %d) = %v, want %v", c.a, c.b, c.c, c.d, got, c.want)
+		}
+	}
+}
