@@ -31,11 +31,23 @@ func TestABucketLeaseAskedForNearItsEndIsRenewed(t *testing.T) {
 			r.Granted, r.Held, r.ExpiresIn, time.Duration(end-clk.Now()))
 	}
 
-	clk.set(end - int64(1500*time.Millisecond))
+	clk.set(end - int64(2500*time.Millisecond)) // more than two intervals left: no renewal
+	r = ask(t, s, e, "tb", key, 10, 0, 50)
+	if clk.Now()+int64(r.ExpiresIn) != end {
+		t.Fatalf("an ask 2.5 s before the end: held %d until +%v, want the first end (+%v)",
+			r.Held, r.ExpiresIn, time.Duration(end-clk.Now()))
+	}
+
+	clk.add(time.Second) // 1.5 s before the end
 	held := r.Held
 	r = ask(t, s, e, "tb", key, 20, 0, 50)
 	if r.Granted == 0 || r.Held != r.Granted || r.ExpiresIn != first.ExpiresIn {
 		t.Fatalf("an ask 1.5 s before the end (%d held, 20 of them used): granted %d, held %d for %v; want a lease of its own for %v",
 			held, r.Granted, r.Held, r.ExpiresIn, first.ExpiresIn)
+	}
+	// Sized as if nothing were held: 20 used in the last second is 25 units for
+	// 5/4 of an interval, not 25 less the units given up.
+	if r.Granted < 25 {
+		t.Fatalf("the renewing grant is %d units, want at least 25 (the Envoy's demand, nothing held)", r.Granted)
 	}
 }
