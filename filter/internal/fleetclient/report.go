@@ -18,9 +18,10 @@ func (c *Client) Ask(keys []*Key, now int64) bool {
 
 // Tick ends calls whose answer never came, re-decides the waiters of keys a
 // policy change dropped, applies grants whose lease edit failed, and, once per
-// quota interval, reports use, tops up leases running low and returns the
-// units of idle keys, in as few calls as their size allows. With no policy
-// nothing is reported.
+// quota interval, reports use, tops up leases running low (runsLow) and
+// returns the units of idle keys, in as few calls as their size allows; on the
+// ticks in between it tops up leases that would run dry before the next
+// report (followUp). With no policy nothing is reported.
 func (c *Client) Tick(now int64) {
 	pol := c.policy()
 	if orphans := c.orphans; len(orphans) > 0 {
