@@ -113,6 +113,14 @@ type Rule struct {
 	// want of an answer asks again as soon as another was answered; "" keeps
 	// both per worker.
 	StatusKey string
+	// Windowed: a fixed_window or time_wheel rule, whose leases end with the
+	// window or slot. Its keys are topped up when a lease holds less than twice
+	// what the worker saw used since its own last report, at reports only: the
+	// window's fair shares are divided among the Envoys that ask, and a worker
+	// asking at the Envoy's rate, or between reports, took the shares of slower
+	// Envoys. The buckets' leases are judged at the Envoy's rate (runsLow,
+	// followUp).
+	Windowed bool
 }
 
 // Policy is the policy in use, as the quota request names it.

@@ -694,3 +694,34 @@ func TestMulAtMostComparesFullProducts(t *testing.T) {
 		}
 	}
 }
+
+// TestAWindowedLeaseIsToppedUpOnTheWorkersOwnUse: a fixed window's fair shares
+// go to the Envoys that ask, so its leases are judged by the reporting
+// worker's own use and only at reports: 200 left after 10 used in 100 ms
+// (two intervals at the Envoy's rate) is reported, not asked for, and no tick
+// between reports asks.
+func TestAWindowedLeaseIsToppedUpOnTheWorkersOwnUse(t *testing.T) {
+	f := newFixture(t)
+	f.policy.Rule = func(id string) (Rule, bool) {
+		return Rule{LeaseKeys: []string{leaseKey}, Fingerprint: fp, Windowed: true}, id == "r"
+	}
+	k := f.key("rl:t:p/r:user=a:60s")
+	t0 := f.h.now
+	f.c.Tick(t0)
+	f.h.now = t0 + int64(interval)
+	f.setLease(k, fleet.Entry{Held: 200, Used: 10, Reported: f.h.now - int64(100*time.Millisecond),
+		Expiry: f.h.now + int64(time.Minute), LastUse: f.h.now})
+	f.c.Tick(f.h.now)
+	if len(f.h.calls) != 1 || f.h.calls[0].req.Keys[0].Want != 0 {
+		t.Fatalf("%d calls, want one report asking nothing", len(f.h.calls))
+	}
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusGranted} })
+	f.h.now += int64(300 * time.Millisecond)
+	e := f.lease(k)
+	e.Held, e.Used, e.LastUse = 5, 30, f.h.now
+	f.setLease(k, e)
+	f.c.Tick(f.h.now)
+	if len(f.h.calls) != 1 {
+		t.Fatalf("a tick between reports made a call for a windowed rule")
+	}
+}

@@ -88,7 +88,7 @@ func (c *Client) Tick(now int64) {
 			k.granted = false
 			keys, kinds = append(keys, k), append(kinds, Return)
 		case now-e.LastUse <= 2*interval && e.Claim <= now && k.RefusedUntil <= now &&
-			(runsLow(e, live, now, interval) || e.Expiry-now <= 2*interval):
+			(runsLow(r, e, live, now, interval) || e.Expiry-now <= 2*interval):
 			k.Want = max(k.Want, 2*e.Used)
 			keys, kinds = append(keys, k), append(kinds, Ask)
 		case e.Used > 0 || (c.charges && e.Charge > 0):
@@ -116,7 +116,7 @@ func (c *Client) followUp(pol *Policy, now int64) {
 			continue
 		}
 		r, ok := pol.Rule(k.RuleID)
-		if !ok {
+		if !ok || r.Windowed {
 			continue
 		}
 		name := r.LeaseKeys[k.Bucket]
@@ -159,8 +159,12 @@ func (c *Client) followUp(pol *Policy, now int64) {
 // intervals at the Envoy's rate: e.Used over the time since any worker last
 // reported (e.Reported; one interval when none did, or longer ago). A lease is
 // topped up to a little more than one interval's worth, so a key in steady use
-// asks at every report, whichever worker makes it.
-func runsLow(e fleet.Entry, live uint64, now, interval int64) bool {
+// asks at every report, whichever worker makes it. A windowed rule's lease is judged
+// by the worker's own use (Rule.Windowed).
+func runsLow(r Rule, e fleet.Entry, live uint64, now, interval int64) bool {
+	if r.Windowed {
+		return live <= 2*e.Used // this worker's own use (Rule.Windowed)
+	}
 	elapsed := interval
 	if e.Reported > 0 && e.Reported < now && now-e.Reported < interval {
 		elapsed = now - e.Reported

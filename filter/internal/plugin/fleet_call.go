@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-proxy/sluice/filter/internal/fleetclient"
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/quota"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
@@ -80,7 +81,9 @@ func (p *pluginContext) fleetPolicy() *fleetclient.Policy {
 				for i := range ps.rules {
 					rs := &ps.rules[i]
 					if rs.cr.ID == id && rs.fleet.mode != fleetNone {
-						return fleetclient.Rule{LeaseKeys: rs.fleet.leaseKeys, Fingerprint: rs.cr.Fingerprint, StatusKey: rs.fleet.statusKey}, true
+						alg := rs.cr.Config.Algorithm
+						return fleetclient.Rule{LeaseKeys: rs.fleet.leaseKeys, Fingerprint: rs.cr.Fingerprint, StatusKey: rs.fleet.statusKey,
+							Windowed: alg == limit.FixedWindow || alg == limit.TimeWheel}, true
 					}
 				}
 				return fleetclient.Rule{}, false
