@@ -104,19 +104,27 @@ func arenaAlloc(n uint32) []byte {
 // for it (they write ptr=0,size=0 instead, proxy-wasm-cpp-host
 // WasmBase::copyToPointerSize). Arena buffers are not zeroed: the host
 // overwrites all size bytes.
-func allocate(size uint32) (p unsafe.Pointer) {
+//
+// The arena path cannot panic (arenaAlloc checks every bound before it
+// slices, and running out of memory is a fatal error, not a panic), so
+// only the heap path pays for the deferred panic guard: most of a warm
+// request's allocations are arena ones, and the guard is two more Go calls
+// (the deferred function and recover) on each.
+func allocate(size uint32) unsafe.Pointer {
+	if arenaOpen && size > 0 {
+		if buf := arenaAlloc(size); buf != nil {
+			lastAlloc = buf
+			return unsafe.Pointer(&buf[0])
+		}
+	}
+	return allocateHeap(size)
+}
+
+// allocateHeap is allocate's GC-managed buffer, behind the panic guard.
+func allocateHeap(size uint32) (p unsafe.Pointer) {
 	defer endAllocate()
-	n := size
-	if n == 0 {
-		n = 1
-	}
-	var buf []byte
-	if arenaOpen {
-		buf = arenaAlloc(n)
-	}
-	if buf == nil {
-		buf = make([]byte, n)
-	}
+	n := max(size, 1)
+	buf := make([]byte, n)
 	lastAlloc = buf[:size]
 	return unsafe.Pointer(&buf[0])
 }
