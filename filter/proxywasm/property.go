@@ -1,5 +1,7 @@
 package proxywasm
 
+import "unsafe"
+
 // appendPropertyPath serializes a property path as its segments joined by
 // NUL bytes, with no trailing NUL (envoy context.cc Context::getProperty
 // splits on '\0').
@@ -42,8 +44,17 @@ func GetProperty(path []string) ([]byte, error) {
 // Errors: ErrNotFound on a root context (no stream info); ErrBadArgument
 // for a second write to a read-only declared property.
 func SetProperty(path []string, value []byte) error {
+	if len(path) == 1 {
+		// One segment is its own serialization: the host reads it where it
+		// is (a request's filter-state write builds nothing).
+		return statusError(hostSetProperty(stringView(path[0]), value))
+	}
 	p := appendPropertyPath(scratch[:0], path)
 	st := hostSetProperty(p, value)
 	releaseScratch(p)
 	return statusError(st)
 }
+
+// stringView views s as bytes without copying, for a hostcall that only
+// reads them. Nothing may write through it.
+func stringView(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
