@@ -109,6 +109,11 @@ type ruleState struct {
 	// {"rate_limited":…,"shadow":…,"policy_version":<the policy's>,"rule":"<id>"
 	// in one constant, so writeState appends it at once.
 	statePrefix [4][]byte
+	// limitMember is the filter state's limit member for the limit the
+	// rule's limiter reports (limit.Decision.Limit, the same on every
+	// decision), ,"limit":<limitOf>, so writeState appends it at once.
+	limitMember []byte
+	limitOf     uint64
 	// policyVersion is the version of the policy the rule belongs to (the
 	// one statePrefix names).
 	policyVersion uint64
@@ -313,6 +318,8 @@ func (p *pluginContext) buildPolicy(c *rules.Compiled) (*policyState, error) {
 			b = strconv.AppendUint(b, c.Version, 10)
 			rs.statePrefix[i] = append(b, rs.stateRule...)
 		}
+		rs.limitOf = cr.Limiter.Decide(nil, make([]byte, rs.stateSize), 0, 0).Limit
+		rs.limitMember = strconv.AppendUint([]byte(`,"limit":`), rs.limitOf, 10)
 		rs.headers, rs.headersOnAllow = headers, onAllow
 		p.initFleetRule(c, rs)
 		r := cr.Rule

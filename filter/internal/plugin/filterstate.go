@@ -62,7 +62,11 @@ func (h *httpContext) writeState(st stateRecord) {
 			b = append(b, `,"key":`...)
 			b = strictjson.AppendString(b, viewString(p.s.key[h.keyOff:h.keyEnd]))
 		}
-		b = appendUintMember(b, `,"limit":`, r.limit)
+		if r.limit == r.rule.limitOf {
+			b = append(b, r.rule.limitMember...)
+		} else { // another limiter decided (a degraded fleet rule's local share)
+			b = appendUintMember(b, `,"limit":`, r.limit)
+		}
 		b = appendUintMember(b, `,"remaining":`, r.remaining)
 		b = appendUintMember(b, `,"reset":`, r.resetSeconds)
 		if quota, degraded, ok := h.fleetState(); ok {
