@@ -22,7 +22,6 @@
 package main
 
 import (
-	"hash/maphash"
 	"strconv"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
@@ -40,7 +39,6 @@ const (
 
 var (
 	keys      [buckets]string
-	seed      = maphash.MakeSeed()
 	state     = []string{"sluice"}
 	stateJSON = []byte(`{"rate_limited":false,"shadow":false,"policy_version":1,"rule":"per-user","key":"rl:bench:default/per-user:user=user-0001:60s","limit":1000,"remaining":999,"reset":1}`)
 	replyBody = []byte(`{"code":429,"message":"rate limit exceeded","data":{"rule":"per-user","limit":1,"remaining":0,"reset":3600},"timestamp":"2026-11-25T22:01:05Z","trace_id":"`)
@@ -85,7 +83,7 @@ func (s *stream) OnHttpRequestHeaders(int, bool) types.Action {
 	user, _ := proxywasm.GetHttpRequestHeader("x-user-id")
 	now, _ := proxywasm.GetCurrentTimeNanoseconds()
 	sink += now + int64(len(path))
-	key := keys[maphash.String(seed, user)%buckets]
+	key := keys[fnv1a(user)%buckets]
 	value, cas, err := proxywasm.GetSharedData(key)
 	if err != nil {
 		cas = 0
@@ -102,4 +100,15 @@ func (s *stream) OnHttpRequestHeaders(int, bool) types.Action {
 	_ = proxywasm.SetSharedData(key, scratch, cas)
 	_ = proxywasm.SetProperty(state, stateJSON)
 	return types.ActionContinue
+}
+
+// fnv1a is the 64-bit FNV-1a hash of s: the same in every worker VM (a
+// maphash seed is per VM), so a user's requests meet one key whichever
+// worker serves them, as sluice's keyed hash under its shared secret does.
+func fnv1a(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * 1099511628211
+	}
+	return h
 }
