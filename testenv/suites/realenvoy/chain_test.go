@@ -31,7 +31,10 @@ import (
 //
 // Yardsticks, in the same run: Envoy's own local_ratelimit (native code),
 // gopeer (filter/testdata/gopeer, the least a Go limiter with an exact
-// shared counter does, on sluice's binding) and, when SLUICE_CPEER_WASM
+// shared counter does, on sluice's binding), the call floor
+// (filter/testdata/callfloor: sluice's host calls with their sizes, no
+// logic between them, so sluice's distance to it is its own Go code) and,
+// when SLUICE_CPEER_WASM
 // names one, a freestanding C limiter of the same shape (the module is not
 // part of this repository).
 
@@ -46,7 +49,7 @@ type chainVariant struct {
 	name   string
 	k      int
 	status int    // what every measured request gets
-	module string // "sluice", "baseline", "gopeer", "cpeer", or "" (no Wasm filter)
+	module string // "sluice", "baseline", "gopeer", "callfloor", "cpeer", or "" (no Wasm filter)
 	config string // the plugin configuration
 	native bool   // Envoy's local_ratelimit instead of a Wasm filter
 	// fleet: the policy comes from the control plane (chainFleetPolicy),
@@ -98,6 +101,8 @@ func chainVariants(withC bool) []chainVariant {
 		{name: "g_gopeer_k1", k: 1, status: 200, module: "gopeer", config: peer},
 		{name: "s_sluice_1_k1", k: 1, status: 200, module: "sluice", config: chainPolicy(chainRule("r1", never))},
 		{name: "g_gopeer_denied_k1", k: 1, status: 429, module: "gopeer", config: `{"limit":1}`},
+		{name: "h_callfloor", k: chainK, status: 200, module: "callfloor", config: `{}`},
+		{name: "h_callfloor_denied_k1", k: 1, status: 429, module: "callfloor", config: "deny"},
 		{name: "s_sluice_1_denied_k1", k: 1, status: 429, module: "sluice", config: chainPolicy(chainRule("r1", 1))},
 	}
 	if os.Getenv("SLUICE_BASELINE_WASM") != "" {
@@ -245,15 +250,21 @@ func startChainControlPlane(t testing.TB, vs []chainVariant) (string, uint64) {
 }
 
 // chainModules builds the Wasm modules the variants need: sluice's is the
-// suite's; gopeer is built here; the C peer is SLUICE_CPEER_WASM.
+// suite's; gopeer and the call floor are built here; the C peer is
+// SLUICE_CPEER_WASM.
 func chainModules(t testing.TB) map[string]string {
 	t.Helper()
-	gopeer := filepath.Join(t.TempDir(), "gopeer.wasm")
-	if err := proctest.BuildAll(repo, proctest.Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"},
-		Args: []string{"-buildmode=c-shared", "-o", gopeer, "./filter/testdata/gopeer"}}); err != nil {
+	dir := t.TempDir()
+	m := map[string]string{"sluice": filepath.Join(binDir, "sluice.wasm"),
+		"gopeer": filepath.Join(dir, "gopeer.wasm"), "callfloor": filepath.Join(dir, "callfloor.wasm")}
+	var builds []proctest.Build
+	for _, name := range []string{"gopeer", "callfloor"} {
+		builds = append(builds, proctest.Build{Env: []string{"GOOS=wasip1", "GOARCH=wasm"},
+			Args: []string{"-buildmode=c-shared", "-o", m[name], "./filter/testdata/" + name}})
+	}
+	if err := proctest.BuildAll(repo, builds...); err != nil {
 		t.Fatal(err)
 	}
-	m := map[string]string{"sluice": filepath.Join(binDir, "sluice.wasm"), "gopeer": gopeer}
 	if c := os.Getenv("SLUICE_CPEER_WASM"); c != "" {
 		m["cpeer"] = c
 	}
