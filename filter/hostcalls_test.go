@@ -374,20 +374,31 @@ func TestRequestHostCallBudget(t *testing.T) {
 // TestCallFloorMakesSluicesHostCalls keeps the call floor
 // (testdata/callfloor) honest: per import, it makes the hostcalls of
 // sluice's one-rule request with a path match, allowed and denied (with an
-// x-request-id, as Envoy sets one), so that measuring it beside sluice
-// prices sluice's logic and nothing else.
+// x-request-id, as Envoy sets one), and of its five-rule request with
+// "rules=5", so that measuring it beside sluice prices sluice's logic and
+// nothing else.
 func TestCallFloorMakesSluicesHostCalls(t *testing.T) {
 	callFloor := buildFloor(t, "callfloor")
 	const path = "/v1/api/items"
+	rule := func(id, limit, window string) string {
+		return `{"id":"` + id + `","match":{"path_prefix":"/v1/"},"key":["user"],"algorithm":"token_bucket","limit":` + limit + `,"window":"` + window + `"}`
+	}
+	var five []string
+	for _, id := range []string{"r0", "r1", "r2", "r3", "r4"} {
+		five = append(five, rule(id, "1000000000000", "1s"))
+	}
 	for _, tc := range []struct {
-		name, rule, floorConfig string
-		status                  int
+		name        string
+		rules       []string
+		floorConfig string
+		status      int
 	}{
-		{"allowed", `{"id":"r0","match":{"path_prefix":"/v1/"},"key":["user"],"algorithm":"token_bucket","limit":1000000000000,"window":"1s"}`, "", 200},
-		{"denied", `{"id":"r0","match":{"path_prefix":"/v1/"},"key":["user"],"algorithm":"token_bucket","limit":1,"window":"1h"}`, "deny", 429},
+		{"allowed", []string{rule("r0", "1000000000000", "1s")}, "", 200},
+		{"denied", []string{rule("r0", "1", "1h")}, "deny", 429},
+		{"five_rules", five, "rules=5", 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := hostcallCase{rules: []string{tc.rule}, user: "user-0", path: path, status: tc.status,
+			c := hostcallCase{rules: tc.rules, user: "user-0", path: path, status: tc.status,
 				warm: []string{"user-0", "user-1"}, requestID: "7f1c2b9e-0d3a-4c55-9e1b-0123456789ab"}
 			sluice := measureHostcalls(t, c)
 			c.module, c.pluginConfig = callFloor, tc.floorConfig

@@ -16,13 +16,17 @@
 // the same reads without the CAS write, then x-request-id, the filter
 // state, and a 429 local reply with five headers and a 160-byte body
 // (the first request to a key, which finds no value, writes it instead,
-// as the request that spent a limit does).
+// as the request that spent a limit does). With "rules=N" (N from 1 to 8)
+// an allowed request reads and writes back one such bucket for each of N
+// rules, as sluice's request does for N rules that match it, each in its
+// own 1,024 keys.
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o callfloor.wasm ./filter/testdata/callfloor
 package main
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
@@ -38,7 +42,6 @@ const (
 )
 
 var (
-	keys      [buckets]string
 	state     = []string{"sluice"}
 	stateJSON = []byte(`{"rate_limited":false,"shadow":false,"policy_version":1,"rule":"per-user","key":"rl:bench:default/per-user:user=user-0001:60s","limit":1000,"remaining":999,"reset":1}`)
 	replyBody = []byte(`{"code":429,"message":"rate limit exceeded","data":{"rule":"per-user","limit":1,"remaining":0,"reset":3600},"timestamp":"2026-11-25T22:01:05Z","trace_id":"`)
@@ -49,11 +52,8 @@ var (
 	sink    int64
 )
 
-func init() {
-	for i := range keys {
-		keys[i] = "callfloor/" + strconv.Itoa(i)
-	}
-}
+// maxRules bounds "rules=N".
+const maxRules = 8
 
 type vm struct{ types.DefaultVMContext }
 
@@ -62,19 +62,36 @@ func (*vm) NewPluginContext(uint32) types.PluginContext { return &plugin{} }
 type plugin struct {
 	types.DefaultPluginContext
 	deny bool
+	// keys[r][n] is bucket n of rule r (the configured rules only).
+	keys [][buckets]string
 }
 
 func (p *plugin) OnPluginStart(int) types.OnPluginStartStatus {
 	cfg, _ := proxywasm.GetPluginConfiguration()
 	p.deny = string(cfg) == "deny"
+	rules := 1
+	if v, ok := strings.CutPrefix(string(cfg), "rules="); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxRules {
+			proxywasm.LogError("callfloor: rules=N wants N from 1 to 8")
+			return types.OnPluginStartStatusFailed
+		}
+		rules = n
+	}
+	p.keys = make([][buckets]string, rules)
+	for r := range p.keys {
+		for n := range p.keys[r] {
+			p.keys[r][n] = "callfloor/r" + strconv.Itoa(r) + "/" + strconv.Itoa(n)
+		}
+	}
 	return types.OnPluginStartStatusOK
 }
 
-func (p *plugin) NewHttpContext(uint32) types.HttpContext { return &stream{deny: p.deny} }
+func (p *plugin) NewHttpContext(uint32) types.HttpContext { return &stream{p: p} }
 
 type stream struct {
 	types.DefaultHttpContext
-	deny bool
+	p *plugin
 }
 
 func (s *stream) OnHttpRequestHeaders(int, bool) types.Action {
@@ -83,21 +100,32 @@ func (s *stream) OnHttpRequestHeaders(int, bool) types.Action {
 	user, _ := proxywasm.GetHttpRequestHeader("x-user-id")
 	now, _ := proxywasm.GetCurrentTimeNanoseconds()
 	sink += now + int64(len(path))
-	key := keys[fnv1a(user)%buckets]
+	n := fnv1a(user) % buckets
+	keys := s.p.keys
+	key := keys[0][n]
 	value, cas, err := proxywasm.GetSharedData(key)
 	if err != nil {
 		cas = 0
 	}
-	if s.deny && err == nil {
+	if s.p.deny && err == nil {
 		id, _ := proxywasm.GetHttpRequestHeader("x-request-id")
 		_ = proxywasm.SetProperty(state, stateJSON)
 		b := append(append(append(body[:0], replyBody...), id...), '"', '}')
 		_ = proxywasm.SendHttpResponseWithDetails(429, "sluice_rate_limited", headers, b, proxywasm.GrpcStatusNone)
 		return types.ActionPause
 	}
-	copy(scratch, value)
-	scratch[0]++
-	_ = proxywasm.SetSharedData(key, scratch, cas)
+	for r := 0; ; {
+		copy(scratch, value)
+		scratch[0]++
+		_ = proxywasm.SetSharedData(key, scratch, cas)
+		if r++; r == len(keys) {
+			break
+		}
+		key = keys[r][n]
+		if value, cas, err = proxywasm.GetSharedData(key); err != nil {
+			cas = 0
+		}
+	}
 	_ = proxywasm.SetProperty(state, stateJSON)
 	return types.ActionContinue
 }
