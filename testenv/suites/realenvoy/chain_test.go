@@ -102,6 +102,7 @@ func chainVariants(withC bool) []chainVariant {
 		{name: "s_sluice_1_k1", k: 1, status: 200, module: "sluice", config: chainPolicy(chainRule("r1", never))},
 		{name: "g_gopeer_denied_k1", k: 1, status: 429, module: "gopeer", config: `{"limit":1}`},
 		{name: "h_callfloor", k: chainK, status: 200, module: "callfloor", config: `{}`},
+		{name: "h_callfloor_5", k: chainK, status: 200, module: "callfloor", config: "rules=5"},
 		{name: "h_callfloor_denied_k1", k: 1, status: 429, module: "callfloor", config: "deny"},
 		{name: "s_sluice_1_denied_k1", k: 1, status: 429, module: "sluice", config: chainPolicy(chainRule("r1", 1))},
 	}
