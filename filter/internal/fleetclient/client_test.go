@@ -138,6 +138,17 @@ func (f *fixture) setLease(k *Key, e fleet.Entry) {
 	}
 }
 
+// spendAfterReport answers the report the fixture's first call made as
+// granted, lets 300 ms pass and leaves k's lease holding held units with used
+// spent since that report, last used now.
+func (f *fixture) spendAfterReport(k *Key, held, used uint64) {
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusGranted} })
+	f.h.now += int64(300 * time.Millisecond)
+	e := f.lease(k)
+	e.Held, e.Used, e.LastUse = held, used, f.h.now
+	f.setLease(k, e)
+}
+
 func (f *fixture) lease(k *Key) fleet.Entry {
 	v, _, _ := f.h.GetSharedData(leaseKey)
 	e, _, found := fleet.Find(v, k.Hash)
@@ -657,11 +668,7 @@ func TestALeaseThatWouldRunDryBeforeTheNextReportIsToppedUpAtOnce(t *testing.T) 
 		if len(f.h.calls) != 1 || f.h.calls[0].req.Keys[0].Want != 0 {
 			t.Fatalf("the report: %d calls, want one reporting (no ask: 1,000 held)", len(f.h.calls))
 		}
-		f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusGranted} })
-		f.h.now += int64(300 * time.Millisecond)
-		e := f.lease(k)
-		e.Held, e.Used, e.LastUse = c.held, 30, f.h.now
-		f.setLease(k, e)
+		f.spendAfterReport(k, c.held, 30)
 		f.c.Tick(f.h.now)
 		asked := len(f.h.calls) == 2 && f.h.calls[1].req.Keys[0].Want > 0
 		if asked != c.ask {
@@ -715,11 +722,7 @@ func TestAWindowedLeaseIsToppedUpOnTheWorkersOwnUse(t *testing.T) {
 	if len(f.h.calls) != 1 || f.h.calls[0].req.Keys[0].Want != 0 {
 		t.Fatalf("%d calls, want one report asking nothing", len(f.h.calls))
 	}
-	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult { return quota.KeyResult{Status: quota.StatusGranted} })
-	f.h.now += int64(300 * time.Millisecond)
-	e := f.lease(k)
-	e.Held, e.Used, e.LastUse = 5, 30, f.h.now
-	f.setLease(k, e)
+	f.spendAfterReport(k, 5, 30)
 	f.c.Tick(f.h.now)
 	if len(f.h.calls) != 1 {
 		t.Fatalf("a tick between reports made a call for a windowed rule")
