@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -133,5 +134,38 @@ func TestASmallBucketsLocalStateIsNotTakenOverByAnotherKey(t *testing.T) {
 		if r := e.do(0, as("a")); r.Status != 429 {
 			t.Errorf("%s: user a after user b's request: %d, want 429 (its local bucket was taken over)", alg, r.Status)
 		}
+	}
+}
+
+// TestTheFilterStateNamesTheLimitThatDecided: the access log's limit is the
+// one the decision reports, as the 429 body says, for a local rule and for a
+// cut-off Envoy's fleet request decided by its local share (a share keeps
+// the bucket's capacity and stretches its refill, so both report the burst).
+func TestTheFilterStateNamesTheLimitThatDecided(t *testing.T) {
+	buildWasm(t)
+	for _, tc := range []struct{ name, rule string }{
+		{"local rule", `{"id":"r","key":["client_ip"],"algorithm":"token_bucket","limit":100,"window":"1m","burst":2}`},
+		{"degraded fleet rule", `{"id":"r","key":["client_ip"],"algorithm":"token_bucket","limit":100,"window":"1m","burst":2,"scope":"fleet","local_share":0.25}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, `{"tick":"1m","policy":{"policy":"p","version":1,"rules":[`+tc.rule+`]}}`, 1)
+			denied := 0
+			for i := 0; i < 20; i++ {
+				r := e.do(0, req{path: "/x"})
+				state := filterstate.Fields(r.FilterState)["limit"]
+				if state != "2" {
+					t.Fatalf("request %d (status %d): filter state limit %q, want the burst, 2", i, r.Status, state)
+				}
+				if r.Status == 429 {
+					denied++
+					if body := strconv.FormatUint(decodeReply(t, r).Data.Limit, 10); state != body {
+						t.Fatalf("request %d: filter state limit %s, the 429 body's %s", i, state, body)
+					}
+				}
+			}
+			if denied == 0 {
+				t.Fatal("no request was denied: the body's limit was never compared")
+			}
+		})
 	}
 }
