@@ -111,7 +111,8 @@ type ruleState struct {
 	statePrefix [4][]byte
 	// limitMember is the filter state's limit member for the limit the
 	// rule's limiter reports (limit.Decision.Limit, the same on every
-	// decision), ,"limit":<limitOf>, so writeState appends it at once.
+	// decision; a degraded fleet request's local share keeps the capacity),
+	// ,"limit":<limitOf>, so writeState appends it at once.
 	limitMember []byte
 	limitOf     uint64
 	// policyVersion is the version of the policy the rule belongs to (the

@@ -64,7 +64,7 @@ func (h *httpContext) writeState(st stateRecord) {
 		}
 		if r.limit == r.rule.limitOf {
 			b = append(b, r.rule.limitMember...)
-		} else { // another limiter decided (a degraded fleet rule's local share)
+		} else { // a limiter that reports another limit (none does today)
 			b = appendUintMember(b, `,"limit":`, r.limit)
 		}
 		b = appendUintMember(b, `,"remaining":`, r.remaining)
