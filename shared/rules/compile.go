@@ -244,6 +244,11 @@ type exemptSet struct {
 	tenants  map[string]struct{}
 }
 
+// empty reports whether the set exempts nothing (no lookup is needed).
+func (s *exemptSet) empty() bool {
+	return s.prefixes == nil && s.users == nil && s.tenants == nil
+}
+
 func compileExempt(e *Exempt) exemptSet {
 	var s exemptSet
 	for _, str := range e.CIDRs {

@@ -194,6 +194,9 @@ func (m *matcher) matches(req *Request) bool {
 // Exempt reports whether the request is exempt from the whole policy (policy-level
 // exempt: client IP in a CIDR, user or tenant listed).
 func (c *Compiled) Exempt(req *Request) bool {
+	if c.exempt.empty() {
+		return false
+	}
 	return c.exempt.contains(req, c.user(req), c.tenant(req))
 }
 
@@ -201,7 +204,7 @@ func (c *Compiled) Exempt(req *Request) bool {
 // exempt list (the policy's is not consulted).
 func (c *Compiled) RuleExempt(i int, req *Request) bool {
 	e := &c.rules[i].exempt
-	if e.prefixes == nil && e.users == nil && e.tenants == nil {
+	if e.empty() {
 		return false
 	}
 	return e.contains(req, c.user(req), c.tenant(req))
