@@ -20,7 +20,26 @@ var (
 	// the one named by the last SetEffectiveContext. It decides which root
 	// context owns an HTTP callout, as Envoy's contextOrEffectiveContext().
 	activeContextID uint32
+
+	// lastRoot caches roots[lastRootID]: every stream's creation looks up
+	// its root, and a VM serves one root per plugin, so a hit skips the
+	// map's hashing (and the code it runs, cold in a request that finds
+	// Envoy's own work between it and the last one).
+	lastRootID uint32
+	lastRoot   *rootContext
 )
+
+// rootOf returns root context id, or nil if it is unknown.
+func rootOf(id uint32) *rootContext {
+	if lastRoot != nil && lastRootID == id {
+		return lastRoot
+	}
+	r := roots[id]
+	if r != nil {
+		lastRootID, lastRoot = id, r
+	}
+	return r
+}
 
 type rootContext struct {
 	plugin   types.PluginContext
@@ -145,6 +164,7 @@ type tcpStream struct {
 func SetVMContext(vm types.VMContext) {
 	vmContext = vm
 	clear(roots)
+	lastRootID, lastRoot = 0, nil
 	clear(streamTable[:])
 	clear(streamSpill)
 	clear(tcpStreams)
@@ -183,10 +203,13 @@ func onContextCreate(id, parentID uint32) {
 			return
 		}
 		roots[id] = &rootContext{plugin: p}
+		if lastRootID == id {
+			lastRootID, lastRoot = 0, nil
+		}
 		return
 	}
-	root, ok := roots[parentID]
-	if !ok {
+	root := rootOf(parentID)
+	if root == nil {
 		logAlways(LogLevelError, "proxywasm: proxy_on_context_create: unknown root context "+strconv.FormatUint(uint64(parentID), 10)+" for context "+strconv.FormatUint(uint64(id), 10))
 		return
 	}
@@ -401,6 +424,9 @@ func onDelete(id uint32) {
 	}
 	if root, ok := roots[id]; ok {
 		delete(roots, id)
+		if lastRootID == id {
+			lastRootID, lastRoot = 0, nil
+		}
 		root.plugin.OnPluginDone()
 		return
 	}

@@ -385,3 +385,22 @@ func TestStreamsSharingATableSlot(t *testing.T) {
 		}
 	}
 }
+
+func TestAStreamOfADeletedRootIsRefused(t *testing.T) {
+	f := installFakeHost(t)
+	r := newRecorder()
+	startRoot(t, r)
+	onContextCreate(2, 1) // finds root 1, which the registry then remembers
+	onDelete(2)
+	onDelete(1)
+	assertEvents(t, r, "2 new_http", "2 http_stream_done", "1 plugin_done")
+	onContextCreate(3, 1)
+	assertEvents(t, r)
+	if len(f.logs) != 1 || !strings.Contains(f.logs[0], "unknown root context 1 for context 3") {
+		t.Fatalf("logs = %q", f.logs)
+	}
+	if got := onRequestHeaders(3, 1, true); got != types.ActionContinue {
+		t.Fatalf("action = %d", got)
+	}
+	assertEvents(t, r)
+}
