@@ -102,6 +102,7 @@ func chainVariants(withC bool) []chainVariant {
 		{name: "s_sluice_1_k1", k: 1, status: 200, module: "sluice", config: chainPolicy(chainRule("r1", never))},
 		{name: "g_gopeer_denied_k1", k: 1, status: 429, module: "gopeer", config: `{"limit":1}`},
 		{name: "h_callfloor", k: chainK, status: 200, module: "callfloor", config: `{}`},
+		{name: "h_callfloor_k1", k: 1, status: 200, module: "callfloor", config: `{}`},
 		{name: "h_callfloor_5", k: chainK, status: 200, module: "callfloor", config: "rules=5"},
 		{name: "h_callfloor_denied_k1", k: 1, status: 429, module: "callfloor", config: "deny"},
 		{name: "s_sluice_1_denied_k1", k: 1, status: 429, module: "sluice", config: chainPolicy(chainRule("r1", 1))},
@@ -109,6 +110,7 @@ func chainVariants(withC bool) []chainVariant {
 	if os.Getenv("SLUICE_BASELINE_WASM") != "" {
 		vs = append(vs,
 			chainVariant{name: "z_baseline_sluice_1", k: chainK, status: 200, module: "baseline", config: chainPolicy(chainRule("r1", never))},
+			chainVariant{name: "z_baseline_sluice_1_k1", k: 1, status: 200, module: "baseline", config: chainPolicy(chainRule("r1", never))},
 			chainVariant{name: "z_baseline_sluice_5", k: chainK, status: 200, module: "baseline", config: five},
 			chainVariant{name: "z_baseline_sluice_fleet", k: chainK, status: 200, module: "baseline", config: chainFleetConfig, fleet: true},
 			chainVariant{name: "z_baseline_sluice_1_denied_k1", k: 1, status: 429, module: "baseline", config: chainPolicy(chainRule("r1", 1))})
