@@ -22,9 +22,10 @@ var (
 	activeContextID uint32
 
 	// lastRoot caches roots[lastRootID]: every stream's creation looks up
-	// its root, and a VM serves one root per plugin, so a hit skips the
-	// map's hashing (and the code it runs, cold in a request that finds
-	// Envoy's own work between it and the last one).
+	// its root, and a VM that serves one plugin (one filter in the chain)
+	// has one root, so there a hit skips the map's hashing. With several
+	// plugins in one VM, streams alternate between roots and most look ups
+	// go to the map as before.
 	lastRootID uint32
 	lastRoot   *rootContext
 )
