@@ -101,7 +101,7 @@ bench: wasm
 ## bench-envoy: the filter-chain benchmark in the real Envoy (make envoy; wrk from Debian):
 ## 8 copies of a filter in Envoy's chain, sluice against gopeer (filter/testdata/gopeer) and
 ## Envoy's local_ratelimit, rounds interleaved; SLUICE_CPEER_WASM=path adds a C limiter,
-## SLUICE_BASELINE_WASM=path another sluice.wasm. About 12 minutes (docs/benchmarks.md).
+## SLUICE_BASELINE_WASM=path another sluice.wasm. About 16 minutes (docs/benchmarks.md).
 bench-envoy: wasm
 	SLUICE_CHAIN_ROUNDS=$${SLUICE_CHAIN_ROUNDS:-5} $(GO) test -run '^$$' -bench FilterChain -benchtime 1x -timeout 90m ./testenv/suites/realenvoy/
 
