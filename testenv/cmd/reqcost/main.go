@@ -19,12 +19,23 @@
 // the counted requests, -warm requests bring the module's buckets and buffers to
 // their steady state. It exits non-zero if a request fails or answers other than
 // -status.
+//
+// With -pause it prints "ready" after the warm-up and "done" after the counted
+// requests, each on a line of its own, and waits after each for a line on its
+// standard input, so that a profiler can count those requests alone. Built with
+// wazero's perfmap build tag, the host writes /tmp/perf-<pid>.map naming each
+// compiled function's code; callgrind started with --instr-atstart=no
+// --dump-instr=yes and switched on at "ready" (callgrind_control -i on) then
+// counts a request's instructions by address, and the map names their functions
+// (docs/benchmarks.md, "One filter").
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"time"
@@ -33,14 +44,15 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "reqcost:", err)
 		os.Exit(1)
 	}
 }
 
-// run runs the command with args, the command line without the program name.
-func run(args []string) error {
+// run runs the command with args, the command line without the program name;
+// with -pause it talks to a profiler's driver over stdin and stdout.
+func run(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("reqcost", flag.ContinueOnError)
 	wasm := fs.String("wasm", "build/sluice.wasm", "the module")
 	config := fs.String("config", "", "a file holding the plugin configuration (none: empty)")
@@ -49,6 +61,7 @@ func run(args []string) error {
 	users := fs.Int("users", 1000, "distinct x-user-id values, in turn")
 	path := fs.String("path", "/api/x", "the :path of every request")
 	status := fs.Int("status", 0, "the status every counted request must get (0: any)")
+	pause := fs.Bool("pause", false, `print "ready" and "done" around the counted requests, waiting for a line of stdin after each`)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -99,5 +112,26 @@ func run(args []string) error {
 	if err := send(*warm, 0); err != nil {
 		return err
 	}
-	return send(*n, *status)
+	if !*pause {
+		return send(*n, *status)
+	}
+	in := bufio.NewReader(stdin)
+	if err := handOver(stdout, in, "ready"); err != nil {
+		return err
+	}
+	if err := send(*n, *status); err != nil {
+		return err
+	}
+	return handOver(stdout, in, "done")
+}
+
+// handOver prints word on a line of its own and waits for a line from in.
+func handOver(out io.Writer, in *bufio.Reader, word string) error {
+	if _, err := fmt.Fprintln(out, word); err != nil {
+		return err
+	}
+	if _, err := in.ReadString('\n'); err != nil {
+		return fmt.Errorf("waiting after %q: %w", word, err)
+	}
+	return nil
 }
