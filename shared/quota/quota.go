@@ -116,7 +116,10 @@ type KeyRequest struct {
 
 // The values of KeyResult.Status.
 const (
-	// StatusGranted: all of Want was granted (or Want was 0).
+	// StatusGranted: all of Want was granted (or Want was 0); or, with Granted
+	// 0, a fixed window's top-up held back: the Envoy holds its fair share of
+	// the window with units unspent, and what is left is the other Envoys' due
+	// (it keeps its lease and asks again at its next report).
 	StatusGranted = "granted"
 	// StatusPartial: less than Want but at least one unit was granted.
 	StatusPartial = "partial"

@@ -238,9 +238,14 @@ const reserveBefore = 5 * time.Second
 // window's end an assignment client (Envoy's own quota filter, reporting every
 // 5 s: it asks twice in a 10 s window while a filter lease tops up every second)
 // finds its share kept, however often the others ask; after that, what is left
-// goes to whoever asks. The Wasm filter's leases keep nothing for each other:
-// they ask often enough to take their turn, and an Envoy holding its lease
-// without asking must not keep budget from those that do. What the assignment
+// goes to whoever asks. A Wasm filter's lease that holds its fair share with
+// units unspent asks ahead of need (its report finds it running low): it takes
+// nothing of what the other active Envoys have not claimed of their fair shares
+// (unclaimed), and when nothing else is left it is answered a grant of 0
+// (d.heldBack), never refused, until 5 s before the window's end. An ask made
+// dry (nothing held) takes a share of the whole remainder: an Envoy holding
+// its lease without asking must not keep budget from one whose demand is real
+// now. What the assignment
 // clients have claimed is the header's sum of their grants in the window
 // (grantedA), so a share above ⌊L/n⌋ counts against the others' reserve.
 //
@@ -288,11 +293,37 @@ func (f *fleetLimiter) share(d *decision) uint64 {
 			// reserve one unit at a time.
 			return 0
 		}
+		if mine == 0 && !assignment && me.held > 0 && int64(tag)-now > int64(reserveBefore) {
+			// A top-up of a filter lease that holds its fair share with units
+			// unspent: it is not short now, so it takes nothing the others have
+			// not claimed yet (heldBack).
+			kept := f.unclaimed(d, fairW)
+			if kept > 0 && free <= kept {
+				d.heldBack = true
+				return 0
+			}
+			free -= kept
+		}
 		return max(1, min(mine, remaining), free/(others+2))
 	}
 	inPlay := remaining + held + (l.heldSum - min(l.heldSum, old.held))
 	fair := inPlay / (others + 1)
 	return max(1, remaining/(others+2), fair-min(fair, held))
+}
+
+// unclaimed is what the other active Envoys of a fixed window have not yet
+// claimed of their fair shares fairW each: others·fairW less what the window
+// has spent (its limit less d.probe.Remaining: grants and charges) apart from
+// the asker's own grants in it. Exact while no other Envoy took more than its
+// fair share; an Envoy that did (it asked before the others came) makes it
+// smaller, never larger, than what the others lack.
+func (f *fleetLimiter) unclaimed(d *decision, fairW uint64) uint64 {
+	spent := d.probe.Limit - min(d.probe.Limit, d.probe.Remaining)
+	if d.me.tag == d.tag {
+		spent -= min(spent, d.me.granted)
+	}
+	due := d.others * fairW
+	return due - min(due, spent)
 }
 
 // decision is one ask being decided on a ledger (decide): the ask, the key's
@@ -317,7 +348,11 @@ type decision struct {
 	renew bool
 	// others active entries besides me, assignments of them assignment clients.
 	others, assignments uint64
-	res                 quota.KeyResult
+	// heldBack: share granted nothing because the asker holds its fair share
+	// of the window with units unspent and what is left is the others' due;
+	// the answer is a grant of 0 (StatusGranted), not a refusal.
+	heldBack bool
+	res      quota.KeyResult
 }
 
 // decide applies one Envoy's report and ask for one key to the ledger l at now
@@ -542,6 +577,8 @@ func (f *fleetLimiter) size(d *decision) uint64 {
 func (f *fleetLimiter) record(d *decision, granted uint64) {
 	l, me, k, now, tag := d.l, d.me, d.k, d.now, d.tag
 	switch {
+	case d.heldBack:
+		d.res.Status, d.res.RetryAfter = quota.StatusGranted, 0
 	case granted == 0 && k.Want > 0:
 		d.res.Status = quota.StatusRefused
 	case granted < k.Want:

@@ -197,7 +197,11 @@ func fillsExactly(t *testing.T, b Backend) {
 				r := ask(t, s, e, "fw", key, 0, 0, 97)
 				if r.Granted == 0 {
 					refused++
-					if r.Status != quota.StatusRefused || r.RetryAfter <= 0 {
+					// A zero grant is a refusal, or (a grant of 0) an Envoy
+					// holding its fair share unspent while the others have
+					// not claimed theirs.
+					heldBack := r.Status == quota.StatusGranted && r.Held >= 250
+					if !heldBack && (r.Status != quota.StatusRefused || r.RetryAfter <= 0) {
 						t.Errorf("refused answer %+v", r)
 					}
 				}
@@ -242,9 +246,12 @@ func returnsRegrant(t *testing.T, b Backend, rule string, at int64) {
 	if r = ask(t, s, es[0], rule, key, 0, 50, 0); r.Returned != 0 {
 		t.Fatalf("return with nothing held credited %d", r.Returned)
 	}
+	// The other Envoy spends what it holds and asks again: a fixed window
+	// tops up a lease holding its fair share unspent only from what the
+	// returning Envoy, still active, does not claim (share).
 	var again uint64
 	for i := 0; i < 100; i++ {
-		again += ask(t, s, es[1], rule, key, 0, 0, 1000).Granted
+		again += ask(t, s, es[1], rule, key, es[1].held, 0, 1000).Granted
 	}
 	if again != held {
 		t.Fatalf("after returning %d, %d were granted again", held, again)
