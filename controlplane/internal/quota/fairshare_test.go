@@ -73,3 +73,29 @@ func TestATopUpNeverTakesAnotherEnvoysUnclaimedShare(t *testing.T) {
 		})
 	}
 }
+
+// TestATopUpTakesTheRestOfItsOwnShareAndNoneOfTheOthers: an Envoy one unit
+// short of its fair share, with units unspent, is topped up with that unit,
+// not with a quarter of what the others have not claimed yet (which left one
+// of them a unit short, refused while the other held it).
+func TestATopUpTakesTheRestOfItsOwnShareAndNoneOfTheOthers(t *testing.T) {
+	clk := &clock{}
+	clk.set(base() + int64(time.Second))
+	p := newPolicies(t)
+	p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
+		`"id":"fw","algorithm":"fixed_window","limit":300`, 1))
+	s := newService(t, NewMemory(), p, clk)
+	key := globalKey("fw")
+	es := newEnvoys(3)
+	for _, e := range es {
+		ask(t, s, e, "fw", key, 0, 0, 16)
+	}
+	clk.add(100 * time.Millisecond)
+	if r := ask(t, s, es[0], "fw", key, 16, 0, 83); r.Granted != 83 {
+		t.Fatalf("a's ask of 83: %+v", r)
+	}
+	clk.add(100 * time.Millisecond)
+	if r := ask(t, s, es[0], "fw", key, 30, 0, 1<<20); r.Granted != 1 || r.Held != 54 {
+		t.Errorf("a's top-up, 99 of its 100 granted and 53 unspent: granted %d, held %d; want 1 (the rest of its share), 54", r.Granted, r.Held)
+	}
+}

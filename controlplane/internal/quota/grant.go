@@ -238,14 +238,14 @@ const reserveBefore = 5 * time.Second
 // window's end an assignment client (Envoy's own quota filter, reporting every
 // 5 s: it asks twice in a 10 s window while a filter lease tops up every second)
 // finds its share kept, however often the others ask; after that, what is left
-// goes to whoever asks. A Wasm filter's lease that holds its fair share with
-// units unspent asks ahead of need (its report finds it running low): it takes
-// nothing of what the other active Envoys have not claimed of their fair shares
-// (unclaimed), and when nothing else is left it is answered a grant of 0
-// (d.heldBack), never refused, until 5 s before the window's end. An ask made
-// dry (nothing held) takes a share of the whole remainder: an Envoy holding
-// its lease without asking must not keep budget from one whose demand is real
-// now. What the assignment
+// goes to whoever asks. A Wasm filter's lease that holds units unspent asks
+// ahead of need (its report finds it running low): until 5 s before the
+// window's end it takes what is left of its own fair share, or a share of what
+// the window has beyond the other active Envoys' unclaimed fair shares
+// (unclaimed), never from those; with neither it is answered a grant of 0
+// (d.heldBack), never refused. An ask made dry (nothing held) takes a share of
+// the whole remainder: an Envoy holding its lease without asking must not keep
+// budget from one whose demand is real now. What the assignment
 // clients have claimed is the header's sum of their grants in the window
 // (grantedA), so a share above ⌊L/n⌋ counts against the others' reserve.
 //
@@ -293,16 +293,17 @@ func (f *fleetLimiter) share(d *decision) uint64 {
 			// reserve one unit at a time.
 			return 0
 		}
-		if mine == 0 && !assignment && me.held > 0 && int64(tag)-now > int64(reserveBefore) {
-			// A top-up of a filter lease that holds its fair share with units
-			// unspent: it is not short now, so it takes nothing the others have
-			// not claimed yet (heldBack).
+		if !assignment && me.held > 0 && int64(tag)-now > int64(reserveBefore) {
+			// A top-up of a filter lease with units unspent: it is not short
+			// now, so it takes what is left of its own fair share, and of the
+			// rest only a share of what the others have not claimed of theirs
+			// (heldBack when that leaves it nothing).
 			kept := f.unclaimed(d, fairW)
-			if kept > 0 && free <= kept {
-				d.heldBack = true
-				return 0
+			if g := max(min(mine, remaining), (free-min(free, kept))/(others+2)); g > 0 || kept == 0 {
+				return max(1, g)
 			}
-			free -= kept
+			d.heldBack = true
+			return 0
 		}
 		return max(1, min(mine, remaining), free/(others+2))
 	}
