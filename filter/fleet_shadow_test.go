@@ -79,3 +79,72 @@ func TestShadowFleetLeaseDrainedAtCommitKeepsEnforcedCharge(t *testing.T) {
 		t.Fatalf("second request: %d %v; want 429 from rule a (its one unit was spent by the first)", r.Status, r.FilterState)
 	}
 }
+
+// TestACutOffEnvoyAdmitsAtMostWhatTheWindowHadLeftForIt: a fixed window's
+// lease entry holds what the quota service last said the window had left for
+// this Envoy (fleet.Entry.Left); cut off from the service, the Envoy admits
+// by itself at most that many in that window (each request counts at least
+// ⌈L/left⌉ times in the local counter), none when it was 0, and in the next
+// window, which no answer spoke of, its share of the whole limit again.
+func TestACutOffEnvoyAdmitsAtMostWhatTheWindowHadLeftForIt(t *testing.T) {
+	doc := `{"policy":"p","version":1,"identity":{"user_header":"x-user-id"},"rules":[` +
+		`{"id":"f","key":["user"],"algorithm":"fixed_window","limit":100,"window":"1m","scope":"fleet"}]}`
+	cfg := `{"tick":"1s","policy":` + doc + `,"control_plane":{"cluster":"cp","policy":"p","quota_token":"q"}}`
+	for _, left := range []uint64{7, 0} {
+		clock := host.NewVirtualClock(epoch)
+		h, err := host.New(context.Background(), host.Config{
+			Wasm: buildWasmTB(t), VMID: "sluice", PluginName: "sluice", PluginConfig: []byte(cfg),
+			Workers: 1, Clock: clock, LogLevel: host.LogInfo,
+			Clusters: map[string]string{"cp": "127.0.0.1:1"}, // never answers: cut off
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := &env{t: t, h: h, clock: clock}
+		user := req{path: "/x", headers: host.Headers{{"x-user-id", "gina"}}}
+		e.do(0, req{path: "/x", headers: host.Headers{{"x-user-id", "warm-up"}}}) // the hash key and buckets exist now
+
+		p, err := rules.ParsePolicy([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := rules.Compile(p, rules.CompileOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, _ := c.AppendKey(nil, 0, &rules.Request{User: "gina"})
+		raw, _, _ := h.SharedData("sluice/hashkey")
+		hk, ok := siphash.KeyFromBytes(raw)
+		if !ok {
+			t.Fatal("no hash key")
+		}
+		hash := siphash.Sum64(hk, key)
+		buckets, entries := config.DefaultBucketsPerRule, config.DefaultEntriesPerBucket
+		lease := fleet.Entry{Hash: hash, Fingerprint: c.Rule(0).Fingerprint, Left: left, LeftUntil: epoch.Add(time.Minute).UnixNano()}
+		v, _ := fleet.Put(nil, nil, lease, entries, 0)
+		h.SetSharedData("sluice/p/f/e"+strconv.Itoa(entries)+"b"+strconv.Itoa(buckets)+"/q"+strconv.Itoa(fleet.EntrySize)+fleet.Layout+"/"+strconv.Itoa(table.BucketOf(hash, buckets)), v)
+
+		count := func(n int) (admitted int) {
+			for range n {
+				r := e.do(0, user)
+				if r.Status == 200 {
+					admitted++
+					if q := filterstate.Fields(r.FilterState)["quota"]; q != "degraded" {
+						t.Fatalf("left %d: a request admitted with quota %q, want degraded (cut off)", left, q)
+					}
+				}
+			}
+			return admitted
+		}
+		got := count(30)
+		if got > int(left) || (left > 0 && got == 0) {
+			t.Errorf("left %d: admitted %d of 30 by itself in the window, want at most %d (and some)", left, got, left)
+		}
+		clock.Advance(time.Minute)
+		if next := count(30); next <= int(left) {
+			t.Errorf("left %d: admitted %d of 30 in the next window, want more (the share of the whole limit)", left, next)
+		}
+		t.Logf("left %d: admitted %d by itself in its window", left, got)
+		h.Close()
+	}
+}

@@ -200,7 +200,20 @@ type KeyResult struct {
 	// by itself (on_quota_failure "local"). Written only when the request carried
 	// EnvoysHeader, so an Envoy built before the field never receives it.
 	Envoys uint32
+	// Left ["left"] and LeftFor ["left_for_ns"]: for a fixed_window rule, this
+	// Envoy's share of what the window had left beyond every lease once this
+	// answer was decided, ⌊remaining/Envoys⌋ units, and how long that window
+	// still runs from the decision (until its end; never 0 when written). An
+	// Envoy that cannot reach the service admits by itself (on_quota_failure
+	// "local") at most Left units in that window, not its share of the limit.
+	// Written only when the request carried LeftHeader (LeftFor 0: not said).
+	Left    uint64
+	LeftFor time.Duration
 }
+
+// LeftHeader is the HTTP request header by which a quota client says it reads
+// KeyResult.Left and LeftFor (any non-empty value), negotiated as EnvoysHeader.
+const LeftHeader = "sluice-quota-left"
 
 // EnvoysHeader is the HTTP request header by which a quota client says it reads
 // KeyResult.Envoys (any non-empty value): servers that predate the field ignore
@@ -521,7 +534,8 @@ func AppendRequest(dst []byte, r *Request) []byte {
 }
 
 // AppendResponse appends r as canonical JSON (members in the order of the struct
-// fields; a key's "envoys" only when non-zero, "charges" only when true) to dst.
+// fields; a key's "envoys" only when non-zero, "left" and "left_for_ns" only
+// when LeftFor is positive, "charges" only when true) to dst.
 func AppendResponse(dst []byte, r *Response) []byte {
 	w := strictjson.NewWriter(dst)
 	w.BeginObject()
@@ -553,6 +567,12 @@ func AppendResponse(dst []byte, r *Response) []byte {
 		if k.Envoys > 0 {
 			w.AppendKey("envoys")
 			w.AppendUint(uint64(k.Envoys))
+		}
+		if k.LeftFor > 0 {
+			w.AppendKey("left")
+			w.AppendUint(k.Left)
+			w.AppendKey("left_for_ns")
+			w.AppendInt(int64(k.LeftFor))
 		}
 		w.EndObject()
 	}
@@ -603,6 +623,11 @@ func DecodeResponse(data []byte) (*Response, error) {
 					case "envoys":
 						v, _ := d.Uint64()
 						k.Envoys = uint32(min(v, 1<<32-1))
+					case "left":
+						k.Left, _ = d.Uint64()
+					case "left_for_ns":
+						v, _ := d.Int64()
+						k.LeftFor = time.Duration(max(v, 0))
 					default:
 						return d.UnknownField()
 					}

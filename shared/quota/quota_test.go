@@ -40,6 +40,8 @@ func TestResponseRoundTrip(t *testing.T) {
 		{Key: "k", Status: StatusPartial, Granted: 4, Held: 9, Returned: 2, ExpiresIn: time.Second, RetryAfter: time.Millisecond},
 		{Key: "k2", Status: StatusRefused, RetryAfter: time.Duration(1<<63 - 1)},
 		{Key: "k3", Status: StatusGranted, Granted: 1, Held: 1, ExpiresIn: time.Second, Envoys: 7},
+		{Key: "k4", Status: StatusGranted, Envoys: 3, Left: 0, LeftFor: 9 * time.Second},
+		{Key: "k5", Status: StatusRefused, Envoys: 3, Left: 41, LeftFor: time.Nanosecond},
 	}}
 	got, err := DecodeResponse(AppendResponse(nil, r))
 	if err != nil {

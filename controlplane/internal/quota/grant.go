@@ -619,6 +619,12 @@ func (f *fleetLimiter) record(d *decision, granted uint64) {
 		d.res.ExpiresIn = time.Duration(me.exp - now)
 	}
 	l.state = d.cur
+	if f.alg == limit.FixedWindow && d.ao == nil && int64(tag) > now {
+		// What a cut-off Envoy may admit by itself in this window: its share
+		// of what the window has left beyond every lease (quota.KeyResult.Left).
+		left := f.lim.Decide(d.cur, d.tmp, now, 0).Remaining
+		d.res.Left, d.res.LeftFor = left/(d.others+1), time.Duration(int64(tag)-now)
+	}
 }
 
 // debtUnits returns ⌊D/Window⌋, the whole units a token_bucket or gcra state lacks

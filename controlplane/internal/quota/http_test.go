@@ -111,6 +111,48 @@ func TestAnswersSayHowManyEnvoysShareTheKeyToClientsThatAsk(t *testing.T) {
 	}
 }
 
+// TestAnswersSayWhatTheWindowHasLeftToClientsThatAsk: a fixed window's answer
+// to a client sending the sluice-quota-left header carries its share of what
+// the window has left beyond every lease (⌊remaining/Envoys⌋) and how long the
+// window still runs; a client without the header never gets the members, nor
+// does a key of another algorithm.
+func TestAnswersSayWhatTheWindowHasLeftToClientsThatAsk(t *testing.T) {
+	clk := &clock{}
+	clk.set(base() + int64(20*time.Second))
+	srv := serve(t, New(Options{Backend: NewMemory(), Policies: newPolicies(t), Open: true, Now: clk.Now}))
+	post := func(envoy string, want int, header bool) quota.KeyResult {
+		t.Helper()
+		body := strings.Replace(okBody, `"envoy":"e"`, `"envoy":"`+envoy+`"`, 1)
+		body = strings.Replace(body, `"want":1`, `"want":`+strconv.Itoa(want), 1)
+		var h []string
+		if header {
+			h = []string{quota.LeftHeader, "1"}
+		}
+		resp, err := quota.DecodeResponse([]byte(postQuota(t, srv.URL, body, h...)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Keys[0]
+	}
+	// 1000 a minute: e1 takes 100, e2 then 300 (within its fair share of 500),
+	// and 600 are left for the two, 300 each, for the 40 s the window runs.
+	if r := post("e1", 100, true); r.Left != 900 || r.LeftFor != 40*time.Second {
+		t.Fatalf("e1 alone after 100 granted: %+v, want left 900 (alone) for 40s", r)
+	}
+	if r := post("e2", 300, true); r.Granted != 300 || r.Left != 300 || r.LeftFor != 40*time.Second {
+		t.Fatalf("e2 after 300 granted: %+v, want left 300 (600 for two) for 40s", r)
+	}
+	if r := post("e2", 1, false); r.Left != 0 || r.LeftFor != 0 {
+		t.Fatalf("an answer to a client without the header: %+v", r)
+	}
+	body := strings.Replace(okBody, `p/fw:`, `p/tw:`, 1)
+	body = strings.Replace(body, `"rule":"fw"`, `"rule":"tw"`, 1)
+	resp, err := quota.DecodeResponse([]byte(postQuota(t, srv.URL, body, quota.LeftHeader, "1")))
+	if err != nil || resp.Keys[0].LeftFor != 0 || resp.Keys[0].Status != quota.StatusGranted {
+		t.Fatalf("a time_wheel key: %+v %v, want granted and no left", resp, err)
+	}
+}
+
 func TestMalformedQuotaBodiesAre400NamingTheField(t *testing.T) {
 	clk := &clock{}
 	clk.set(base())

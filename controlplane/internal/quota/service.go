@@ -277,9 +277,14 @@ func (s *Service) serve(w http.ResponseWriter, r *http.Request) int {
 	}
 	// Charges are booked (settle): a client that reads the member learns so.
 	resp.Charges = r.Header.Get(quota.ChargeHeader) != ""
-	if r.Header.Get(quota.EnvoysHeader) == "" {
-		for i := range resp.Keys {
-			resp.Keys[i].Envoys = 0 // a client that does not read the member never gets it
+	envoys, left := r.Header.Get(quota.EnvoysHeader) != "", r.Header.Get(quota.LeftHeader) != ""
+	for i := range resp.Keys {
+		// A client that does not read a member never gets it.
+		if !envoys {
+			resp.Keys[i].Envoys = 0
+		}
+		if !left {
+			resp.Keys[i].Left, resp.Keys[i].LeftFor = 0, 0
 		}
 	}
 	httpjson.WriteRaw(w, http.StatusOK, quota.AppendResponse(make([]byte, 0, 64+len(resp.Keys)*160), resp))

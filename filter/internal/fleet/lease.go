@@ -11,7 +11,7 @@
 // plugin uses entries_per_bucket). A bucket's value is its entries back to
 // back, EntrySize bytes each, little-endian:
 //
-//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64 | charge u64 | charge_until i64 | reported i64
+//	hash u64 | held u64 | used u64 | expiry i64 | sent i64 | fingerprint u64 | last_use i64 | claim i64 | charge u64 | charge_until i64 | reported i64 | left u64 | left_until i64
 //
 // A value whose length is not a multiple of EntrySize is corrupt and read as
 // empty. An entry is found by the key's hash (the same SipHash the counter
@@ -36,10 +36,12 @@ const (
 	offCharge
 	offChargeUntil
 	offReported
+	offLeft
+	offLeftUntil
 	offEnd
 )
 
-// EntrySize is the encoded size of an Entry in bytes (88).
+// EntrySize is the encoded size of an Entry in bytes (104).
 const EntrySize = offEnd
 
 // Layout names what the fields of an encoded Entry mean beyond their size: "c",
@@ -88,6 +90,14 @@ type Entry struct {
 	// since Reported is the whole Envoy's rate, which no worker's own reports
 	// show.
 	Reported int64
+	// Left is what the quota service last said this Envoy may admit for the
+	// key by itself in the current fixed window, should it lose the service
+	// (its share of what the window had left beyond every lease,
+	// quota.KeyResult.Left), valid until LeftUntil, Unix ns (the window's end
+	// as the answer gave it; 0: never said). A cut-off worker's local share
+	// of the limit is at most Left.
+	Left      uint64
+	LeftUntil int64
 }
 
 // AddCharge adds units admitted without a lease to e's charge at now; until is
@@ -221,6 +231,7 @@ func decode(b []byte) Entry {
 		Fingerprint: le.Uint64(b[offFingerprint:]), LastUse: int64(le.Uint64(b[offLastUse:])), Claim: int64(le.Uint64(b[offClaim:])),
 		Charge: le.Uint64(b[offCharge:]), ChargeUntil: int64(le.Uint64(b[offChargeUntil:])),
 		Reported: int64(le.Uint64(b[offReported:])),
+		Left:     le.Uint64(b[offLeft:]), LeftUntil: int64(le.Uint64(b[offLeftUntil:])),
 	}
 }
 
@@ -240,4 +251,6 @@ func encode(b []byte, e Entry) {
 	le.PutUint64(b[offCharge:], e.Charge)
 	le.PutUint64(b[offChargeUntil:], uint64(e.ChargeUntil))
 	le.PutUint64(b[offReported:], uint64(e.Reported))
+	le.PutUint64(b[offLeft:], e.Left)
+	le.PutUint64(b[offLeftUntil:], uint64(e.LeftUntil))
 }

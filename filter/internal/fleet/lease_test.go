@@ -53,9 +53,10 @@ func TestCorruptBucketReadsEmpty(t *testing.T) {
 	}
 }
 
-// Every field survives the encoding, the charge ones included.
+// Every field survives the encoding, the charge and left ones included.
 func TestAnEntryRoundTripsEveryField(t *testing.T) {
-	e := Entry{Hash: 1, Held: 2, Used: 3, Expiry: 4, Sent: 5, Fingerprint: 6, LastUse: 7, Claim: 8, Charge: 9, ChargeUntil: 10}
+	e := Entry{Hash: 1, Held: 2, Used: 3, Expiry: 4, Sent: 5, Fingerprint: 6, LastUse: 7, Claim: 8, Charge: 9, ChargeUntil: 10,
+		Reported: 11, Left: 12, LeftUntil: 13}
 	b, _ := Put(nil, nil, e, 1, 0)
 	if got, _, ok := Find(b, 1); !ok || got != e || len(b) != EntrySize {
 		t.Fatalf("round trip: %+v (%d bytes), want %+v", got, len(b), e)

@@ -103,6 +103,9 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			k.Envoys = resp.Keys[i].Envoys
 			c.ruleEnvoys[k.RuleID] = k.Envoys
 		}
+		if resp != nil && ok && quota.Recorded(resp.Keys[i].Status) && resp.Keys[i].LeftFor > 0 {
+			c.noteLeft(k, r, &resp.Keys[i], cl.sent, now)
+		}
 		if resp != nil && ok && (hold > 0 || i == 0 || cl.keys[i-1].RuleID != k.RuleID) {
 			// Every worker learns the service answers, its count, and a hold.
 			c.noteAnswer(r, resp.Keys[i].Envoys, now, hold)
@@ -162,6 +165,25 @@ func (c *Client) restore(k *Key, r Rule, it item, now int64) {
 		if it.back > 0 && now < e.Expiry && e.Sent == it.leaseSent {
 			e.Held += it.back
 		}
+		return true
+	})
+}
+
+// noteLeft keeps in k's lease entry what the answer res to a call sent at
+// sent, applied at now, said the Envoy may admit by itself in the key's window
+// (fleet.Entry.Left), until the window's end measured from the send (the
+// service decided later, so the entry's end comes no later than the window's).
+// An entry is made for it if the key has none; an unchanged one is not
+// written.
+func (c *Client) noteLeft(k *Key, r Rule, res *quota.KeyResult, sent, now int64) {
+	fp, until := r.Fingerprint, sent+int64(res.LeftFor)
+	c.ModifyLease(r.LeaseKeys[k.Bucket], k.Hash, now, func(e *fleet.Entry, found bool) bool {
+		if !found || e.Fingerprint != fp {
+			*e = fleet.Entry{Hash: k.Hash, Fingerprint: fp}
+		} else if e.Left == res.Left && e.LeftUntil == until {
+			return false
+		}
+		e.Left, e.LeftUntil = res.Left, until
 		return true
 	})
 }

@@ -36,7 +36,7 @@ func (q quotaHost) Call(body []byte, timeout time.Duration, onAnswer func(status
 	cp := q.p.cfg.ControlPlane
 	headers := [][2]string{
 		{":method", "POST"}, {":path", quotaPath}, {":authority", cp.Authority},
-		{"content-type", "application/json"}, {quota.EnvoysHeader, "1"}, {quota.ChargeHeader, "1"},
+		{"content-type", "application/json"}, {quota.EnvoysHeader, "1"}, {quota.ChargeHeader, "1"}, {quota.LeftHeader, "1"},
 	}
 	if cp.QuotaToken != "" {
 		headers = append(headers, [2]string{"authorization", "Bearer " + cp.QuotaToken})

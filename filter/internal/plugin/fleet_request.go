@@ -98,6 +98,17 @@ func (p *pluginContext) degrade(ev *eval, now, until int64) bool {
 	// refilled share times slower, which moves the same state as the charge
 	// would (localLimiter), and leaves a burst of at least the request.
 	share := localShare(rs.cr.Rule.LocalSharePermille, p.fleet.client.Envoys(rs.cr.ID, p.fleet.client.Lookup(viewString(p.s.key[ev.keyOff:ev.keyEnd]))))
+	if left, leftUntil, ok := leftOf(ev, now); ok {
+		// A fixed window: at most what the service last said the window had
+		// left for this Envoy, not its share of the whole limit.
+		if left == 0 {
+			ev.fl.charge = 0
+			ev.dec = limit.Decision{Allowed: false, Limit: rs.fleet.limit, RetryAfter: max(time.Duration(until-now), time.Second), Reset: time.Duration(leftUntil - now)}
+			return true
+		}
+		l := max(rs.cr.Config.Limit, 1)
+		share = max(share, l/left+min(l%left, 1))
+	}
 	perRequest := false
 	if share > 1 {
 		charge := satMul(ev.cost, share)
@@ -205,6 +216,23 @@ func localShare(permille uint32, n uint32) uint64 {
 		return most
 	}
 	return min(uint64(n), most)
+}
+
+// leftOf returns, for a fixed_window fleet rule, what the quota service last
+// said the window had left for this Envoy (fleet.Entry.Left, from the lease
+// entry read for ev) and when that window ends; false for another algorithm,
+// with no such answer, or once that window is over (the local share is then
+// the limit's, localShare).
+func leftOf(ev *eval, now int64) (left uint64, until int64, ok bool) {
+	rs := ev.rule
+	if rs.cr.Config.Algorithm != limit.FixedWindow || !ev.fl.read {
+		return 0, 0, false
+	}
+	e, _, found := fleet.Find(ev.value, ev.hash)
+	if !found || e.Fingerprint != rs.cr.Fingerprint || now >= e.LeftUntil {
+		return 0, 0, false
+	}
+	return e.Left, e.LeftUntil, true
 }
 
 // satMul is a·b, or the largest uint64 if that overflows.

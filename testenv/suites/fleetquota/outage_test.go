@@ -350,3 +350,87 @@ func TestAnEnvoyCutOffAloneLeavesTheOthersTheirShares(t *testing.T) {
 		}
 	}
 }
+
+// spend sends rounds of one request to each Envoy until the fleet has
+// admitted n in all, at most rounds rounds.
+func (f *fleetOfThree) spend(n, rounds int) {
+	f.t.Helper()
+	for r := 0; r < rounds && f.total() < n; r++ {
+		for i := range f.envoys {
+			f.do(i)
+		}
+	}
+	if f.total() < n {
+		f.t.Fatalf("the Envoys admitted %v in %d rounds, want %d in all", f.admitted, rounds, n)
+	}
+}
+
+// TestCutOffEnvoysAdmitAtMostWhatTheWindowHadLeft: three Envoys share a user's
+// key of 300 an hour with demand above it. Mid-window (150 admitted), every
+// Envoy loses the quota service, and each admits by itself at most its share
+// of what the window had left beyond every lease at its last answer
+// (quota.KeyResult.Left; here the leases, sized to a fast demand, hold each
+// Envoy's whole share, so nothing), not a third of L: the window admits at
+// most L, and, reconnected, L with demand left. (A third of L each took the
+// window to about 1.5 L.)
+func TestCutOffEnvoysAdmitAtMostWhatTheWindowHadLeft(t *testing.T) {
+	const limit = 300
+	f := startFleetOfThree(t, limit)
+	f.join()
+	f.spend(limit/2, 2*limit)
+	f.join() // every Envoy answered after the others' last grants
+	before := f.total()
+	for i := range f.envoys {
+		f.cut(i, true)
+	}
+	for n := 0; n < limit; n++ {
+		for i := range f.envoys {
+			f.do(i)
+		}
+	}
+	local := f.local
+	f.reconnect()
+	f.drain(3 * limit)
+	t.Logf("admitted %d before the cut, %v in all (%d); by themselves while cut off %v, L = %d", before, f.admitted, f.total(), local, limit)
+	if got := f.total(); got > limit || got < limit*98/100 {
+		t.Errorf("the window admitted %d, want L = %d (at least %d) with demand left, never more", got, limit, limit*98/100)
+	}
+}
+
+// TestAnEnvoyCutOffAdmitsAtMostWhatWasLeftForIt: three Envoys share a user's
+// key of 300 an hour with demand above it; one alone loses the quota service,
+// mid-window (150 admitted) and late (240), while the other two spend what is
+// left. What it admits by itself is at most its share of what the window had
+// left beyond every lease at its last answer, ⌊R/3⌋; the others, not knowing
+// of it, may take that share too, so the window admits at most L plus it
+// (L + (L − admitted before)/3 at most; late, within 5 % of L), and L with
+// demand left. (A third of L by itself took the window to about 400.)
+func TestAnEnvoyCutOffAdmitsAtMostWhatWasLeftForIt(t *testing.T) {
+	const limit = 300
+	for _, at := range []int{150, 240} {
+		t.Run(strconv.Itoa(at), func(t *testing.T) {
+			f := startFleetOfThree(t, limit)
+			f.join()
+			f.spend(at, 2*limit)
+			f.join()
+			before := f.total()
+			f.cut(0, true)
+			for n := 0; n < limit; n++ {
+				for i := range f.envoys {
+					f.do(i)
+				}
+			}
+			local := f.local
+			f.reconnect()
+			f.drain(3 * limit)
+			t.Logf("admitted %d before the cut, %v in all (%d); Envoy 0 by itself while cut off %d, L = %d", before, f.admitted, f.total(), local[0], limit)
+			most := limit + (limit-min(before, limit))/3
+			if at >= 240 {
+				most = min(most, limit*105/100)
+			}
+			if got := f.total(); got > most || got < limit*98/100 {
+				t.Errorf("the window admitted %d, want L = %d (at least %d) with demand left, at most %d", got, limit, limit*98/100, most)
+			}
+		})
+	}
+}
