@@ -336,7 +336,7 @@ const refillPeriod = 60 * time.Second
 
 // tokensFor returns the largest max_tokens M whose assignment, alive for less than
 // ttl+1 s, lets Envoy admit at most units: a full bucket of M that refills M per
-// refillPeriod admits at most M + ⌊M·life/refillPeriod⌋.
+// refillPeriod admits at most M + ⌈M·life/refillPeriod⌉ − 1 (reserved).
 func tokensFor(units uint64, ttl time.Duration) uint64 {
 	life := uint64((ttl + time.Second) / time.Second)
 	p := uint64(refillPeriod / time.Second)
@@ -350,5 +350,14 @@ func tokensFor(units uint64, ttl time.Duration) uint64 {
 	return min(m, 1<<32-1)
 }
 
-// reserved is what a bucket of m tokens can admit over life seconds.
-func reserved(m, life, p uint64) uint64 { return m + m*life/p }
+// reserved is the most a full bucket of m tokens, refilling m per p seconds,
+// can admit while alive for less than life seconds: m, and the whole tokens
+// refilled before life, the largest integer below m·life/p, which is
+// ⌈m·life/p⌉ − 1 (one token fewer than ⌊m·life/p⌋ when m·life is a multiple
+// of p: the last of those would come at life, too late).
+func reserved(m, life, p uint64) uint64 {
+	if m == 0 {
+		return 0
+	}
+	return m + (m*life+p-1)/p - 1
+}

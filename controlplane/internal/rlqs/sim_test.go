@@ -60,6 +60,7 @@ const simPolicy = `{"policy":"p","identity":{"user_header":"x-user-id"},"exempt"
  {"id":"ip","match":{"path_prefix":"/ip"},"key":["client_ip"],"algorithm":"fixed_window","limit":300,"window":"10s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w2","match":{"path_prefix":"/w2"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"2s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w5","match":{"path_prefix":"/w5"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"5s","scope":"fleet","on_quota_failure":"deny"},
+ {"id":"w5half","match":{"path_prefix":"/w5half"},"key":["user"],"algorithm":"fixed_window","limit":50,"window":"5s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w10","match":{"path_prefix":"/w10"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"10s","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w60","match":{"path_prefix":"/w60"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"1m","scope":"fleet","on_quota_failure":"deny"},
  {"id":"w10local","match":{"path_prefix":"/w10local"},"key":["user"],"algorithm":"fixed_window","limit":100,"window":"10s","scope":"fleet"},
