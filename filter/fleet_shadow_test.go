@@ -47,26 +47,7 @@ func TestShadowFleetLeaseDrainedAtCommitKeepsEnforcedCharge(t *testing.T) {
 	e := &env{t: t, h: h, clock: clock}
 	user := func(u string) req { return req{path: "/x", headers: host.Headers{{"x-user-id", u}}} }
 	e.do(0, user("warm-up")) // the hash key and buckets exist now
-
-	p, err := rules.ParsePolicy([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := rules.Compile(p, rules.CompileOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _ := c.AppendKey(nil, 1, &rules.Request{User: "gina"})
-	raw, _, _ := h.SharedData("sluice/hashkey")
-	hk, ok := siphash.KeyFromBytes(raw)
-	if !ok {
-		t.Fatal("no hash key")
-	}
-	hash := siphash.Sum64(hk, key)
-	buckets, entries := config.DefaultBucketsPerRule, config.DefaultEntriesPerBucket
-	lease := fleet.Entry{Hash: hash, Held: 100, Expiry: epoch.Add(time.Hour).UnixNano(), Fingerprint: c.Rule(1).Fingerprint}
-	v, _ := fleet.Put(nil, nil, lease, entries, 0)
-	h.SetSharedData("sluice/p/s/e"+strconv.Itoa(entries)+"b"+strconv.Itoa(buckets)+"/q"+strconv.Itoa(fleet.EntrySize)+fleet.Layout+"/"+strconv.Itoa(table.BucketOf(hash, buckets)), v)
+	putLease(t, h, doc, 1, "gina", fleet.Entry{Held: 100, Expiry: epoch.Add(time.Hour).UnixNano()})
 
 	armed.Store(true)
 	if r := e.do(0, user("gina")); r.Status != 200 {
@@ -103,26 +84,7 @@ func TestACutOffEnvoyAdmitsAtMostWhatTheWindowHadLeftForIt(t *testing.T) {
 		e := &env{t: t, h: h, clock: clock}
 		user := req{path: "/x", headers: host.Headers{{"x-user-id", "gina"}}}
 		e.do(0, req{path: "/x", headers: host.Headers{{"x-user-id", "warm-up"}}}) // the hash key and buckets exist now
-
-		p, err := rules.ParsePolicy([]byte(doc))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := rules.Compile(p, rules.CompileOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		key, _ := c.AppendKey(nil, 0, &rules.Request{User: "gina"})
-		raw, _, _ := h.SharedData("sluice/hashkey")
-		hk, ok := siphash.KeyFromBytes(raw)
-		if !ok {
-			t.Fatal("no hash key")
-		}
-		hash := siphash.Sum64(hk, key)
-		buckets, entries := config.DefaultBucketsPerRule, config.DefaultEntriesPerBucket
-		lease := fleet.Entry{Hash: hash, Fingerprint: c.Rule(0).Fingerprint, Left: left, LeftUntil: epoch.Add(time.Minute).UnixNano()}
-		v, _ := fleet.Put(nil, nil, lease, entries, 0)
-		h.SetSharedData("sluice/p/f/e"+strconv.Itoa(entries)+"b"+strconv.Itoa(buckets)+"/q"+strconv.Itoa(fleet.EntrySize)+fleet.Layout+"/"+strconv.Itoa(table.BucketOf(hash, buckets)), v)
+		putLease(t, h, doc, 0, "gina", fleet.Entry{Left: left, LeftUntil: epoch.Add(time.Minute).UnixNano()})
 
 		count := func(n int) (admitted int) {
 			for range n {
@@ -147,4 +109,29 @@ func TestACutOffEnvoyAdmitsAtMostWhatTheWindowHadLeftForIt(t *testing.T) {
 		t.Logf("left %d: admitted %d by itself in its window", left, got)
 		h.Close()
 	}
+}
+
+// putLease stores e, its Hash and Fingerprint filled in, as the lease entry of
+// user's key of rule i of policy doc (named "p", keyed by user) in the shared
+// data the filter's workers read, with the default table sizes.
+func putLease(t *testing.T, h *host.Host, doc string, i int, user string, e fleet.Entry) {
+	t.Helper()
+	p, err := rules.ParsePolicy([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rules.Compile(p, rules.CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := c.AppendKey(nil, i, &rules.Request{User: user})
+	raw, _, _ := h.SharedData("sluice/hashkey")
+	hk, ok := siphash.KeyFromBytes(raw)
+	if !ok {
+		t.Fatal("no hash key")
+	}
+	e.Hash, e.Fingerprint = siphash.Sum64(hk, key), c.Rule(i).Fingerprint
+	buckets, entries := config.DefaultBucketsPerRule, config.DefaultEntriesPerBucket
+	v, _ := fleet.Put(nil, nil, e, entries, 0)
+	h.SetSharedData("sluice/p/"+c.Rule(i).ID+"/e"+strconv.Itoa(entries)+"b"+strconv.Itoa(buckets)+"/q"+strconv.Itoa(fleet.EntrySize)+fleet.Layout+"/"+strconv.Itoa(table.BucketOf(e.Hash, buckets)), v)
 }

@@ -20,13 +20,8 @@ import (
 func TestATopUpNeverTakesAnotherEnvoysUnclaimedShare(t *testing.T) {
 	for _, bk := range singleBackends {
 		t.Run(bk.name, func(t *testing.T) {
-			clk := &clock{}
-			clk.set(base() + int64(time.Second))
-			p := newPolicies(t)
-			p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
-				`"id":"fw","algorithm":"fixed_window","limit":300`, 1))
 			b, _, _, _ := bk.open(t)
-			s := newService(t, b, p, clk)
+			s, clk := newService300(t, b)
 			key := globalKey("fw")
 			es := newEnvoys(3)
 			a, bb, c := es[0], es[1], es[2]
@@ -79,12 +74,7 @@ func TestATopUpNeverTakesAnotherEnvoysUnclaimedShare(t *testing.T) {
 // not with a quarter of what the others have not claimed yet (which left one
 // of them a unit short, refused while the other held it).
 func TestATopUpTakesTheRestOfItsOwnShareAndNoneOfTheOthers(t *testing.T) {
-	clk := &clock{}
-	clk.set(base() + int64(time.Second))
-	p := newPolicies(t)
-	p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
-		`"id":"fw","algorithm":"fixed_window","limit":300`, 1))
-	s := newService(t, NewMemory(), p, clk)
+	s, clk := newService300(t, NewMemory())
 	key := globalKey("fw")
 	es := newEnvoys(3)
 	for _, e := range es {
@@ -98,4 +88,16 @@ func TestATopUpTakesTheRestOfItsOwnShareAndNoneOfTheOthers(t *testing.T) {
 	if r := ask(t, s, es[0], "fw", key, 30, 0, 1<<20); r.Granted != 1 || r.Held != 54 {
 		t.Errorf("a's top-up, 99 of its 100 granted and 53 unspent: granted %d, held %d; want 1 (the rest of its share), 54", r.Granted, r.Held)
 	}
+}
+
+// newService300 is a service on b whose rule fw is a fixed window of 300 a
+// minute, and its clock, a second into a minute.
+func newService300(t *testing.T, b Backend) (*Service, *clock) {
+	t.Helper()
+	clk := &clock{}
+	clk.set(base() + int64(time.Second))
+	p := newPolicies(t)
+	p.set(t, strings.Replace(testPolicyDoc, `"id":"fw","algorithm":"fixed_window","limit":1000`,
+		`"id":"fw","algorithm":"fixed_window","limit":300`, 1))
+	return newService(t, b, p, clk), clk
 }

@@ -365,6 +365,31 @@ func (f *fleetOfThree) spend(n, rounds int) {
 	}
 }
 
+// blip has the Envoys in cut lose the quota service once the fleet admitted
+// at least at (and every Envoy was answered after the others' last grants),
+// offers limit rounds to every Envoy meanwhile, reconnects them and drains
+// the window; it returns what was admitted before the cut and what each
+// Envoy admitted by itself while cut off.
+func (f *fleetOfThree) blip(limit, at int, cut []int) (before int, local [3]int) {
+	f.t.Helper()
+	f.join()
+	f.spend(at, 2*limit)
+	f.join()
+	before = f.total()
+	for _, i := range cut {
+		f.cut(i, true)
+	}
+	for n := 0; n < limit; n++ {
+		for i := range f.envoys {
+			f.do(i)
+		}
+	}
+	local = f.local
+	f.reconnect()
+	f.drain(3 * limit)
+	return before, local
+}
+
 // TestCutOffEnvoysAdmitAtMostWhatTheWindowHadLeft: three Envoys share a user's
 // key of 300 an hour with demand above it. Mid-window (150 admitted), every
 // Envoy loses the quota service, and each admits by itself at most its share
@@ -376,21 +401,7 @@ func (f *fleetOfThree) spend(n, rounds int) {
 func TestCutOffEnvoysAdmitAtMostWhatTheWindowHadLeft(t *testing.T) {
 	const limit = 300
 	f := startFleetOfThree(t, limit)
-	f.join()
-	f.spend(limit/2, 2*limit)
-	f.join() // every Envoy answered after the others' last grants
-	before := f.total()
-	for i := range f.envoys {
-		f.cut(i, true)
-	}
-	for n := 0; n < limit; n++ {
-		for i := range f.envoys {
-			f.do(i)
-		}
-	}
-	local := f.local
-	f.reconnect()
-	f.drain(3 * limit)
+	before, local := f.blip(limit, limit/2, []int{0, 1, 2})
 	t.Logf("admitted %d before the cut, %v in all (%d); by themselves while cut off %v, L = %d", before, f.admitted, f.total(), local, limit)
 	if got := f.total(); got > limit || got < limit*98/100 {
 		t.Errorf("the window admitted %d, want L = %d (at least %d) with demand left, never more", got, limit, limit*98/100)
@@ -410,19 +421,7 @@ func TestAnEnvoyCutOffAdmitsAtMostWhatWasLeftForIt(t *testing.T) {
 	for _, at := range []int{150, 240} {
 		t.Run(strconv.Itoa(at), func(t *testing.T) {
 			f := startFleetOfThree(t, limit)
-			f.join()
-			f.spend(at, 2*limit)
-			f.join()
-			before := f.total()
-			f.cut(0, true)
-			for n := 0; n < limit; n++ {
-				for i := range f.envoys {
-					f.do(i)
-				}
-			}
-			local := f.local
-			f.reconnect()
-			f.drain(3 * limit)
+			before, local := f.blip(limit, at, []int{0})
 			t.Logf("admitted %d before the cut, %v in all (%d); Envoy 0 by itself while cut off %d, L = %d", before, f.admitted, f.total(), local[0], limit)
 			most := limit + (limit-min(before, limit))/3
 			if at >= 240 {

@@ -5,10 +5,6 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/sluice-proxy/sluice/testenv/internal/bootstrap"
-	"github.com/sluice-proxy/sluice/testenv/testkit/envoyproc"
-	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
 )
 
 // rlqsAlignedLimit is L of rlqsAlignedPolicy's 5 s rule: four Envoys' fair
@@ -32,7 +28,6 @@ var rlqsAlignedPolicy = `{"policy":"fleet","identity":{"tenant_header":"x-tenant
 // refill it could never reach; 40 halfway, never followed up at the window's
 // turn.)
 func TestEnvoysOwnRateLimitQuotaFilterWithAlignedReportsAdmitsNearlyTheLimit(t *testing.T) {
-	envoyproc.Binary(t, repo)
 	for _, c := range []struct {
 		name        string
 		phase, warm time.Duration
@@ -41,19 +36,7 @@ func TestEnvoysOwnRateLimitQuotaFilterWithAlignedReportsAdmitsNearlyTheLimit(t *
 		{"halfway through the window", 2500 * time.Millisecond, 25 * time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cpAddr, grpcAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
-			cp := startProc(t, "control plane", "sluice-controlplane", []string{"--listen", cpAddr, "--grpc-listen", grpcAddr,
-				"--data-dir", t.TempDir(), "--log-level", "warn"}, tokens)
-			proctest.AwaitHTTP(t, "http://"+cpAddr+"/readyz", readyTimeout, cp)
-			proctest.PutPolicy(t, cpAddr, "fleet", adminToken, rlqsAlignedPolicy)
-			up := startUpstream(t)
-			cfgFile := rlqsBootstrap(t, rlqsAlignedPolicy, "default", grpcAddr, up)
-			var envoys []*envoyproc.Envoy
-			for i := 0; i < 4; i++ {
-				envoys = append(envoys, envoyproc.Start(t, envoyproc.Options{Name: "rlqs-aligned-" + strconv.Itoa(i), Root: repo, Config: cfgFile,
-					Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
-						Clusters: map[string]string{"upstream": up, "sluice_rlqs": grpcAddr}}}))
-			}
+			envoys := startRLQSEnvoys(t, "rlqs-aligned-", rlqsAlignedPolicy)
 			// Envoy reports every 5 s from its first request: every Envoy gets
 			// its first at one moment, the phase into a 5 s window.
 			start := time.Now().Truncate(rlqsWindow).Add(2 * rlqsWindow)

@@ -63,21 +63,7 @@ var rlqsPolicy = `{"policy":"fleet","identity":{"tenant_header":"x-tenant-id"},"
 // follow-ups between reports. (Requests are not sent within 30 ms of a window
 // edge, so that the client's clock and Envoy's agree on each request's window.)
 func TestEnvoysOwnRateLimitQuotaFilterAdmitsNearlyTheLimitAndNeverMore(t *testing.T) {
-	envoyproc.Binary(t, repo)
-	cpAddr, grpcAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
-	cp := startProc(t, "control plane", "sluice-controlplane", []string{"--listen", cpAddr, "--grpc-listen", grpcAddr,
-		"--data-dir", t.TempDir(), "--log-level", "warn"}, tokens)
-	proctest.AwaitHTTP(t, "http://"+cpAddr+"/readyz", readyTimeout, cp)
-	proctest.PutPolicy(t, cpAddr, "fleet", adminToken, rlqsPolicy)
-	up := startUpstream(t)
-
-	cfgFile := rlqsBootstrap(t, rlqsPolicy, "default", grpcAddr, up)
-	var envoys []*envoyproc.Envoy
-	for i := 0; i < 4; i++ {
-		envoys = append(envoys, envoyproc.Start(t, envoyproc.Options{Name: "rlqs-" + strconv.Itoa(i), Root: repo, Config: cfgFile,
-			Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
-				Clusters: map[string]string{"upstream": up, "sluice_rlqs": grpcAddr}}}))
-	}
+	envoys := startRLQSEnvoys(t, "rlqs-", rlqsPolicy)
 
 	// From the next 10 s edge until the end of the first whole minute that
 	// starts at least 10 s later (the minute bucket warm by then).
@@ -233,6 +219,29 @@ func offerRLQS(t *testing.T, envoys []*envoyproc.Envoy, path string, w time.Dura
 		}
 	}()
 	return l
+}
+
+// startRLQSEnvoys starts a control plane with its gRPC listener (an embedded
+// store) holding doc as the policy "fleet", the demo upstream, and four Envoys
+// named prefix+i whose rate_limit_quota filter asks it, configured by
+// rlqsBootstrap.
+func startRLQSEnvoys(t *testing.T, prefix, doc string) []*envoyproc.Envoy {
+	t.Helper()
+	envoyproc.Binary(t, repo)
+	cpAddr, grpcAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
+	cp := startProc(t, "control plane", "sluice-controlplane", []string{"--listen", cpAddr, "--grpc-listen", grpcAddr,
+		"--data-dir", t.TempDir(), "--log-level", "warn"}, tokens)
+	proctest.AwaitHTTP(t, "http://"+cpAddr+"/readyz", readyTimeout, cp)
+	proctest.PutPolicy(t, cpAddr, "fleet", adminToken, doc)
+	up := startUpstream(t)
+	cfgFile := rlqsBootstrap(t, doc, "default", grpcAddr, up)
+	var envoys []*envoyproc.Envoy
+	for i := 0; i < 4; i++ {
+		envoys = append(envoys, envoyproc.Start(t, envoyproc.Options{Name: prefix + strconv.Itoa(i), Root: repo, Config: cfgFile,
+			Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
+				Clusters: map[string]string{"upstream": up, "sluice_rlqs": grpcAddr}}}))
+	}
+	return envoys
 }
 
 // rlqsBootstrap writes the bootstrap `sluicectl envoy-config rlqs` generates for
