@@ -141,10 +141,14 @@ func TestAnotherIdentityCannotReturnAnEnvoysUnits(t *testing.T) {
 	if _, k, _ = ask(t, a, p.url, "a-1", 0, 0, 0); k.Held != 100 {
 		t.Fatalf("A's lease after B's returns: %+v, want held 100", k)
 	}
-	// B takes what is left: the window's total stays at the limit.
+	// B takes what is left, spending what it is granted (a lease holding
+	// units unspent takes nothing of A's unclaimed share): the window's total
+	// stays at the limit.
 	total := uint64(100)
+	var held uint64
 	for i := 0; i < 50; i++ {
-		_, k, _ = ask(t, b, p.url, "a-1", 300, 0, 0)
+		_, k, _ = ask(t, b, p.url, "a-1", 300, held, 0)
+		held = k.Held
 		total += k.Granted
 		if k.Status == "refused" {
 			break
