@@ -89,12 +89,14 @@ func TestCutOffEnvoysKeepTheFleetNearItsLimit(t *testing.T) {
 
 // TestACounterLostMidWindowAdmitsAtMostOneMoreLimit: three Envoys share a
 // user's key of 60 an hour (on_quota_failure "local") on a control plane whose
-// Redis is killed after the window's limit was spent through leases, so the
-// Envoys admit their local shares, and then comes back empty, so the service
-// counts the window from zero. What the Envoys admitted by themselves in the
-// window is spent from the first units granted afterwards: the window admits at
-// most 2 L (L through leases before the loss, at most one more L after it,
-// local admissions included), not L more on top of them.
+// Redis is killed mid-window, once each Envoy holds a lease of its first ask
+// (48 of 60) and has heard what the window has left beyond the leases, so the
+// Envoys spend their leases and then admit their shares of what was left by
+// themselves, and then comes back empty, so the service counts the window from
+// zero. What the Envoys admitted by themselves in the window is spent from the
+// first units granted afterwards: the window admits at most 2 L (the leases
+// before the loss, at most one more L after it, local admissions included),
+// not L more on top of them.
 func TestACounterLostMidWindowAdmitsAtMostOneMoreLimit(t *testing.T) {
 	const limit = 60
 	rs := redisproc.Start(t)
@@ -126,20 +128,29 @@ func TestACounterLostMidWindowAdmitsAtMostOneMoreLimit(t *testing.T) {
 		}
 		return denied
 	}
-	// The window's limit is spent through leases, and every Envoy hears that
-	// three share the key.
-	if !proctest.WaitFor(20*time.Second, func() bool { return round() == len(envoys) }) {
-		t.Fatal("the Envoys were never denied")
+	// Every Envoy asks once (a lease of 16), then uses it again, so that its
+	// next report's answer, after the others asked, says that three share the
+	// key and what the window has left for each beyond the leases.
+	round()
+	calls := make([]int64, len(envoys))
+	for i, e := range envoys {
+		calls[i] = e.metric("sluice.quota.calls", 1)
 	}
-	if served != limit || local != 0 {
-		t.Fatalf("before the loss: %d admitted through leases and %d by the Envoys themselves, want %d and 0", served, local, limit)
+	round()
+	for i, e := range envoys {
+		if got := e.metric("sluice.quota.calls", calls[i]+1); got <= calls[i] {
+			t.Fatalf("Envoy %d never reported after its first ask", i)
+		}
+	}
+	if local != 0 {
+		t.Fatalf("before the loss: %d admitted by the Envoys themselves, want 0", local)
 	}
 	rs.Kill()
-	// Until the Envoys have spent their local shares (a third each).
-	proctest.WaitFor(20*time.Second, func() bool {
-		round()
-		return local >= limit
-	})
+	// Until every Envoy is denied: its lease spent, then its share of what was
+	// left admitted by itself.
+	if !proctest.WaitFor(20*time.Second, func() bool { return round() == len(envoys) }) {
+		t.Fatal("the Envoys were never denied while Redis was down")
+	}
 	if local == 0 {
 		t.Fatal("no Envoy admitted anything by itself while Redis was down")
 	}
@@ -157,7 +168,7 @@ func TestACounterLostMidWindowAdmitsAtMostOneMoreLimit(t *testing.T) {
 	for i := 0; i < 2*limit; i++ {
 		round()
 	}
-	t.Logf("admitted %d in the window: %d through leases before the loss, %d by the Envoys themselves", admitted, limit, local)
+	t.Logf("admitted %d in the window: %d through leases, %d by the Envoys themselves", admitted, served, local)
 	if admitted > 2*limit {
 		t.Errorf("the fleet admitted %d in the window, want at most %d (2 L)", admitted, 2*limit)
 	}
