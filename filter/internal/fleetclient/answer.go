@@ -103,9 +103,7 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			k.Envoys = resp.Keys[i].Envoys
 			c.ruleEnvoys[k.RuleID] = k.Envoys
 		}
-		if resp != nil && ok && quota.Recorded(resp.Keys[i].Status) && resp.Keys[i].LeftFor > 0 {
-			c.noteLeft(k, r, &resp.Keys[i], cl.sent, now)
-		}
+		left := resp != nil && ok && quota.Recorded(resp.Keys[i].Status) && resp.Keys[i].LeftFor > 0
 		if resp != nil && ok && (hold > 0 || i == 0 || cl.keys[i-1].RuleID != k.RuleID) {
 			// Every worker learns the service answers, its count, and a hold.
 			c.noteAnswer(r, resp.Keys[i].Envoys, now, hold)
@@ -115,6 +113,9 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 			// stays so until its interval ends (or another worker of the Envoy
 			// was answered, Reachable), however its own report fared.
 			k.hold(hold)
+			if left {
+				c.noteLeft(k, r, &resp.Keys[i], cl.sent, now)
+			}
 			continue
 		}
 		k.call = nil
@@ -124,6 +125,9 @@ func (c *Client) finish(cl *call, resp *quota.Response, now int64) {
 		}
 		if ok {
 			c.apply(k, r, &resp.Keys[i], cl.sent, now)
+			if left { // after the grant, which makes the key's entry
+				c.noteLeft(k, r, &resp.Keys[i], cl.sent, now)
+			}
 		} else {
 			k.FailedUntil = now + interval
 		}
@@ -173,14 +177,13 @@ func (c *Client) restore(k *Key, r Rule, it item, now int64) {
 // sent, applied at now, said the Envoy may admit by itself in the key's window
 // (fleet.Entry.Left), until the window's end measured from the send (the
 // service decided later, so the entry's end comes no later than the window's).
-// An entry is made for it if the key has none; an unchanged one is not
+// A key without an entry gets none for it (making one could evict a live
+// lease from a full bucket: units lost for a number); an unchanged one is not
 // written.
 func (c *Client) noteLeft(k *Key, r Rule, res *quota.KeyResult, sent, now int64) {
 	fp, until := r.Fingerprint, sent+int64(res.LeftFor)
 	c.ModifyLease(r.LeaseKeys[k.Bucket], k.Hash, now, func(e *fleet.Entry, found bool) bool {
-		if !found || e.Fingerprint != fp {
-			*e = fleet.Entry{Hash: k.Hash, Fingerprint: fp}
-		} else if e.Left == res.Left && e.LeftUntil == until {
+		if !found || e.Fingerprint != fp || (e.Left == res.Left && e.LeftUntil == until) {
 			return false
 		}
 		e.Left, e.LeftUntil = res.Left, until

@@ -728,3 +728,32 @@ func TestAWindowedLeaseIsToppedUpOnTheWorkersOwnUse(t *testing.T) {
 		t.Fatalf("a tick between reports made a call for a windowed rule")
 	}
 }
+
+// TestAnAnswerKeepsWhatTheWindowHadLeftInTheLeaseItGranted: an answer's left
+// (a fixed window's share of what was left beyond every lease) lands in the
+// lease entry its grant made, valid until the window's end measured from the
+// send; a refusal for a key that holds no lease makes no entry for it (one
+// could evict a live lease from a full bucket).
+func TestAnAnswerKeepsWhatTheWindowHadLeftInTheLeaseItGranted(t *testing.T) {
+	f := newFixture(t)
+	k := f.key("rl:t:p/r:user=a:60s")
+	sent := f.h.now
+	f.c.Ask([]*Key{k}, sent)
+	f.h.now += int64(10 * time.Millisecond)
+	f.h.answer(f.h.calls[0], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusGranted, Granted: 16, Held: 16, ExpiresIn: 30 * time.Second, Left: 7, LeftFor: 30 * time.Second}
+	})
+	if e := f.lease(k); e.Held != 16 || e.Left != 7 || e.LeftUntil != sent+int64(30*time.Second) {
+		t.Fatalf("lease after the grant: %+v, want 16 held, left 7 until the send + 30s", e)
+	}
+
+	other := f.key("rl:t:p/r:user=b:60s")
+	f.c.Ask([]*Key{other}, f.h.now)
+	f.h.answer(f.h.calls[1], func(quota.KeyRequest) quota.KeyResult {
+		return quota.KeyResult{Status: quota.StatusRefused, RetryAfter: time.Second, LeftFor: 30 * time.Second}
+	})
+	v, _, _ := f.h.GetSharedData(leaseKey)
+	if _, _, found := fleet.Find(v, other.Hash); found {
+		t.Fatal("a refusal of a key without a lease made an entry for its left")
+	}
+}
