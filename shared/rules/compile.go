@@ -111,7 +111,7 @@ func Compile(p *Policy, opts CompileOptions) (*Compiled, error) {
 func (c *Compiled) compileRule(i int, r *Rule) error {
 	var v validator
 	var cfg limit.Config
-	if r.Descriptor != nil && r.Descriptor.Unlimited {
+	if r.Descriptor != nil && r.Descriptor.Passes() {
 		// Never enforced (no request matches it, the rate limit service answers
 		// its descriptors OK): a placeholder limiter keeps every compiled rule
 		// alike for the filter's per-rule state.
@@ -186,7 +186,7 @@ func (c *Compiled) compileRule(i int, r *Rule) error {
 	if ds := r.Descriptor; ds != nil && !ds.HTTP {
 		cr.match.never = true
 		for j := range ds.Entries {
-			if e := &ds.Entries[j]; !e.Exact() {
+			if e := &ds.Entries[j]; !e.Exact() && !e.Shared {
 				tag := string(appendEscaped([]byte("d."), e.Key))
 				cr.parts = append(cr.parts, []keyAlt{{kind: partDescriptor, entry: j, tag: tag}})
 			}

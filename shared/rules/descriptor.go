@@ -51,6 +51,23 @@ type Descriptor struct {
 	// has no algorithm, limit or other limit parameter, no shadow, status or
 	// scope, and no HTTP.
 	Unlimited bool
+	// NoLimit ["no_limit"]: a descriptor the rule names has no limit: it is
+	// answered OK with neither a current limit nor a remaining count, and not
+	// counted, so that a less specific rule does not limit it
+	// (envoyproxy/ratelimit's descriptor without a rate_limit, which its
+	// README calls whitelisting a value). As with Unlimited the rule has only
+	// id, description and descriptor; not both.
+	NoLimit bool
+	// QuotaMode ["quota_mode"]: a descriptor over the limit is answered OK,
+	// with the limit and nothing remaining but no reset, instead of
+	// OVER_LIMIT (envoyproxy/ratelimit's quota_mode: the caller reads the
+	// status and decides). Unlike Shadow the answer says so. Not with HTTP.
+	QuotaMode bool
+	// Name ["name"] is the name the rule's limit carries in answers
+	// (current_limit.name; envoyproxy/ratelimit's rate_limit name, which Envoy
+	// adds to the X-RateLimit-Limit header's quota policy). At most
+	// MaxDescriptorBytes bytes of UTF-8; empty, the limit has no name.
+	Name string
 	// Replaces ["replaces"] are ids of descriptor rules of the same policy that
 	// this rule replaces: in a call where a descriptor matches this rule, the
 	// descriptors matching them are answered OK without a limit and not counted
@@ -70,16 +87,32 @@ type DescriptorEntry struct {
 	Key string
 	// Value ["value"] is what the entry's value must be: absent, any value (each
 	// value its own counter); a value ending in '*', any value with the prefix
-	// before it (each value its own counter, as envoyproxy/ratelimit's trailing
-	// wildcard); otherwise exactly this value. At most MaxDescriptorBytes bytes of
-	// UTF-8; no other '*'.
+	// before it (each value its own counter unless Shared, as
+	// envoyproxy/ratelimit's trailing wildcard); otherwise exactly this value,
+	// a '*' before the end included (as there: only a last '*' is a
+	// wildcard). At most MaxDescriptorBytes bytes of UTF-8.
 	Value string
+	// Shared ["shared"], only with a value ending in '*': every value the
+	// wildcard accepts counts on one counter (envoyproxy/ratelimit's
+	// share_threshold), instead of one counter per value.
+	Shared bool
 	// KeyPart ["key_part"], only with Descriptor.HTTP and required there for an
 	// entry without an exact value, is the element of the rule's "key" whose
 	// value the entry's value is: "user", "tenant", "client_ip", "method",
 	// "path" or "header:<name>" (one alternative). Every element of the key but
 	// "route" is filled by exactly one entry.
 	KeyPart string
+}
+
+// Passes reports whether the rule's descriptors are answered without a limit
+// (Unlimited or NoLimit): the rule has no limit parameters.
+func (ds *Descriptor) Passes() bool { return ds.Unlimited || ds.NoLimit }
+
+// AlwaysOver reports whether the rule may have a limit of 0, every descriptor
+// over it (envoyproxy/ratelimit's requests_per_unit: 0): a fixed_window
+// descriptor rule without HTTP.
+func (r *Rule) AlwaysOver() bool {
+	return r.Descriptor != nil && !r.Descriptor.HTTP && !r.Descriptor.Passes() && r.Algorithm == "fixed_window"
 }
 
 // Exact reports whether the entry names one exact value (the value is then not
@@ -127,6 +160,12 @@ func decodeDescriptor(d *strictjson.Decoder, r *Rule) error {
 			ds.HTTP, _ = boolean(d)
 		case "unlimited":
 			ds.Unlimited, _ = boolean(d)
+		case "no_limit":
+			ds.NoLimit, _ = boolean(d)
+		case "quota_mode":
+			ds.QuotaMode, _ = boolean(d)
+		case "name":
+			ds.Name = str(d)
 		case "replaces":
 			ds.Replaces = strList(d)
 		case "entries":
@@ -147,6 +186,8 @@ func decodeDescriptor(d *strictjson.Decoder, r *Rule) error {
 						}
 					case "key_part":
 						e.KeyPart = str(d)
+					case "shared":
+						e.Shared, _ = boolean(d)
 					}
 					return nil
 				})
@@ -172,11 +213,15 @@ func writeDescriptor(w *strictjson.Writer, ds *Descriptor) {
 		w.AppendString(e.Key)
 		optString(w, "value", e.Value)
 		optString(w, "key_part", e.KeyPart)
+		optTrue(w, "shared", e.Shared)
 		w.EndObject()
 	}
 	w.EndArray()
 	optTrue(w, "http", ds.HTTP)
 	optTrue(w, "unlimited", ds.Unlimited)
+	optTrue(w, "no_limit", ds.NoLimit)
+	optTrue(w, "quota_mode", ds.QuotaMode)
+	optString(w, "name", ds.Name)
 	optList(w, "replaces", ds.Replaces)
 	w.EndObject()
 }
@@ -205,9 +250,10 @@ func (v *validator) descriptor(r *Rule, field string) {
 		if e.Value != "" {
 			if len(e.Value) > MaxDescriptorBytes || !utf8.ValidString(e.Value) {
 				v.add(join(ef, "value"), "must be at most "+strconv.Itoa(MaxDescriptorBytes)+" bytes of UTF-8")
-			} else if strings.Contains(strings.TrimSuffix(e.Value, "*"), "*") {
-				v.add(join(ef, "value"), "'*' only at the end (a prefix wildcard)")
 			}
+		}
+		if e.Shared && !strings.HasSuffix(e.Value, "*") {
+			v.add(join(ef, "shared"), "only with a value ending in '*' (a wildcard whose values share one counter)")
 		}
 	}
 	if ds.HTTP {
@@ -234,6 +280,9 @@ func (v *validator) descriptor(r *Rule, field string) {
 	if len(r.Exempt.CIDRs)+len(r.Exempt.Users)+len(r.Exempt.Tenants) > 0 {
 		v.add(f("exempt"), "not with descriptor")
 	}
+	if len(ds.Name) > MaxDescriptorBytes || !utf8.ValidString(ds.Name) {
+		v.add(join(df, "name"), "must be at most "+strconv.Itoa(MaxDescriptorBytes)+" bytes of UTF-8")
+	}
 	if len(ds.Replaces) > MaxReplaces {
 		v.add(join(df, "replaces"), "at most "+strconv.Itoa(MaxReplaces)+" rule ids")
 	}
@@ -242,14 +291,20 @@ func (v *validator) descriptor(r *Rule, field string) {
 			v.add(elemPath(join(df, "replaces"), i), "a rule does not replace itself")
 		}
 	}
-	if ds.Unlimited {
+	if ds.QuotaMode && (ds.HTTP || ds.Passes()) {
+		v.add(join(df, "quota_mode"), "only on a limited descriptor rule without http")
+	}
+	if ds.Unlimited && ds.NoLimit {
+		v.add(join(df, "no_limit"), "not with unlimited (one or the other)")
+	}
+	if ds.Passes() {
 		if r.Algorithm != "" || r.Limit != 0 || r.Window != 0 || r.Burst != 0 || r.Slots != 0 || r.Align != "" ||
 			r.Timezone != "" || r.Lease != 0 || r.Cost != 0 || r.MaxCost != 0 || r.Shadow || r.Status != 0 ||
 			r.Scope != "" || r.OnQuotaFailure != "" || r.LocalSharePermille != 0 {
-			v.add(field, "an unlimited descriptor rule has only id, description and descriptor (no algorithm, limit parameters, shadow, status or scope)")
+			v.add(field, "an unlimited or no_limit descriptor rule has only id, description and descriptor (no algorithm, limit parameters, shadow, status or scope)")
 		}
 		if ds.HTTP {
-			v.add(join(df, "http"), "not with unlimited (an HTTP request no rule limits needs no rule)")
+			v.add(join(df, "http"), "not with unlimited or no_limit (an HTTP request no rule limits needs no rule)")
 		}
 	} else if !r.IsFleet() {
 		v.add(f("scope"), `must be "fleet" with descriptor (the control plane decides descriptors from the fleet budget for every Envoy and replica)`)

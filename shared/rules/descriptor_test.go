@@ -115,6 +115,8 @@ func TestADescriptorEntryAcceptsItsValue(t *testing.T) {
 		{"/v1/*", "/v1/a/b", true, 1},
 		{"/v1/*", "/v2/a", false, 1},
 		{"*", "", true, 1},
+		{"a*b", "a*b", true, 2}, // only a last '*' is a wildcard
+		{"a*b", "aab", false, 2},
 	} {
 		e := DescriptorEntry{Key: "k", Value: tc.value}
 		if got := e.Accepts(tc.v); got != tc.accepts {
@@ -133,7 +135,9 @@ func TestABadDescriptorRuleNamesTheField(t *testing.T) {
 		{`"descriptor":{"domain":"d"},"scope":"fleet"`, "rules[0].descriptor.entries", "at least one"},
 		{`"descriptor":{"domain":"d","entries":[{"value":"v"}]},"scope":"fleet"`, "rules[0].descriptor.entries[0].key", "required"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k","value":""}]},"scope":"fleet"`, "rules[0].descriptor.entries[0].value", "must not be empty"},
-		{`"descriptor":{"domain":"d","entries":[{"key":"k","value":"a*b"}]},"scope":"fleet"`, "rules[0].descriptor.entries[0].value", "only at the end"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k","value":"a*b","shared":true}]},"scope":"fleet"`, "rules[0].descriptor.entries[0].shared", "only with a value ending in '*'"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"no_limit":true,"unlimited":true}`, "rules[0].descriptor.no_limit", "not with unlimited"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"no_limit":true}`, "rules[0]", "an unlimited or no_limit descriptor rule has only id"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k","nope":1}]},"scope":"fleet"`, "rules[0].descriptor.entries[0].nope", "unknown"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}]}`, "rules[0].scope", `must be "fleet"`},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet","key":["user"]`, "rules[0].key", "not with descriptor"},
@@ -146,7 +150,7 @@ func TestABadDescriptorRuleNamesTheField(t *testing.T) {
 		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","value":"v"}]},"scope":"fleet","key":["header:k"]`, "rules[0].key[0]", "no descriptor entry fills it"},
 		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"header:k"},{"key":"j","key_part":"header:k"}]},"scope":"fleet","key":["header:k"]`, "rules[0].descriptor.entries[1].key_part", "a second time"},
 		{`"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"user|client_ip"}]},"scope":"fleet","key":["user|client_ip"]`, "rules[0].descriptor.entries[0].key_part", "one alternative"},
-		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"unlimited":true}`, "rules[0]", "an unlimited descriptor rule has only id"},
+		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"unlimited":true}`, "rules[0]", "an unlimited or no_limit descriptor rule has only id"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"replaces":["r"]},"scope":"fleet"`, "rules[0].descriptor.replaces[0]", "does not replace itself"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}],"replaces":["nope"]},"scope":"fleet"`, "rules[0].descriptor.replaces[0]", "must be the id of a descriptor rule"},
 		{`"descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet"},{"id":"s","algorithm":"gcra","limit":5,"window":"1s","descriptor":{"domain":"d","entries":[{"key":"k"}]},"scope":"fleet"`, "rules[1].descriptor", "the same domain and entries as rules[0]"},
@@ -166,6 +170,24 @@ func TestABadDescriptorRuleNamesTheField(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("%s: got %v, want %s: ...%s...", tc.rule, errs, tc.field, tc.msg)
+		}
+	}
+}
+
+func TestALimitOfZeroIsADescriptorAlwaysOverItsLimit(t *testing.T) {
+	ok := `{"policy":"p","rules":[{"id":"r","algorithm":"fixed_window","limit":0,"window":"1m","scope":"fleet","descriptor":{"domain":"d","entries":[{"key":"k","value":"banned"}]}}]}`
+	if _, err := ParsePolicy([]byte(ok)); err != nil {
+		t.Fatalf("a fixed_window descriptor rule of limit 0: %v", err)
+	}
+	for _, doc := range []string{
+		`{"policy":"p","rules":[{"id":"r","algorithm":"gcra","limit":0,"window":"1m","scope":"fleet","descriptor":{"domain":"d","entries":[{"key":"k"}]}}]}`,
+		`{"policy":"p","rules":[{"id":"r","algorithm":"fixed_window","limit":0,"window":"1m","scope":"fleet","key":["user"],"descriptor":{"domain":"d","http":true,"entries":[{"key":"k","key_part":"user"}]}}]}`,
+		`{"policy":"p","rules":[{"id":"r","algorithm":"fixed_window","limit":0,"window":"1m","scope":"fleet"}]}`,
+	} {
+		_, err := ParsePolicy([]byte(doc))
+		var errs Errors
+		if !errors.As(err, &errs) || !strings.Contains(err.Error(), "limit") {
+			t.Errorf("%s: err %v, want an error naming the limit", doc, err)
 		}
 	}
 }

@@ -404,8 +404,11 @@ func (v *validator) rule(r *Rule, field string, id *Identity) {
 		v.key(r.Key, f("key"), id)
 	}
 
-	if r.Descriptor != nil && r.Descriptor.Unlimited {
+	if r.Descriptor != nil && r.Descriptor.Passes() {
 		return // no limit to check (descriptor says what it may have)
+	}
+	if r.Limit == 0 && r.Descriptor != nil && !r.AlwaysOver() {
+		v.add(f("limit"), `0 only with descriptor, without "http", and fixed_window (a descriptor always over its limit)`)
 	}
 	// Algorithm and its parameters: the bounds are package limit's.
 	cfg, ok := v.limitConfig(r, field)
@@ -491,6 +494,11 @@ func (v *validator) limitConfig(r *Rule, field string) (cfg limit.Config, ok boo
 		} else {
 			cfg.Location = loc
 		}
+	}
+	if r.Limit == 0 && r.AlwaysOver() {
+		// Every descriptor is over a limit of 0: the limiter compiled for the
+		// rule is a placeholder the rate limit service never consults.
+		cfg.Limit = 1
 	}
 	return cfg, known
 }
