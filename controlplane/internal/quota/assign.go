@@ -73,6 +73,22 @@ func (s *Service) FleetRuleOf(p *rules.Policy, env, id string) (*FleetRule, erro
 	return &FleetRule{c: c, idx: i, Policy: p.Name, Version: p.Version, Rule: c.c.Rule(i)}, nil
 }
 
+// CountingOn returns r counting on the counters of a rule whose fingerprint
+// is fp (their storage keys, StorageKey) instead of its own, with its own
+// limit: the rate limit service's limit override counts on the counter of the
+// rule its descriptor names, or of every override of its descriptor whatever
+// the limit, as envoyproxy/ratelimit's counter is the descriptor and the
+// window, not the limit. Grants under r and under the rule of fp are then one
+// budget; each is decided against its own limit.
+func (r *FleetRule) CountingOn(fp uint64) *FleetRule {
+	c := *r.c
+	c.pfx = append([]string(nil), r.c.pfx...)
+	c.pfx[r.idx] = StorageKey(fp, "")
+	out := *r
+	out.c = &c
+	return &out
+}
+
 // Key returns the counter key req is counted under, as the filter builds it
 // (rules.Compiled.AppendKey), and false when a key part has no value.
 func (r *FleetRule) Key(req *rules.Request) (string, bool) {
@@ -128,6 +144,12 @@ type Assignment struct {
 	// whose units come back only once it settles), so none is made and the caller
 	// keeps what it has.
 	Keep uint64
+	// Need is units the caller must hold now to decide a request (a rate limit
+	// service call of that many hits; at most Want): the grant is at least Need
+	// whenever the key has that many left beyond every lease, whatever share
+	// the others' reserve would otherwise leave it, so that a request the
+	// budget covers is never refused for the asker's share alone.
+	Need uint64
 }
 
 // AssignResult is the answer to one Assignment.
@@ -170,7 +192,7 @@ func (s *Service) Assign(ctx context.Context, asks []Assignment) ([]AssignResult
 			return nil, errors.New("quota: Assign needs a rule and an entry of at most 255 bytes")
 		}
 		kr[i] = quota.KeyRequest{Rule: a.Rule.Rule.ID, Key: a.Key, Used: a.Used, Return: a.Return, Want: a.Want, Charge: a.Charge}
-		aos[i] = assignOpts{minLife: int64(a.MinLife), fit: a.Fit, keep: a.Keep}
+		aos[i] = assignOpts{minLife: int64(a.MinLife), fit: a.Fit, keep: a.Keep, need: min(a.Need, a.Want)}
 		ka[i] = keyAsk{w: work{idx: i, f: a.Rule.c.fleet[a.Rule.idx], skey: a.Rule.c.pfx[a.Rule.idx] + a.Key},
 			envoy: a.Entry, owner: a.Owner, k: &kr[i], interval: a.Interval, ao: &aos[i]}
 		s.m.touch(a.Rule.Policy, a.Rule.Rule.ID, a.Key)

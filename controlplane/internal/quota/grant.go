@@ -192,6 +192,9 @@ type assignOpts struct {
 	fit func(units uint64, life time.Duration) uint64
 	// keep: a grant of at most this many units is not made (Assignment.Keep).
 	keep uint64
+	// need: the grant is at least this many units when the key has them
+	// (Assignment.Need).
+	need uint64
 	// left is set by decide: the key's units left after the ask
 	// (AssignResult.Left).
 	left uint64
@@ -537,6 +540,9 @@ func (f *fleetLimiter) size(d *decision) uint64 {
 		}
 	}
 	want = min(want, f.share(d))
+	if ao != nil {
+		want = max(want, ao.need)
+	}
 	fit := func() {
 		if ao != nil && ao.fit != nil {
 			if fit := ao.fit(want, time.Duration(life)); fit > 0 {

@@ -103,7 +103,7 @@ func build(gen uint64, recs []store.Record, log *slog.Logger) *index {
 					"served", n.rule.policy+"/"+n.rule.rule.ID, "ignored", p.Name+"/"+r.ID)
 				continue
 			}
-			n.rule = &ruleRef{policy: p.Name, rule: r, limit: currentLimit(r.ID, r.Limit, r.Window)}
+			n.rule = &ruleRef{policy: p.Name, rule: r, limit: currentLimit(ds.Name, r.Limit, r.Window)}
 		}
 	}
 	return ix

@@ -36,6 +36,10 @@ const (
 	// idleAfter is how long a lease may go unused before the sweep returns its
 	// units and forgets it.
 	idleAfter = 10 * time.Second
+	// maxAttempts bounds the asks and waits of one decision whose units the
+	// key's other decisions keep taking first; a refusal by the quota service
+	// ends it sooner.
+	maxAttempts = 32
 )
 
 // lease is the replica's holding on one fleet key.
@@ -50,15 +54,19 @@ type lease struct {
 	units, last uint64
 	end         int64
 	tag         uint64
-	// used is units admitted since the last ask, reported by the next one.
-	used uint64
+	// used is units admitted since the last ask, reported by the next one;
+	// stale units granted under an earlier fingerprint of the key's rule (a
+	// limit override of another limit on the same counter), returned by it.
+	used, stale uint64
 	// askedAt is when the last ask was sent (for the demand estimate).
 	askedAt int64
 	// left is the key's units left beyond every lease at the last ask.
 	left uint64
-	// refused: no ask before this (the budget was spent); failed: the last ask
-	// failed, decide by on_quota_failure until this.
+	// refused: no ask for refusedNeed or more units before this (the budget
+	// beyond every lease had fewer); failed: the last ask failed, decide by
+	// on_quota_failure until this.
 	refused, failed int64
+	refusedNeed     uint64
 	// lastUse is when a decision last took units.
 	lastUse int64
 	// asking is closed when the ask in flight ends; nil when none is.
@@ -124,12 +132,14 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			continue
 		}
 		l.expire(fr, now)
-		if hits == 0 {
+		if hits == 0 && (l.askedAt != 0 || attempt > 0 || now < l.failed) {
+			// A check: what is left, nothing taken. A key never asked for
+			// asks first, to know what the budget has left.
 			o := l.report(cfg, now, true)
 			l.mu.Unlock()
 			return o
 		}
-		if l.units >= hits {
+		if hits > 0 && l.units >= hits {
 			l.units -= hits
 			l.used += hits
 			l.lastUse = now
@@ -153,7 +163,10 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 		case now < l.failed:
 			l.mu.Unlock()
 			return s.onFailure(fr, key, hits, now)
-		case now < l.refused || attempt >= 2:
+		case now < l.refused && hits-min(hits, l.units) >= l.refusedNeed || attempt >= maxAttempts:
+			// The budget beyond every lease lacked what this call needs at
+			// the last ask (or the key is that contended): refused. Units
+			// that others took meanwhile are no reason: ask again.
 			o := l.report(cfg, now, false)
 			l.mu.Unlock()
 			return o
@@ -240,6 +253,9 @@ func (s *Server) refillWorker(ctx context.Context) {
 // rule changed. The caller holds l.mu.
 func (l *lease) expire(fr *quota.FleetRule, now int64) {
 	if l.rule == nil || l.fp != fr.Rule.Fingerprint {
+		if l.units > 0 && now < l.end {
+			l.stale += l.units // still the key's: back to its budget
+		}
 		l.fp = fr.Rule.Fingerprint
 		l.units, l.last, l.end, l.tag, l.used, l.askedAt, l.left, l.refused, l.failed = 0, 0, 0, 0, 0, 0, 0, 0, 0
 	}
@@ -251,9 +267,13 @@ func (l *lease) expire(fr *quota.FleetRule, now int64) {
 
 // report is the outcome of a decision at now: admitted, with what the key has
 // left (the leases' units beyond this lease are not counted: to the replica
-// they are spent). The caller holds l.mu.
+// they are spent); refused, with nothing left (as envoyproxy/ratelimit
+// answers OVER_LIMIT). The caller holds l.mu.
 func (l *lease) report(cfg limit.Config, now int64, admitted bool) outcome {
-	o := outcome{admitted: admitted, remaining: min(l.units+l.left, cfg.Limit)}
+	o := outcome{admitted: admitted}
+	if admitted {
+		o.remaining = min(l.units+l.left, cfg.Limit)
+	}
 	switch cfg.Algorithm {
 	case limit.FixedWindow, limit.TimeWheel:
 		if l.end > now {
@@ -270,7 +290,9 @@ func (l *lease) report(cfg limit.Config, now int64, admitted bool) outcome {
 }
 
 // ask asks the quota service for units of key: at least need (0: a refill in
-// the background), as many as the key's decisions took over askHorizon. It
+// the background), as many as the key's decisions took over askHorizon, and
+// whatever the share, what need lacks of the lease's units when the budget
+// beyond every lease has it (Assignment.Need). It
 // reports what the lease used since the last ask, returns the units of an ended
 // lease, and records the answer. The caller set l.asking; ask closes it.
 func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *lease, need uint64) {
@@ -292,17 +314,20 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		want = max(want, uint64(min(demand, float64(limit.MaxLimit)))+1)
 	}
 	want = min(want, top)
+	short := need - min(need, l.units)
 	var ret uint64
 	if l.units > 0 && now >= l.end {
 		ret, l.units = l.units, 0
 	}
+	stale := l.stale
+	l.stale = 0
 	l.used = 0
 	l.askedAt = now
 	l.mu.Unlock()
 
 	s.m.asks.Inc()
 	res, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
-		Used: used, Return: ret, Want: want, Interval: askInterval}})
+		Used: used, Return: ret + stale, Want: want, Need: short, Interval: askInterval}})
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -317,12 +342,20 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		s.warn("ask", "rls: the quota service could not decide; deciding by on_quota_failure", "key", key, "err", err)
 		l.used += used // not reported: report it with the next ask
 		l.units += ret
+		l.stale += stale
 		l.failed = s.o.Now() + int64(failureHold)
 		return
 	}
 	r := res[0]
 	l.failed = 0
 	l.left = r.Left
+	if l.fp != fr.Rule.Fingerprint {
+		// The key's rule changed while the ask was out (a limit override of
+		// another limit on the same counter): units granted under the old
+		// one are not this one's to spend; the next ask returns them.
+		l.stale += r.Granted
+		return
+	}
 	if r.Granted > 0 {
 		if r.Tag != l.tag || r.End > l.end {
 			if r.Tag != l.tag {
@@ -339,6 +372,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		// Nothing now: the budget is spent until RetryAfter (capped, so that
 		// units another replica returns are found within a second).
 		l.refused = r.Now + int64(min(max(r.RetryAfter, time.Millisecond), time.Second))
+		l.refusedNeed = need - l.units
 	}
 }
 
@@ -419,10 +453,11 @@ func (s *Server) sweep(ctx context.Context) {
 			if now >= l.end {
 				ret = 0
 			}
+			ret += l.stale
 			if l.rule != nil && l.used+ret > 0 {
 				backs = append(backs, giveBack{rule: l.rule, key: k, used: l.used, ret: ret})
 			}
-			l.units, l.used = 0, 0
+			l.units, l.used, l.stale = 0, 0, 0
 		}
 		l.mu.Unlock()
 	}

@@ -22,8 +22,8 @@ type metrics struct {
 	asks, askFailures, leasesFull, overrides prometheus.Counter
 	duration                                 prometheus.Histogram
 	// The children counted per call.
-	ok, overLimit, dOK, dOver, dShadow, noRule prometheus.Counter
-	dUnlimited, dReplaced                      prometheus.Counter
+	ok, overLimit, dOK, dOver, dShadow, noRule  prometheus.Counter
+	dUnlimited, dReplaced, dNoLimit, dQuotaMode prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
@@ -31,7 +31,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_requests_total",
 			Help: "RateLimitService ShouldRateLimit calls, by overall code (ok, over_limit) or error (invalid, refused)."}, []string{"code"}),
 		descriptors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_descriptors_total",
-			Help: "Rate limit descriptors decided: ok, over_limit, shadow (over the limit of a shadow rule, answered OK), unlimited, replaced (by another descriptor's rule in the call), no_rule."}, []string{"result"}),
+			Help: "Rate limit descriptors decided: ok, over_limit, shadow (over the limit of a shadow rule, answered OK), unlimited, no_limit (a no_limit rule's, answered OK without a limit), quota_mode (over the limit of a quota-mode rule, answered OK with the limit), replaced (by another descriptor's rule in the call), no_rule."}, []string{"result"}),
 		failureDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_failure_decisions_total",
 			Help: "Descriptors decided by the rule's on_quota_failure because the quota service could not decide, by that policy and code."}, []string{"on_quota_failure", "code"}),
 		asks: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_asks_total",
@@ -50,6 +50,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 	m.dOK, m.dOver = m.descriptors.WithLabelValues("ok"), m.descriptors.WithLabelValues("over_limit")
 	m.dShadow, m.noRule = m.descriptors.WithLabelValues("shadow"), m.descriptors.WithLabelValues("no_rule")
 	m.dUnlimited, m.dReplaced = m.descriptors.WithLabelValues("unlimited"), m.descriptors.WithLabelValues("replaced")
+	m.dNoLimit, m.dQuotaMode = m.descriptors.WithLabelValues("no_limit"), m.descriptors.WithLabelValues("quota_mode")
 	if reg != nil {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_controlplane_rls_leases",
 			Help: "Fleet keys the rate limit service holds a lease on now."}, leases)

@@ -253,9 +253,24 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		s.m.noRule.Inc()
 		return ok
 	}
-	if ref.rule.Descriptor.Unlimited {
+	switch {
+	case ref.rule.Descriptor.Unlimited:
 		s.m.dUnlimited.Inc()
 		return unlimitedStatus
+	case ref.rule.Descriptor.NoLimit:
+		s.m.dNoLimit.Inc()
+		return ok
+	case ref.rule.Limit == 0:
+		// Always over (envoyproxy/ratelimit's requests_per_unit 0): nothing
+		// to count, the window's reset as for any fixed window.
+		// A check of 0 hits is within it, as there (0 > 0 is false).
+		w := int64(ref.rule.Window)
+		st := s.status(ref.limit, ref.rule.Shadow, outcome{admitted: hits(req, d) == 0, reset: time.Duration(w - s.o.Now()%w)})
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && ref.rule.Descriptor.QuotaMode {
+			s.m.dQuotaMode.Inc()
+			st = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: st.CurrentLimit}
+		}
+		return st
 	}
 	n := len(d.Entries)
 	var hs [rules.MaxDescriptorEntries]rules.Header
@@ -277,7 +292,15 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		s.m.noRule.Inc()
 		return ok
 	}
-	return s.status(ref.limit, fr.Rule.Shadow, s.take(ctx, fr, key, hits(req, d)))
+	st := s.status(ref.limit, fr.Rule.Shadow, s.take(ctx, fr, key, hits(req, d)))
+	if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && ref.rule.Descriptor.QuotaMode {
+		// As envoyproxy/ratelimit answers a quota-mode limit passed: OK,
+		// the limit and what remains, no reset.
+		s.m.dQuotaMode.Inc()
+		st = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: st.CurrentLimit,
+			LimitRemaining: st.LimitRemaining}
+	}
+	return st
 }
 
 // hits is what descriptor d of req costs: its own hits_addend when set (0
@@ -347,12 +370,29 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 	for i, e := range d.Entries {
 		hs[i] = rules.Header{Name: e.GetKey(), Value: e.GetValue()}
 	}
-	fr := s.overrideRule(req.Domain, hs[:n], uint64(lim.GetRequestsPerUnit()), window)
+	var kvs [rules.MaxDescriptorEntries]entryKV
+	for i, e := range d.Entries {
+		kvs[i] = entryKV{e.GetKey(), e.GetValue()}
+	}
+	var fr *quota.FleetRule
+	rreq := rules.Request{Descriptor: hs[:n]}
+	if ref := ix.lookup(req.Domain, kvs[:n]); ref != nil && sameCounter(ref.rule, window) {
+		// The rule these entries name counts them in windows of the
+		// override's unit: one counter, as envoyproxy/ratelimit's (its key is
+		// the domain, the entries and the window, whatever the limit).
+		fr = s.overrideOf(ref, uint64(lim.GetRequestsPerUnit()))
+		var valid bool
+		if rreq, valid = ref.rule.Descriptor.Request(hs[:n]); !valid {
+			fr = nil
+		}
+	} else {
+		fr = s.overrideRule(req.Domain, hs[:n], uint64(lim.GetRequestsPerUnit()), window)
+	}
 	if fr == nil {
 		s.m.noRule.Inc()
 		return ok
 	}
-	key, found := fr.Key(&rules.Request{Descriptor: hs[:n]})
+	key, found := fr.Key(&rreq)
 	if !found {
 		s.m.noRule.Inc()
 		return ok
@@ -360,9 +400,61 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 	return s.status(cl, false, s.take(ctx, fr, key, hits(req, d)))
 }
 
-// overrideRule returns the fleet rule of a limit override: a fixed window of
-// limit per window on a descriptor of domain with entries' keys (any values),
-// cached; nil when no such rule can be (a key too long).
+// sameCounter reports whether rule r counts its descriptors per value of
+// every entry in epoch-aligned windows of length window: a limit override of
+// that unit counts on r's counter. A rule with a shared wildcard entry counts
+// every value on one counter, which an override does not (envoyproxy/ratelimit
+// keys an override by the descriptor's own values).
+func sameCounter(r *rules.Rule, window time.Duration) bool {
+	if r.Descriptor == nil || r.Descriptor.Passes() || r.Algorithm != "fixed_window" || r.Window != window || r.Align != "" {
+		return false
+	}
+	for i := range r.Descriptor.Entries {
+		if r.Descriptor.Entries[i].Shared {
+			return false
+		}
+	}
+	return true
+}
+
+// overrideOf returns the fleet rule of a limit override of limit per window
+// on the descriptors rule ref names: ref's rule with that limit, so on its
+// keys; cached by the rule's policy, id and fingerprint and the limit.
+func (s *Server) overrideOf(ref *ruleRef, limit uint64) *quota.FleetRule {
+	cur, _ := s.o.Quota.Resolve(ref.policy, s.o.Env, ref.rule.ID)
+	if cur == nil {
+		return nil
+	}
+	k := overrideKey{policy: ref.policy, id: ref.rule.ID, fp: cur.Rule.Fingerprint, limit: limit}
+	s.overrideMu.Lock()
+	defer s.overrideMu.Unlock()
+	if fr, ok := s.overrideRules[k]; ok {
+		return fr
+	}
+	r := *ref.rule
+	ds := *r.Descriptor
+	ds.Replaces, ds.QuotaMode = nil, false
+	r.Descriptor, r.Limit, r.Shadow = &ds, limit, false
+	fr, err := s.o.Quota.FleetRuleOf(&rules.Policy{Name: ref.policy, Version: 1, Rules: []rules.Rule{r}}, s.o.Env, r.ID)
+	if err != nil {
+		s.warn("override-rule", "rls: a limit override cannot be counted; its descriptors pass", "policy", ref.policy, "rule", r.ID, "err", err)
+		fr = nil
+	} else {
+		fr = fr.CountingOn(cur.Rule.Fingerprint)
+	}
+	if len(s.overrideRules) >= maxOverrideRules {
+		clear(s.overrideRules)
+	}
+	s.overrideRules[k] = fr
+	return fr
+}
+
+// overrideRule returns the fleet rule of a limit override of limit per window
+// on a descriptor of domain with entries' keys (any values) that no rule of
+// the same window names: a fixed window whose keys hold every entry's value
+// and not the limit (its id does not name it), so that overrides of any limit
+// count on one counter, as envoyproxy/ratelimit's; cached; nil when no such
+// rule can be (a key too long).
 func (s *Server) overrideRule(domain string, entries []rules.Header, limit uint64, window time.Duration) *quota.FleetRule {
 	h := fnv.New64a()
 	h.Write([]byte(domain))
@@ -376,7 +468,7 @@ func (s *Server) overrideRule(domain string, entries []rules.Header, limit uint6
 	if fr, ok := s.overrideRules[k]; ok {
 		return fr
 	}
-	id := "override-" + strconv.FormatUint(k.sum, 16) + "-" + strconv.FormatUint(limit, 10) + "-" + strconv.FormatInt(int64(window/time.Second), 10)
+	id := "override-" + strconv.FormatUint(k.sum, 16) + "-" + strconv.FormatInt(int64(window/time.Second), 10)
 	ds := &rules.Descriptor{Domain: domain}
 	for _, e := range entries {
 		ds.Entries = append(ds.Entries, rules.DescriptorEntry{Key: e.Name})
@@ -387,6 +479,10 @@ func (s *Server) overrideRule(domain string, entries []rules.Header, limit uint6
 	if err != nil {
 		s.warn("override-rule", "rls: a limit override cannot be counted; its descriptors pass", "domain", domain, "err", err)
 		fr = nil
+	} else {
+		// One counter for every limit: its storage keys named by the
+		// descriptor's domain, keys and window alone.
+		fr = fr.CountingOn(k.sum ^ uint64(window))
 	}
 	if len(s.overrideRules) >= maxOverrideRules {
 		clear(s.overrideRules)
@@ -399,11 +495,15 @@ func (s *Server) overrideRule(domain string, entries []rules.Header, limit uint6
 const maxOverrideRules = 1024
 
 // overrideKey names a limit override's rule: a digest of its domain and entry
-// keys, and the limit.
+// keys and its window (overrideRule), or the rule it counts with (overrideOf:
+// policy, id, fingerprint); and the limit.
 type overrideKey struct {
 	sum    uint64
-	limit  uint64
 	window time.Duration
+	policy string
+	id     string
+	fp     uint64
+	limit  uint64
 }
 
 // units are the rate limit units of the RateLimitService API with their
@@ -422,8 +522,9 @@ var units = []struct {
 	{365 * 24 * time.Hour, rlsv3.RateLimitResponse_RateLimit_YEAR},
 }
 
-// currentLimit is a rule's limit as the API has it: the limit (requests or
-// hits) per its window when the window is one unit, else UNKNOWN.
+// currentLimit is a rule's limit as the API has it: its name (the
+// descriptor's, "" none), the limit (requests or hits) per its window when the
+// window is one unit, else UNKNOWN.
 func currentLimit(name string, lim uint64, window time.Duration) *rlsv3.RateLimitResponse_RateLimit {
 	cl := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(lim, math.MaxUint32))}
 	for _, u := range units {

@@ -340,7 +340,7 @@ func TestUnlimitedAndReplacesAreHonoured(t *testing.T) {
 	 {"id":"per-ip","descriptor":{"domain":"d","entries":[{"key":"remote_address"}]},"algorithm":"fixed_window","limit":1,"window":"1m","scope":"fleet"},
 	 {"id":"office","descriptor":{"domain":"d","entries":[{"key":"remote_address","value":"10.0.0.1"}],"unlimited":true}},
 	 {"id":"global","descriptor":{"domain":"d","entries":[{"key":"generic_key","value":"all"}]},"algorithm":"fixed_window","limit":2,"window":"1m","scope":"fleet"},
-	 {"id":"vip","descriptor":{"domain":"d","entries":[{"key":"plan","value":"vip"}],"replaces":["global"]},"algorithm":"fixed_window","limit":5,"window":"1m","scope":"fleet"}]}`)
+	 {"id":"vip","descriptor":{"domain":"d","entries":[{"key":"plan","value":"vip"}],"replaces":["global"],"name":"vip-limit"},"algorithm":"fixed_window","limit":5,"window":"1m","scope":"fleet"}]}`)
 	r := f.replica(t, "a", "")
 	for i := 0; i < 3; i++ {
 		resp := r.call(t, "d", desc("remote_address", "10.0.0.1"))
@@ -355,7 +355,7 @@ func TestUnlimitedAndReplacesAreHonoured(t *testing.T) {
 	// With the vip descriptor in the call, global is not checked nor counted.
 	for i := 0; i < 4; i++ {
 		resp := r.call(t, "d", desc("generic_key", "all"), desc("plan", "vip"))
-		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].CurrentLimit.GetName() != "vip" {
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].CurrentLimit.GetName() != "vip-limit" {
 			t.Fatalf("replaced %d: %v", i, resp)
 		}
 	}
@@ -369,11 +369,14 @@ func TestUnlimitedAndReplacesAreHonoured(t *testing.T) {
 	}
 }
 
-// TestALimitOverrideIsItsOwnLimit: a descriptor carrying a limit (Envoy's
-// rate_limits limit override) is limited to it, per value of every entry,
-// whatever rule its entries match, in any domain a rule names, as
-// envoyproxy/ratelimit's GetLimit has it; 0 is always over.
-func TestALimitOverrideIsItsOwnLimit(t *testing.T) {
+// TestALimitOverrideCountsOnItsDescriptorsCounter: a descriptor carrying a
+// limit (Envoy's rate_limits limit override) is limited to it, whatever rule
+// its entries match, in any domain a rule names, on the counter of its
+// domain, entries and window, as envoyproxy/ratelimit's (src/limiter/
+// cache_key.go: the limit is not part of it): the rule of the same entries and
+// window counts on it too, and so does an override of another limit; 0 is
+// always over.
+func TestALimitOverrideCountsOnItsDescriptorsCounter(t *testing.T) {
 	f := newFixture(t, rlsPolicy)
 	r := f.replica(t, "a", "")
 	over := func(rpu uint32, kv ...string) *commonrl.RateLimitDescriptor {
@@ -388,12 +391,25 @@ func TestALimitOverrideIsItsOwnLimit(t *testing.T) {
 			t.Fatalf("override %d: %v, want %v under 2 a minute", i, resp, want)
 		}
 	}
-	// The rule's own counter was not touched; another override is another counter.
-	if resp := r.call(t, "edge", desc("generic_key", "api")); resp.Statuses[0].LimitRemaining != 9 {
+	// The rule of these entries (10 a minute) counts on the same counter: 2
+	// admitted by the override, this call the third.
+	if resp := r.call(t, "edge", desc("generic_key", "api")); resp.Statuses[0].LimitRemaining != 7 {
 		t.Fatalf("the rule after overrides: %v", resp)
 	}
-	if resp := r.call(t, "edge", over(3, "generic_key", "api")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
-		t.Fatalf("a limit of 3: %v", resp)
+	// An override of 4 a minute finds 3 counted: one more, then over.
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if resp := r.call(t, "edge", over(4, "generic_key", "api")); resp.OverallCode != want {
+			t.Fatalf("a limit of 4, call %d: %v, want %v", i, resp, want)
+		}
+	}
+	// Entries no rule names: a counter of their own, shared by every limit.
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK} {
+		if got := r.call(t, "edge", over(3, "anything", "y")).OverallCode; got != want {
+			t.Fatalf("3 a minute on unnamed entries %d: %v, want %v", i, got, want)
+		}
+	}
+	if resp := r.call(t, "edge", over(2, "anything", "y")); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("2 a minute after 2 counted at 3 a minute: %v", resp)
 	}
 	// Entries no rule names, in a domain a rule does: limited all the same.
 	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
@@ -407,7 +423,7 @@ func TestALimitOverrideIsItsOwnLimit(t *testing.T) {
 	if resp := r.call(t, "edge", over(0, "generic_key", "zero")); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("a limit of 0: %v", resp)
 	}
-	if got := counterWith(t, r.reg, "sluice_controlplane_rls_limit_overrides_total", "", ""); got != 8 {
-		t.Errorf("overrides counted %v, want 8", got)
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_limit_overrides_total", "", ""); got != 12 {
+		t.Errorf("overrides counted %v, want 12", got)
 	}
 }

@@ -1,0 +1,167 @@
+package rls
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	commonrl "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
+)
+
+// budgetPolicy is one key of 2,000 a minute, one of 10 a minute per user,
+// and the descriptors of envoyproxy/ratelimit's language that are answered
+// without counting: no limit, a limit of 0, quota mode, a shared wildcard.
+const budgetPolicy = `{"policy":"b","rules":[
+ {"id":"busy","descriptor":{"domain":"b","entries":[{"key":"k","value":"busy"}]},"algorithm":"fixed_window","limit":2000,"window":"1m","scope":"fleet"},
+ {"id":"user","descriptor":{"domain":"b","entries":[{"key":"user"}],"name":"per-user"},"algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet"},
+ {"id":"free","descriptor":{"domain":"b","entries":[{"key":"user","value":"root"}],"no_limit":true}},
+ {"id":"banned","descriptor":{"domain":"b","entries":[{"key":"k","value":"banned"}]},"algorithm":"fixed_window","limit":0,"window":"1m","scope":"fleet"},
+ {"id":"quota","descriptor":{"domain":"b","entries":[{"key":"k","value":"quota"}],"quota_mode":true},"algorithm":"fixed_window","limit":2,"window":"1m","scope":"fleet"},
+ {"id":"files","descriptor":{"domain":"b","entries":[{"key":"file","value":"files/*","shared":true}]},"algorithm":"fixed_window","limit":3,"window":"1m","scope":"fleet"}
+]}`
+
+func hitsDesc(h uint64, kv ...string) *commonrl.RateLimitDescriptor {
+	d := desc(kv...)
+	d.HitsAddend = wrapperspb.UInt64(h)
+	return d
+}
+
+// TestAnyHitsTheWindowHoldsAreAdmitted: on a fresh window of 10, a call of h
+// hits is admitted for every h from 1 to 10, answering 10-h remaining, and one
+// of 11 is refused with nothing remaining; a check of 0 hits on a key never
+// asked for says the whole limit remains.
+func TestAnyHitsTheWindowHoldsAreAdmitted(t *testing.T) {
+	f := newFixture(t, budgetPolicy)
+	r := f.replica(t, "a", "")
+	if st := r.call(t, "b", hitsDesc(0, "user", "fresh")).Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != 10 {
+		t.Fatalf("a check of 0 hits on a fresh key: %v, want OK with 10 remaining", st)
+	}
+	for h := uint64(1); h <= 10; h++ {
+		user := "u" + string(rune('a'+h))
+		st := r.call(t, "b", hitsDesc(h, "user", user)).Statuses[0]
+		if st.Code != rlsv3.RateLimitResponse_OK || uint64(st.LimitRemaining) != 10-h {
+			t.Errorf("%d hits on a fresh window of 10: %v, want OK with %d remaining", h, st, 10-h)
+		}
+	}
+	st := r.call(t, "b", hitsDesc(11, "user", "big")).Statuses[0]
+	if st.Code != rlsv3.RateLimitResponse_OVER_LIMIT || st.LimitRemaining != 0 {
+		t.Errorf("11 hits on a window of 10: %v, want OVER_LIMIT with 0 remaining", st)
+	}
+	// After 8 of 10, a call of 3 is refused and one of 2 still admitted: a
+	// refusal does not keep a smaller call from what is left.
+	r.call(t, "b", hitsDesc(8, "user", "after"))
+	if st := r.call(t, "b", hitsDesc(3, "user", "after")).Statuses[0]; st.Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("3 hits with 2 left: %v", st)
+	}
+	if st := r.call(t, "b", hitsDesc(2, "user", "after")).Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != 0 {
+		t.Errorf("2 hits with 2 left, after a refusal of 3: %v, want OK with 0 remaining", st)
+	}
+}
+
+// TestConcurrentCallersAreNeverRefusedWhileTheWindowHasBudget: 128 callers on
+// one key of 2,000 a minute, one replica on the real clock, 20 calls each
+// (2,560 in all): exactly 2,000 admitted, and no call is refused before a call
+// that is then admitted has started (the refusal was made with budget left).
+func TestConcurrentCallersAreNeverRefusedWhileTheWindowHasBudget(t *testing.T) {
+	f := newFixture(t, budgetPolicy)
+	f.clk = nil
+	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
+	r := f.replica(t, "a", "")
+	type span struct {
+		start, end int64
+		ok         bool
+	}
+	var mu sync.Mutex
+	var spans []span
+	var seq atomic.Int64
+	var wg sync.WaitGroup
+	for range 128 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				start := seq.Add(1)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				resp, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "b",
+					Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "busy")}})
+				cancel()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				spans = append(spans, span{start: start, end: seq.Add(1), ok: resp.OverallCode == rlsv3.RateLimitResponse_OK})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	admitted, early := 0, 0
+	lastStart := int64(0)
+	for _, s := range spans {
+		if s.ok {
+			admitted++
+			lastStart = max(lastStart, s.start)
+		}
+	}
+	for _, s := range spans {
+		if !s.ok && s.end < lastStart {
+			early++
+		}
+	}
+	if admitted != 2000 || early != 0 {
+		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
+	}
+}
+
+// TestDescriptorsAnsweredAsEnvoyproxyRatelimitAnswersThem: a value without a
+// limit (no_limit) is answered OK with no limit where its key is limited; a
+// limit of 0 refuses every call but a check of 0 hits; quota mode answers a
+// call over its limit OK with the limit and nothing remaining, no reset; a
+// shared wildcard counts every value on one counter; a rule's name is its
+// limit's.
+func TestDescriptorsAnsweredAsEnvoyproxyRatelimitAnswersThem(t *testing.T) {
+	f := newFixture(t, budgetPolicy)
+	r := f.replica(t, "a", "")
+	for i := 0; i < 12; i++ {
+		if st := r.call(t, "b", desc("user", "root")).Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK || st.CurrentLimit != nil || st.LimitRemaining != 0 {
+			t.Fatalf("no_limit call %d: %v", i, st)
+		}
+	}
+	if st := r.call(t, "b", desc("user", "bob")).Statuses[0]; st.CurrentLimit.GetName() != "per-user" || st.LimitRemaining != 9 {
+		t.Errorf("a named rule: %v", st)
+	}
+	if st := r.call(t, "b", desc("k", "banned")).Statuses[0]; st.Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		st.CurrentLimit.GetRequestsPerUnit() != 0 || st.DurationUntilReset.GetSeconds() != 60 {
+		t.Errorf("limit 0: %v", st)
+	}
+	if st := r.call(t, "b", hitsDesc(0, "k", "banned")).Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK {
+		t.Errorf("limit 0, 0 hits: %v", st)
+	}
+	for i, want := range []uint32{1, 0, 0} {
+		resp := r.call(t, "b", desc("k", "quota"))
+		st := resp.Statuses[0]
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != want ||
+			st.CurrentLimit.GetRequestsPerUnit() != 2 || (i == 2) != (st.DurationUntilReset == nil) {
+			t.Errorf("quota mode call %d: %v", i, resp)
+		}
+	}
+	for i, v := range []string{"files/a", "files/b", "files/c", "files/d"} {
+		want := rlsv3.RateLimitResponse_OK
+		if i == 3 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if st := r.call(t, "b", desc("file", v)).Statuses[0]; st.Code != want {
+			t.Errorf("shared wildcard, value %s: %v, want %v", v, st, want)
+		}
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_descriptors_total", "result", "no_limit"); got != 12 {
+		t.Errorf("no_limit descriptors counted %v, want 12", got)
+	}
+}
