@@ -18,16 +18,19 @@ func importCmd(env *Env) *cobra.Command {
 		Short: "Turn another rate limiter's configuration into a sluice policy",
 	}
 	var policy string
+	var merge bool
 	rl := &cobra.Command{
-		Use:   "ratelimit FILE... [--policy NAME]",
+		Use:   "ratelimit FILE... [--policy NAME] [--merge-domains]",
 		Short: "Turn envoyproxy/ratelimit configuration files into a policy of descriptor rules",
 		Long: `Read envoyproxy/ratelimit configuration files (YAML, as that service loads them;
 several files and domains) and print one sluice policy on standard output: a fixed_window
 rule of scope fleet per descriptor with a rate_limit, served by the control plane's
-RateLimitService to Envoy's ratelimit filter; unlimited and replaces as there. What
-sluice cannot express (quota_mode, share_threshold, metadata, a '*' inside a value, a
-limit of 0) is refused with the file, line and field; fields that only name metrics are accepted and
-noted on standard error. Apply the result with sluicectl apply -f.`,
+RateLimitService to Envoy's ratelimit filter; unlimited, replaces, a limit of 0, a value
+without a rate_limit (no limit), share_threshold, quota_mode and shadow_mode as there.
+A domain in two files is refused unless --merge-domains (envoyproxy/ratelimit's
+MERGE_DOMAIN_CONFIG); what that service refuses is refused with the file, line and
+field; fields that only name metrics are accepted and noted on standard error. Apply
+the result with sluicectl apply -f.`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(_ *cobra.Command, args []string) error {
 			var files []rlsimport.File
@@ -38,7 +41,7 @@ noted on standard error. Apply the result with sluicectl apply -f.`,
 				}
 				files = append(files, rlsimport.File{Name: name, Data: data})
 			}
-			res, err := rlsimport.Import(policy, files)
+			res, err := rlsimport.Import(policy, files, rlsimport.Options{MergeDomains: merge})
 			if err != nil {
 				return withCode(ExitUsage, err)
 			}
@@ -55,6 +58,7 @@ noted on standard error. Apply the result with sluicectl apply -f.`,
 		},
 	}
 	rl.Flags().StringVar(&policy, "policy", "default", "name of the policy written")
+	rl.Flags().BoolVar(&merge, "merge-domains", false, "merge files of one domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it a domain in a second file is refused")
 	cmd.AddCommand(rl)
 	return cmd
 }

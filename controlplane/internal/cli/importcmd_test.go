@@ -18,7 +18,7 @@ func TestImportRatelimitPrintsAPolicyOrThePlaceOfTheProblem(t *testing.T) {
 	if err := os.WriteFile(good, []byte("domain: d\ndescriptors:\n  - key: generic_key\n    value: api\n    rate_limit: {unit: minute, requests_per_unit: 60}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bad, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    share_threshold: true\n"), 0o600); err != nil {
+	if err := os.WriteFile(bad, []byte("domain: e\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    share_threshold: true\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errs := runCtl("import", "ratelimit", "--policy", "edge", good)
@@ -44,7 +44,7 @@ func TestDescriptorStepsAskTheRateLimitService(t *testing.T) {
 	}
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "p.json"), []byte(`{"policy":"p","rules":[
-	 {"id":"d","descriptor":{"domain":"d","entries":[{"key":"k","value":"v"}]},"algorithm":"fixed_window","limit":2,"window":"1m","scope":"fleet"}]}`), 0o600); err != nil {
+	 {"id":"d","descriptor":{"domain":"d","name":"d","entries":[{"key":"k","value":"v"}]},"algorithm":"fixed_window","limit":2,"window":"1m","scope":"fleet"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	file := filepath.Join(dir, "p.test.yaml")

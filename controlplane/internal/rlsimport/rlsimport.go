@@ -16,9 +16,15 @@
 // Each descriptor with a rate_limit becomes one fixed_window rule of scope
 // fleet whose descriptor is the path from the domain to it; its window is the
 // unit (second, minute, hour, day, week; a month is 30 days and a year 365, as
-// there); an unlimited one a rule of an unlimited descriptor; replaces names
-// the replaced rules by id. What sluice cannot express is refused with the
-// file, line and field.
+// there), its limit requests_per_unit (0, or none: every descriptor over it);
+// an unlimited one a rule of an unlimited descriptor; a descriptor with neither
+// a rate_limit nor descriptors below it (a value exempted from its key's limit)
+// a no_limit rule; replaces names the replaced rules by id; the rate limit's
+// name is the rule's descriptor name; share_threshold marks the wildcard entry
+// shared; quota_mode the descriptor's quota mode. Two files of one domain are
+// refused unless merging is asked for, and a descriptor's key and value twice
+// at one level always, as there. What sluice cannot express is refused with
+// the file, line and field.
 package rlsimport
 
 import (
@@ -62,12 +68,19 @@ var Units = map[string]time.Duration{
 	"year":   365 * 24 * time.Hour,
 }
 
-// Import reads files into a policy named policy. Several files may share a
-// domain (their descriptors must differ); the rules are in file order. The
-// error lists every problem found, each "file:line: field: message".
-func Import(policy string, files []File) (*Result, error) {
+// Options change what Import accepts.
+type Options struct {
+	// MergeDomains lets several files name one domain, their descriptors
+	// merged (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it a domain
+	// in a second file is refused, as there.
+	MergeDomains bool
+}
+
+// Import reads files into a policy named policy; the rules are in file order.
+// The error lists every problem found, each "file:line: field: message".
+func Import(policy string, files []File, o Options) (*Result, error) {
 	im := &importer{res: &Result{Policy: &rules.Policy{Name: policy}}, ids: map[string]bool{}, paths: map[string]string{},
-		names: map[[2]string]string{}}
+		names: map[[2]string]string{}, domains: map[string]string{}, o: o}
 	for _, f := range files {
 		im.file(f)
 	}
@@ -92,11 +105,14 @@ func Import(policy string, files []File) (*Result, error) {
 }
 
 type importer struct {
-	res   *Result
-	errs  []string
-	ids   map[string]bool
-	paths map[string]string // descriptor path → where it was first defined
-	name  string            // the current file
+	o   Options
+	res *Result
+	// domains maps each domain read to the file that named it first.
+	domains map[string]string
+	errs    []string
+	ids     map[string]bool
+	paths   map[string]string // descriptor path → where it was first defined
+	name    string            // the current file
 	// names maps a rate limit's (domain, name) to its rule's id; pending are
 	// the replaces to resolve once every file is read.
 	names   map[[2]string]string
@@ -147,6 +163,13 @@ func (im *importer) file(f File) {
 		im.fail(doc.Content[0], "domain", "required (envoyproxy/ratelimit: config file cannot have empty domain)")
 		return
 	}
+	if first, dup := im.domains[domain]; dup && !im.o.MergeDomains {
+		im.fail(doc.Content[0], "domain", "domain "+strconv.Quote(domain)+" is also in "+first+
+			" (envoyproxy/ratelimit: duplicate domain); merge them with --merge-domains (its MERGE_DOMAIN_CONFIG)")
+		return
+	} else if !dup {
+		im.domains[domain] = f.Name
+	}
 	if descs != nil {
 		im.descriptors(descs, "descriptors", domain, nil)
 	}
@@ -154,6 +177,9 @@ func (im *importer) file(f File) {
 
 // descriptors reads a list of descriptors under path (the entries above them).
 func (im *importer) descriptors(list *yaml.Node, field, domain string, path []rules.DescriptorEntry) {
+	if list.Kind == yaml.ScalarNode && list.Tag == "!!null" {
+		return // "descriptors:" with nothing: none, as there
+	}
 	if list.Kind != yaml.SequenceNode {
 		im.fail(list, field, "want a list of descriptors")
 		return
@@ -169,8 +195,8 @@ func (im *importer) descriptor(n *yaml.Node, field, domain string, path []rules.
 		return
 	}
 	var e rules.DescriptorEntry
-	var rl, children *yaml.Node
-	shadow := false
+	var rl, children, shareNode *yaml.Node
+	shadow, quotaMode := false, false
 	im.each(n, field, func(k string, v *yaml.Node) {
 		f := field + "." + k
 		switch k {
@@ -178,9 +204,6 @@ func (im *importer) descriptor(n *yaml.Node, field, domain string, path []rules.
 			e.Key = im.str(v, f)
 		case "value":
 			e.Value = im.str(v, f)
-			if i := strings.IndexByte(e.Value, '*'); i >= 0 && i != len(e.Value)-1 {
-				im.fail(v, f, "a '*' before the end of a value (a wildcard inside it) is not supported; only a trailing '*' (a prefix)")
-			}
 		case "rate_limit":
 			rl = v
 		case "descriptors":
@@ -191,15 +214,9 @@ func (im *importer) descriptor(n *yaml.Node, field, domain string, path []rules.
 			im.boolean(v, f)
 			im.res.Notes = append(im.res.Notes, im.name+":"+strconv.Itoa(v.Line)+": "+f+": metrics naming only; sluice's metrics are per rule")
 		case "quota_mode":
-			if im.boolean(v, f) {
-				im.fail(v, f, "quota mode is not supported")
-			}
+			quotaMode = im.boolean(v, f)
 		case "share_threshold":
-			if im.boolean(v, f) {
-				im.fail(v, f, "a counter shared by every value of a wildcard is not supported (each value is a counter of its own)")
-			}
-		case "metadata":
-			im.fail(v, f, "descriptor metadata in responses is not supported")
+			e.Shared, shareNode = im.boolean(v, f), v
 		default:
 			im.unknown(v, field+"."+k)
 		}
@@ -208,29 +225,48 @@ func (im *importer) descriptor(n *yaml.Node, field, domain string, path []rules.
 		im.fail(n, field+".key", "required (envoyproxy/ratelimit: descriptor has empty key)")
 		return
 	}
+	if e.Shared && !strings.HasSuffix(e.Value, "*") {
+		im.fail(shareNode, field+".share_threshold", "only with a value ending in '*' (envoyproxy/ratelimit refuses it too)")
+		return
+	}
 	here := append(append([]rules.DescriptorEntry(nil), path...), e)
+	key := domain + "\x00" + pathText(here)
+	if where, dup := im.paths[key]; dup {
+		im.fail(n, field, "the key and value "+strconv.Quote(pathText(here))+" again at this level (also "+where+
+			"; envoyproxy/ratelimit: duplicate descriptor composite key)")
+		return
+	}
+	im.paths[key] = im.name + ":" + strconv.Itoa(n.Line)
 	if len(here) > rules.MaxDescriptorEntries {
 		im.fail(n, field, "nested deeper than the "+strconv.Itoa(rules.MaxDescriptorEntries)+" entries a sluice descriptor may have")
 		return
 	}
-	if rl != nil {
-		im.rule(rl, field+".rate_limit", domain, here, shadow)
-	} else if shadow {
-		im.res.Notes = append(im.res.Notes, im.name+":"+strconv.Itoa(n.Line)+": "+field+".shadow_mode: no rate_limit here; ignored")
+	switch {
+	case rl != nil:
+		im.rule(rl, field+".rate_limit", domain, here, shadow, quotaMode)
+	case children == nil || len(children.Content) == 0:
+		// No limit and nothing below: the value is exempt from a less
+		// specific descriptor's limit.
+		ds := &rules.Descriptor{Domain: domain, Entries: here, NoLimit: true}
+		im.res.Policy.Rules = append(im.res.Policy.Rules, rules.Rule{ID: im.id("", domain, here), Descriptor: ds,
+			Description: "envoyproxy/ratelimit descriptor without rate_limit"})
+	}
+	if rl == nil && (shadow || quotaMode) {
+		im.res.Notes = append(im.res.Notes, im.name+":"+strconv.Itoa(n.Line)+": "+field+": shadow_mode or quota_mode without a rate_limit here; ignored")
 	}
 	if children != nil {
 		im.descriptors(children, field+".descriptors", domain, here)
 	}
 }
 
-func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.DescriptorEntry, shadow bool) {
+func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.DescriptorEntry, shadow, quotaMode bool) {
 	if n.Kind != yaml.MappingNode {
 		im.fail(n, field, "want a mapping (unit, requests_per_unit)")
 		return
 	}
 	var unit, name string
 	var rpu uint64
-	var rpuNode, replacesNode *yaml.Node
+	var replacesNode *yaml.Node
 	var replaces []string
 	unlimited := false
 	im.each(n, field, func(k string, v *yaml.Node) {
@@ -239,7 +275,7 @@ func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.Descri
 		case "unit":
 			unit = strings.ToLower(im.str(v, f))
 		case "requests_per_unit":
-			rpuNode = v
+			// Absent or 0: every descriptor is over the limit, as there.
 			u, err := strconv.ParseUint(v.Value, 10, 32)
 			if v.Kind != yaml.ScalarNode || err != nil {
 				im.fail(v, f, "want a whole number of requests, 0 to 4294967295")
@@ -264,27 +300,20 @@ func (im *importer) rule(n *yaml.Node, field, domain string, path []rules.Descri
 	case unlimited && unit != "":
 		im.fail(n, field+".unit", "should not be given with unlimited (envoyproxy/ratelimit refuses it too)")
 		return
-	case unlimited && shadow:
-		im.fail(n, field, "shadow_mode has nothing to observe on an unlimited descriptor")
-		return
 	case unlimited:
+		if shadow || quotaMode {
+			im.res.Notes = append(im.res.Notes, im.name+":"+strconv.Itoa(n.Line)+": "+field+": shadow_mode or quota_mode on an unlimited descriptor; ignored")
+		}
 	case !ok:
-		im.fail(n, field+".unit", "want one of second, minute, hour, day, week, month, year, got "+strconv.Quote(unit))
-		return
-	case rpuNode == nil || rpu == 0:
-		im.fail(n, field+".requests_per_unit", "want at least 1 (a limit of 0, every request over it, has no sluice equivalent; deny the route in Envoy instead)")
+		im.fail(n, field+".unit", "want one of second, minute, hour, day, week, month, year, got "+strconv.Quote(unit)+
+			" (envoyproxy/ratelimit: invalid rate limit unit)")
 		return
 	}
-	ds := &rules.Descriptor{Domain: domain, Entries: path, Unlimited: unlimited}
-	key := ds.Domain + "\x00" + pathText(path)
-	if where, dup := im.paths[key]; dup {
-		im.fail(n, field, "the same domain and descriptor as "+where)
-		return
-	}
-	im.paths[key] = im.name + ":" + strconv.Itoa(n.Line)
+	ds := &rules.Descriptor{Domain: domain, Entries: path, Unlimited: unlimited, Name: name}
 	r := rules.Rule{ID: im.id(name, domain, path), Descriptor: ds}
 	if !unlimited {
 		r.Algorithm, r.Limit, r.Window, r.Scope, r.Shadow = "fixed_window", rpu, window, rules.ScopeFleet, shadow
+		ds.QuotaMode = quotaMode
 	}
 	if name != "" {
 		r.Description = "envoyproxy/ratelimit rate_limit " + strconv.Quote(name)
