@@ -382,13 +382,19 @@ func (f *Fleet) DoDescriptor(d Descriptor) (Decision, error) {
 		dec.RateLimit = rl
 		raw, _ := json.Marshal(rl)
 		dec.RawRateLimit = string(raw)
+		// As Envoy's ratelimit filter writes the draft-03 quota policy
+		// (ratelimit_headers.cc): a window only for a known unit, and with it
+		// the name only when the limit has one.
 		limit := strconv.FormatUint(rl.Limit, 10)
-		window := ""
+		policy := ""
 		if w := unitSeconds[cl.GetUnit()]; w > 0 {
-			window = ";w=" + strconv.Itoa(w)
+			policy = ", " + limit + ";w=" + strconv.Itoa(w)
+			if rl.Rule != "" {
+				policy += `;name="` + rl.Rule + `"`
+			}
 		}
 		dec.Headers = host.Headers{
-			{"x-ratelimit-limit", limit + ", " + limit + window + `;name="` + rl.Rule + `"`},
+			{"x-ratelimit-limit", limit + policy},
 			{"x-ratelimit-remaining", strconv.FormatUint(rl.Remaining, 10)},
 			{"x-ratelimit-reset", strconv.FormatInt(rl.Reset, 10)},
 		}

@@ -26,11 +26,13 @@ descriptors:
   - key: generic_key
     value: api
     rate_limit:
+      name: api
       unit: second
       requests_per_unit: 20
     descriptors:
       - key: x-user-id
         rate_limit:
+          name: per-user
           unit: second
           requests_per_unit: 5
 `
@@ -208,7 +210,7 @@ func status(v any) int {
 // one Redis: counted from the Envoys' access logs, exactly L admitted in every
 // second when twice L is offered (the API's 20, and one user's 5), the draft-03
 // headers on the responses as Envoy 1.40 writes them (X-RateLimit-Limit: the
-// binding limit, then each descriptor's "limit;w=seconds;name=rule"); with the replicas killed every request passes
+// binding limit, then each descriptor's "limit;w=seconds;name=…" with its rate_limit name); with the replicas killed every request passes
 // (failure_mode_deny false) and Envoy counts the errors.
 func TestEnvoysRatelimitFilterEnforcesAnImportedConfigurationExactly(t *testing.T) {
 	s := startRLSStack(t, 2)
@@ -241,8 +243,8 @@ func TestEnvoysRatelimitFilterEnforcesAnImportedConfigurationExactly(t *testing.
 			lim, rem, reset := h.Get("X-RateLimit-Limit"), h.Get("X-RateLimit-Remaining"), h.Get("X-RateLimit-Reset")
 			// Envoy 1.40 writes the least remaining descriptor's limit, then every
 			// descriptor's quota policy with its window and name (the rule id).
-			if !strings.HasPrefix(lim, "5, ") || !strings.Contains(lim, `5;w=1;name="edge.generic_key_api.x-user-id"`) ||
-				!strings.Contains(lim, `20;w=1;name="edge.generic_key_api"`) || rem == "" || reset != "1" {
+			if !strings.HasPrefix(lim, "5, ") || !strings.Contains(lim, `5;w=1;name="per-user"`) ||
+				!strings.Contains(lim, `20;w=1;name="api"`) || rem == "" || reset != "1" {
 				t.Errorf("%d: X-RateLimit-Limit %q Remaining %q Reset %q, want the user's 5 a second", code, lim, rem, reset)
 			}
 			if code == 429 && rem != "0" {
