@@ -92,6 +92,12 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 			notes = append(notes, "rule "+r.ID+": "+from)
 			continue
 		}
+		if where := elsewhere(r.Descriptor); where != "" {
+			// Its actions produce the descriptor only on another route or
+			// Envoy: on this one's route they would send what never matches.
+			notes = append(notes, "rule "+r.ID+": "+where)
+			continue
+		}
 		if from != "" {
 			notes = append(notes, "rule "+r.ID+": "+from)
 		}
@@ -136,12 +142,14 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 
 // Actions returns the route rate_limit actions that produce descriptor ds's
 // entries, in order, as Envoy's actions name them (route_components.proto,
-// RateLimit.Action): an exact value is a generic_key with the entry's key; an
-// entry of an HTTP descriptor rule reads what its key_part reads (its header,
-// the identity's user or tenant header, :method, :path, or the client address
-// as remote_address, which only an entry of that key can carry);
-// "remote_address", "source_cluster" and "destination_cluster" without one are
-// those actions; any other key is read from the request header of that name.
+// RateLimit.Action): "remote_address", "source_cluster" and
+// "destination_cluster" (without a key_part, or remote_address's client_ip)
+// are those actions, an exact value included (the action sends the request's
+// address or cluster, which the value matches or not); any other exact value
+// is a generic_key with the entry's key; an entry of an HTTP descriptor rule
+// reads what its key_part reads (its header, the identity's user or tenant
+// header, :method, :path); any other key is read from the request header of
+// that name.
 // from says where the request values come from, "" when none does; with nil
 // actions it says why none can be made.
 func Actions(id *rules.Identity, ds *rules.Descriptor) (actions []*routev3.RateLimit_Action, from string) {
@@ -154,6 +162,14 @@ func Actions(id *rules.Identity, ds *rules.Descriptor) (actions []*routev3.RateL
 	for _, e := range ds.Entries {
 		var a *routev3.RateLimit_Action
 		switch {
+		case e.Key == "remote_address" && (e.KeyPart == "" || e.KeyPart == "client_ip"):
+			// Before an exact value: the action sends the request's own
+			// address, which an exact value then matches or not.
+			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_RemoteAddress_{RemoteAddress: &routev3.RateLimit_Action_RemoteAddress{}}}
+		case e.KeyPart == "" && e.Key == "source_cluster":
+			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_SourceCluster_{SourceCluster: &routev3.RateLimit_Action_SourceCluster{}}}
+		case e.KeyPart == "" && e.Key == "destination_cluster":
+			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_DestinationCluster_{DestinationCluster: &routev3.RateLimit_Action_DestinationCluster{}}}
 		case e.Exact():
 			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_GenericKey_{GenericKey: &routev3.RateLimit_Action_GenericKey{
 				DescriptorKey: e.Key, DescriptorValue: e.Value}}}
@@ -167,12 +183,6 @@ func Actions(id *rules.Identity, ds *rules.Descriptor) (actions []*routev3.RateL
 			a = header(":path", e.Key)
 		case strings.HasPrefix(e.KeyPart, "header:"):
 			a = header(strings.TrimPrefix(e.KeyPart, "header:"), e.Key)
-		case e.Key == "remote_address" && (e.KeyPart == "" || e.KeyPart == "client_ip"):
-			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_RemoteAddress_{RemoteAddress: &routev3.RateLimit_Action_RemoteAddress{}}}
-		case e.KeyPart == "" && e.Key == "source_cluster":
-			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_SourceCluster_{SourceCluster: &routev3.RateLimit_Action_SourceCluster{}}}
-		case e.KeyPart == "" && e.Key == "destination_cluster":
-			a = &routev3.RateLimit_Action{ActionSpecifier: &routev3.RateLimit_Action_DestinationCluster_{DestinationCluster: &routev3.RateLimit_Action_DestinationCluster{}}}
 		case e.KeyPart == "" && rules.ValidHeaderName(strings.ToLower(e.Key)):
 			a = header(strings.ToLower(e.Key), e.Key)
 		default:
@@ -188,6 +198,35 @@ func Actions(id *rules.Identity, ds *rules.Descriptor) (actions []*routev3.RateL
 		from = "entries read from the request headers " + strings.Join(headers, ", ") + " (a request without one sends no descriptor for the rule); change the actions if your descriptors come from elsewhere"
 	}
 	return actions, from
+}
+
+// The names the bootstrap gives its one route's cluster and its node's
+// cluster (envoyboot.Bootstrap): what destination_cluster and source_cluster
+// send from it.
+const (
+	bootstrapUpstream = "upstream"
+	bootstrapNode     = "sluice-rls"
+)
+
+// elsewhere says where a rule's rate_limits entry belongs when this
+// bootstrap's route cannot produce its descriptor: an exact destination_cluster
+// other than the route's cluster (the entry goes on the route to that
+// cluster), an exact source_cluster other than this Envoy's; "" when it can.
+func elsewhere(ds *rules.Descriptor) string {
+	for _, e := range ds.Entries {
+		switch {
+		case e.KeyPart != "" || !e.Exact():
+		case e.Key == "destination_cluster" && e.Value != bootstrapUpstream:
+			return "destination_cluster " + strconv.Quote(e.Value) + " is the cluster of the route a request takes, and this bootstrap's one route goes to cluster " +
+				strconv.Quote(bootstrapUpstream) + ": add the entry to the rate_limits of the route to cluster " + strconv.Quote(e.Value) +
+				" (actions: [{destination_cluster: {}}] for this entry; docs/rls.md)"
+		case e.Key == "source_cluster" && e.Value != bootstrapNode:
+			return "source_cluster " + strconv.Quote(e.Value) + " is the sending Envoy's own cluster (--service-cluster), and this one's is " +
+				strconv.Quote(bootstrapNode) + ": add the entry to the routes of the Envoys of cluster " + strconv.Quote(e.Value) +
+				" (actions: [{source_cluster: {}}] for this entry; docs/rls.md)"
+		}
+	}
+	return ""
 }
 
 // accessLog is the bootstrap's JSON access log on standard output.

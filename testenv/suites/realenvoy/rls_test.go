@@ -410,3 +410,51 @@ func TestRatelimitRateLimitQuotaAndWasmEnvoysShareOneLimit(t *testing.T) {
 		t.Errorf("the RLQS Envoy got nothing in %d windows", windows)
 	}
 }
+
+// TestADestinationClusterRuleCountsOnlyRequestsToThatCluster: rules on
+// destination_cluster, the bootstrap from sluicectl envoy-config rls, the real
+// Envoy's ratelimit filter: a request to the route's cluster ("upstream")
+// counts against the rule of that cluster (3 a minute: 3 of 5 admitted) and
+// never against the rule of another cluster ("payments", 1 a minute), whose
+// entry the command leaves to that cluster's route with a note.
+func TestADestinationClusterRuleCountsOnlyRequestsToThatCluster(t *testing.T) {
+	envoyproc.Binary(t, repo)
+	rs := redisproc.Start(t)
+	grpcAddr := proctest.FreeAddr(t)
+	cp := startControlPlane(t, "control plane", "--redis-url", rs.URL(), "--grpc-listen", grpcAddr)
+	pol := `{"policy":"clusters","rules":[
+ {"id":"payments","descriptor":{"domain":"edge","entries":[{"key":"destination_cluster","value":"payments"}]},"algorithm":"fixed_window","limit":1,"window":"1m","scope":"fleet"},
+ {"id":"upstream","descriptor":{"domain":"edge","entries":[{"key":"destination_cluster","value":"upstream"}]},"algorithm":"fixed_window","limit":3,"window":"1m","scope":"fleet"}]}`
+	dir := t.TempDir()
+	polFile, bootFile := filepath.Join(dir, "policy.json"), filepath.Join(dir, "envoy-rls.yaml")
+	if err := os.WriteFile(polFile, []byte(pol), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proctest.PutPolicy(t, cp.addr, "clusters", adminToken, pol)
+	up := startUpstream(t)
+	sluicectlTo(t, bootFile, "envoy-config", "rls", "-f", polFile, "--upstream", up, "--grpc", grpcAddr)
+	boot, err := os.ReadFile(bootFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(boot), `# NOTE: rule payments: destination_cluster "payments"`) {
+		t.Errorf("no note on the payments rule's route:\n%s", boot)
+	}
+	e := envoyproc.Start(t, envoyproc.Options{Name: "rls", Root: repo, Config: bootFile,
+		Rewrite: bootstrap.Rewrite{Listeners: []string{proctest.FreeAddr(t)}, Admin: proctest.FreeAddr(t),
+			AccessLog: filepath.Join(t.TempDir(), "access.log"),
+			Clusters:  map[string]string{"upstream": up, "sluice_rls": grpcAddr}}})
+	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
+	codes := map[int]int{}
+	for range 5 {
+		resp, err := fresh.Get("http://" + e.Listener + "/items")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	if codes[200] != 3 || codes[429] != 2 {
+		t.Errorf("5 requests to cluster upstream: %v, want 3 admitted (its rule) and 2 refused, none counted against payments", codes)
+	}
+}
