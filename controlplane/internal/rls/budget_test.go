@@ -165,3 +165,28 @@ func TestDescriptorsAnsweredAsEnvoyproxyRatelimitAnswersThem(t *testing.T) {
 		t.Errorf("no_limit descriptors counted %v, want 12", got)
 	}
 }
+
+// TestKeysPastTheLeaseBoundAreDecidedExactly: a replica that holds its bound
+// of leases decides a further key by an ask of its own for exactly the call's
+// hits, never a refill that nobody spends: 20 calls on a fresh key of 10 a
+// minute admit 10, and a check of 0 hits says how many remain.
+func TestKeysPastTheLeaseBoundAreDecidedExactly(t *testing.T) {
+	f := newFixture(t, budgetPolicy)
+	r := f.replica(t, "a", "", func(o *Options) { o.MaxLeases = 1 })
+	r.call(t, "b", desc("k", "busy")) // the one lease
+	if st := r.call(t, "b", hitsDesc(0, "user", "past")).Statuses[0]; st.LimitRemaining != 10 {
+		t.Errorf("a check past the bound: %v, want 10 remaining", st)
+	}
+	admitted := 0
+	for range 20 {
+		if r.call(t, "b", desc("user", "past")).OverallCode == rlsv3.RateLimitResponse_OK {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Errorf("past the lease bound, 20 calls on a fresh key of 10: %d admitted, want 10", admitted)
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_leases_full_total", "", ""); got < 21 {
+		t.Errorf("decisions past the bound counted %v, want 21", got)
+	}
+}

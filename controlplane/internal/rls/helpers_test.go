@@ -98,7 +98,7 @@ func newFixture(t testing.TB, doc string) *fixture {
 
 // replica starts a replica with a quota service of its own on the fixture's
 // Redis, as a control plane process has.
-func (f *fixture) replica(t testing.TB, name string, token string) *replica {
+func (f *fixture) replica(t testing.TB, name string, token string, opts ...func(*Options)) *replica {
 	t.Helper()
 	o := &redis.UniversalOptions{Addrs: []string{f.redis.Addr()}}
 	quota.TuneClient(o)
@@ -111,7 +111,11 @@ func (f *fixture) replica(t testing.TB, name string, token string) *replica {
 	}
 	q := quota.New(quota.Options{Backend: quota.NewRedis(rc), Policies: f.pol, Open: token == "", Token: token,
 		Now: now, Registry: reg})
-	srv := New(Options{Quota: q, Policies: f.pol, Replica: name, Now: now, Registry: reg})
+	so := Options{Quota: q, Policies: f.pol, Replica: name, Now: now, Registry: reg}
+	for _, set := range opts {
+		set(&so)
+	}
+	srv := New(so)
 	ctx, cancel := context.WithCancel(context.Background())
 	go srv.Run(ctx)
 	t.Cleanup(cancel)

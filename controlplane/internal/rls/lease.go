@@ -74,6 +74,9 @@ type lease struct {
 	// gone: the sweep forgot the lease and gave its units back; a decision
 	// holding it looks the key up again.
 	gone bool
+	// once: a lease of one decision, not kept (the replica holds its bound of
+	// leases): it asks for exactly what the decision needs and never refills.
+	once bool
 }
 
 // outcome is one descriptor's decision.
@@ -117,7 +120,7 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 	l := s.leases.get(key)
 	if l == nil {
 		s.m.leasesFull.Inc()
-		l = &lease{} // decided by an ask of its own, not kept
+		l = &lease{once: true} // decided by an ask of its own, not kept
 	}
 	cfg := fr.Rule.Config
 	for attempt := 0; ; attempt++ {
@@ -127,7 +130,7 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			l.mu.Unlock()
 			if l = s.leases.get(key); l == nil {
 				s.m.leasesFull.Inc()
-				l = &lease{}
+				l = &lease{once: true}
 			}
 			continue
 		}
@@ -144,7 +147,7 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			l.used += hits
 			l.lastUse = now
 			o := l.report(cfg, now, true)
-			refill := l.asking == nil && l.units*refillBelow < l.last && l.short(now)
+			refill := !l.once && l.asking == nil && l.units*refillBelow < l.last && l.short(now)
 			if refill {
 				l.asking = make(chan struct{})
 			}
@@ -302,7 +305,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	want := max(need, 1)
 	top := fr.Rule.Config.Limit + fr.Rule.Config.Burst
 	switch {
-	case l.askedAt == 0 || used == 0:
+	case l.once || l.askedAt == 0 || used == 0:
 	case now <= l.askedAt:
 		want = top // spent within a tick of the clock: as much as the share allows
 	default:
@@ -314,6 +317,9 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		want = max(want, uint64(min(demand, float64(limit.MaxLimit)))+1)
 	}
 	want = min(want, top)
+	if l.once && need == 0 {
+		want = 0 // a check on a lease not kept: what is left, no units
+	}
 	short := need - min(need, l.units)
 	var ret uint64
 	if l.units > 0 && now >= l.end {
