@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -188,5 +189,39 @@ func TestKeysPastTheLeaseBoundAreDecidedExactly(t *testing.T) {
 	}
 	if got := counterWith(t, r.reg, "sluice_controlplane_rls_leases_full_total", "", ""); got < 21 {
 		t.Errorf("decisions past the bound counted %v, want 21", got)
+	}
+}
+
+// TestWhatOnQuotaFailureAdmitsIsChargedWhenTheStoreAnswersAgain: Redis
+// stalled (SIGSTOP), a replica admits a window of 10 by on_quota_failure
+// local; once Redis answers again those 10 are charged to the key, so the
+// window admits nothing more: 10 in the window, not 20.
+func TestWhatOnQuotaFailureAdmitsIsChargedWhenTheStoreAnswersAgain(t *testing.T) {
+	f := newFixture(t, budgetPolicy)
+	r := f.replica(t, "a", "")
+	if err := f.redis.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stalled := 0
+	for range 12 {
+		if r.call(t, "b", desc("user", "stall")).OverallCode == rlsv3.RateLimitResponse_OK {
+			stalled++
+		}
+	}
+	if err := f.redis.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	f.clk.advance(2 * time.Second) // past the hold after a failed ask
+	after := 0
+	for range 12 {
+		if r.call(t, "b", desc("user", "stall")).OverallCode == rlsv3.RateLimitResponse_OK {
+			after++
+		}
+	}
+	if stalled != 10 || after != 0 {
+		t.Errorf("a window of 10: %d admitted while Redis stalled, %d after, want 10 and 0", stalled, after)
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_failure_decisions_total", "code", "ok"); got != 10 {
+		t.Errorf("failure decisions admitted %v, want 10", got)
 	}
 }

@@ -56,8 +56,11 @@ type lease struct {
 	tag         uint64
 	// used is units admitted since the last ask, reported by the next one;
 	// stale units granted under an earlier fingerprint of the key's rule (a
-	// limit override of another limit on the same counter), returned by it.
-	used, stale uint64
+	// limit override of another limit on the same counter), returned by it;
+	// charge units admitted by on_quota_failure while the quota service
+	// could not decide, booked by it as a charge (taken from the budget even
+	// past the limit, as the Wasm filter's degraded decisions are).
+	used, stale, charge uint64
 	// askedAt is when the last ask was sent (for the demand estimate).
 	askedAt int64
 	// left is the key's units left beyond every lease at the last ask.
@@ -165,7 +168,13 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			return o
 		case now < l.failed:
 			l.mu.Unlock()
-			return s.onFailure(fr, key, hits, now)
+			o := s.onFailure(fr, key, hits, now)
+			if o.admitted && !l.once {
+				l.mu.Lock()
+				l.charge += hits
+				l.mu.Unlock()
+			}
+			return o
 		case now < l.refused && hits-min(hits, l.units) >= l.refusedNeed || attempt >= maxAttempts:
 			// The budget beyond every lease lacked what this call needs at
 			// the last ask (or the key is that contended): refused. Units
@@ -325,15 +334,15 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	if l.units > 0 && now >= l.end {
 		ret, l.units = l.units, 0
 	}
-	stale := l.stale
-	l.stale = 0
+	stale, charge := l.stale, l.charge
+	l.stale, l.charge = 0, 0
 	l.used = 0
 	l.askedAt = now
 	l.mu.Unlock()
 
 	s.m.asks.Inc()
 	res, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
-		Used: used, Return: ret + stale, Want: want, Need: short, Interval: askInterval}})
+		Used: used, Return: ret + stale, Charge: charge, Want: want, Need: short, Interval: askInterval}})
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -349,6 +358,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		l.used += used // not reported: report it with the next ask
 		l.units += ret
 		l.stale += stale
+		l.charge += charge
 		l.failed = s.o.Now() + int64(failureHold)
 		return
 	}
@@ -460,10 +470,10 @@ func (s *Server) sweep(ctx context.Context) {
 				ret = 0
 			}
 			ret += l.stale
-			if l.rule != nil && l.used+ret > 0 {
-				backs = append(backs, giveBack{rule: l.rule, key: k, used: l.used, ret: ret})
+			if l.rule != nil && l.used+ret+l.charge > 0 {
+				backs = append(backs, giveBack{rule: l.rule, key: k, used: l.used, ret: ret, charge: l.charge})
 			}
-			l.units, l.used, l.stale = 0, 0, 0
+			l.units, l.used, l.stale, l.charge = 0, 0, 0, 0
 		}
 		l.mu.Unlock()
 	}
@@ -471,16 +481,16 @@ func (s *Server) sweep(ctx context.Context) {
 	for _, b := range backs {
 		s.m.asks.Inc()
 		if _, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: b.rule, Key: b.key, Entry: s.entry,
-			Used: b.used, Return: b.ret, Interval: askInterval}}); err != nil {
+			Used: b.used, Return: b.ret, Charge: b.charge, Interval: askInterval}}); err != nil {
 			s.m.askFailures.Inc()
 		}
 	}
 }
 
 // giveBack is a forgotten lease's report: units it used since its last ask,
-// and units it returns.
+// units it returns, and units on_quota_failure admitted, to charge.
 type giveBack struct {
-	rule      *quota.FleetRule
-	key       string
-	used, ret uint64
+	rule              *quota.FleetRule
+	key               string
+	used, ret, charge uint64
 }
