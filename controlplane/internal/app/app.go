@@ -137,8 +137,9 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		listening(l.Addr())
 	}
 	var gs *grpc.Server
+	var rs *rls.Server
 	if s.GRPCListen != "" {
-		if gs, err = serveGRPC(ctx, s, qsvc, snap, tlsSrv, reg, log); err != nil {
+		if gs, rs, err = serveGRPC(ctx, s, qsvc, snap, tlsSrv, reg, log); err != nil {
 			l.Close()
 			return err
 		}
@@ -165,7 +166,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		return err
 	case <-ctx.Done():
 	}
-	return shutdown(s, srv, hs, gs, log)
+	return shutdown(s, srv, hs, gs, rs, log)
 }
 
 // startSnapshot builds the snapshot of st, resyncs it once before serving (so
@@ -271,10 +272,10 @@ func logListening(s config.Settings, addr net.Addr, kind string, tls bool, log *
 // serveGRPC listens on --grpc-listen and serves the Rate Limit Quota Service and
 // the RateLimitService from qsvc (TLS as the REST listener has it), the latter's
 // sweep running until ctx ends.
-func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, snap *snapshot.Snapshot, tlsSrv *tlsconf.Server, reg *prometheus.Registry, log *slog.Logger) (*grpc.Server, error) {
+func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, snap *snapshot.Snapshot, tlsSrv *tlsconf.Server, reg *prometheus.Registry, log *slog.Logger) (*grpc.Server, *rls.Server, error) {
 	gl, err := net.Listen("tcp", s.GRPCListen)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", s.GRPCListen, err)
+		return nil, nil, fmt.Errorf("listen on %s: %w", s.GRPCListen, err)
 	}
 	var creds credentials.TransportCredentials
 	if tlsSrv != nil {
@@ -286,12 +287,13 @@ func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, snap
 		MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds, rs.Register)
 	log.Info("rate limit quota service and rate limit service (gRPC) listening", "addr", gl.Addr().String(), "scheme", map[bool]string{true: "https", false: "http"}[tlsSrv != nil])
 	go func() { _ = gs.Serve(gl) }()
-	return gs, nil
+	return gs, rs, nil
 }
 
-// shutdown answers long polls, finishes in-flight requests and ends the RLQS
-// streams, within --shutdown-timeout.
-func shutdown(s config.Settings, srv *api.Server, hs *http.Server, gs *grpc.Server, log *slog.Logger) error {
+// shutdown answers long polls, finishes in-flight requests, ends the RLQS
+// streams and returns the RateLimitService's leases, within
+// --shutdown-timeout.
+func shutdown(s config.Settings, srv *api.Server, hs *http.Server, gs *grpc.Server, rs *rls.Server, log *slog.Logger) error {
 	log.Info("shutting down: answering long polls, finishing in-flight requests", "timeout", s.ShutdownTimeout.String())
 	srv.Drain()
 	if gs != nil {
@@ -303,6 +305,12 @@ func shutdown(s config.Settings, srv *api.Server, hs *http.Server, gs *grpc.Serv
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
 		return fmt.Errorf("graceful shutdown: %w", err)
+	}
+	if rs != nil {
+		// The units this replica holds go back to the keys' budgets now, not
+		// when their windows end.
+		n := rs.ReturnLeases(sctx)
+		log.Info("rate limit service leases returned", "keys", n)
 	}
 	log.Info("shut down cleanly")
 	return nil

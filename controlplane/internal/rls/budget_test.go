@@ -225,3 +225,42 @@ func TestWhatOnQuotaFailureAdmitsIsChargedWhenTheStoreAnswersAgain(t *testing.T)
 		t.Errorf("failure decisions admitted %v, want 10", got)
 	}
 }
+
+// TestAReplicaHoldsAboutASecondOfItsDemandAndReturnsItWhenItStops: on a key of
+// 100 an hour, replica b takes a call a second for 3 s, then replica a calls
+// until refused: b holds about a second of its demand (not half the hour's
+// budget), so a is admitted all but a few units; when b stops
+// (ReturnLeases) they come back and a takes every unit left: 100 in the hour.
+func TestAReplicaHoldsAboutASecondOfItsDemandAndReturnsItWhenItStops(t *testing.T) {
+	const hourly = `{"policy":"h","rules":[{"id":"hour","descriptor":{"domain":"h","entries":[{"key":"k","value":"v"}]},"algorithm":"fixed_window","limit":100,"window":"1h","scope":"fleet"}]}`
+	f := newFixture(t, hourly)
+	a, b := f.replica(t, "a", ""), f.replica(t, "b", "")
+	admitted := 0
+	for range 3 {
+		if b.call(t, "h", desc("k", "v")).OverallCode == rlsv3.RateLimitResponse_OK {
+			admitted++
+		}
+		f.clk.advance(time.Second)
+	}
+	callA := func() int {
+		n := 0
+		for range 120 {
+			if a.call(t, "h", desc("k", "v")).OverallCode == rlsv3.RateLimitResponse_OK {
+				n++
+			}
+			f.clk.advance(10 * time.Millisecond)
+		}
+		return n
+	}
+	first := callA()
+	if admitted+first < 95 || admitted+first > 100 {
+		t.Errorf("b took %d, then a %d: b holds %d of the hour's 100 unused, want at most 5", admitted, first, 100-admitted-first)
+	}
+	if n := b.srv.ReturnLeases(context.Background()); n != 1 {
+		t.Errorf("b returned %d leases, want 1", n)
+	}
+	second := callA()
+	if total := admitted + first + second; total != 100 {
+		t.Errorf("after b stopped, a took %d more: %d in the hour, want 100", second, total)
+	}
+}

@@ -19,10 +19,15 @@ import (
 // Sizing of a replica's asks.
 const (
 	// askHorizon is how much of a key's observed demand one ask wants: the
-	// units its decisions took over this long, or for a window until the
-	// window ends, with a quarter more (the ledger caps it at the replica's
-	// share of the budget).
+	// units its decisions took over this long (a window's rest when shorter),
+	// with a quarter more (the ledger caps it at the replica's share of the
+	// budget).
 	askHorizon = time.Second
+	// minDemandSpan is the shortest time a demand estimate divides by: units
+	// taken faster than that count as taken over it (a burst of a few calls
+	// right after a grant asks for a few times them, growing ask by ask while
+	// the demand lasts).
+	minDemandSpan = askHorizon / 4
 	// refillBelow is the fraction (1/refillBelow) of the last grant left at
 	// which an ask for more starts in the background, so that a steadily used
 	// key is seldom decided behind a store round trip.
@@ -315,14 +320,18 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	top := fr.Rule.Config.Limit + fr.Rule.Config.Burst
 	switch {
 	case l.once || l.askedAt == 0 || used == 0:
-	case now <= l.askedAt:
-		want = top // spent within a tick of the clock: as much as the share allows
 	default:
 		horizon := askHorizon
 		if w := fr.Rule.Config.Window; fr.Rule.Config.Algorithm == limit.FixedWindow {
-			horizon = w - time.Duration(now%int64(w)) // epoch-aligned windows
+			// Never past the window's end (epoch-aligned windows), and never
+			// the rest of a long window: units a replica holds are budget the
+			// key's other holders cannot have, and a replica that dies keeps
+			// them until the window ends.
+			horizon = min(horizon, w-time.Duration(now%int64(w)))
 		}
-		demand := float64(used) * float64(horizon) / float64(now-l.askedAt) * 1.25
+		// Over at least minDemandSpan: a few decisions just after a grant
+		// are no rate to lease a long window's budget for.
+		demand := float64(used) * float64(horizon) / float64(max(now-l.askedAt, int64(minDemandSpan))) * 1.25
 		want = max(want, uint64(min(demand, float64(limit.MaxLimit)))+1)
 	}
 	want = min(want, top)
@@ -456,13 +465,23 @@ func (ll *localLimits) decide(fr *quota.FleetRule, key string, hits uint64, now 
 }
 
 // sweep returns the units of leases unused for idleAfter and forgets them.
-func (s *Server) sweep(ctx context.Context) {
+func (s *Server) sweep(ctx context.Context) { s.giveBack(ctx, false) }
+
+// ReturnLeases reports and returns the units of every lease the replica
+// holds, and forgets them, within ctx: a replica that stops hands its budget
+// back to the key's other holders instead of keeping it until the window ends.
+// Decisions after it ask afresh. It returns how many keys it reported.
+func (s *Server) ReturnLeases(ctx context.Context) int { return s.giveBack(ctx, true) }
+
+// giveBack reports and returns the units of the leases unused for idleAfter
+// (all: every lease with no ask in flight) and forgets them.
+func (s *Server) giveBack(ctx context.Context, all bool) int {
 	now := s.o.Now()
 	var backs []giveBack
 	s.leases.mu.Lock()
 	for k, l := range s.leases.m {
 		l.mu.Lock()
-		if l.asking == nil && now-l.lastUse > int64(idleAfter) && now-l.askedAt > int64(idleAfter) {
+		if l.asking == nil && (all || now-l.lastUse > int64(idleAfter) && now-l.askedAt > int64(idleAfter)) {
 			delete(s.leases.m, k)
 			l.gone = true
 			ret := l.units
@@ -485,6 +504,7 @@ func (s *Server) sweep(ctx context.Context) {
 			s.m.askFailures.Inc()
 		}
 	}
+	return len(backs)
 }
 
 // giveBack is a forgotten lease's report: units it used since its last ask,
