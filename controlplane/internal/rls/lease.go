@@ -39,8 +39,10 @@ const (
 	// on_quota_failure without asking again.
 	failureHold = time.Second
 	// idleAfter is how long a lease may go unused before the sweep returns its
-	// units and forgets it.
-	idleAfter = 10 * time.Second
+	// units and forgets it: a replica whose demand on a key stopped gives what
+	// it holds back to the key's other holders within this and the sweep's
+	// second.
+	idleAfter = 2 * time.Second
 	// maxAttempts bounds the asks and waits of one decision whose units the
 	// key's other decisions keep taking first; a refusal by the quota service
 	// ends it sooner.
