@@ -80,6 +80,9 @@ type quotaProxy struct {
 	calls  int
 	keys   int
 	bodies []string
+	// answers counts the control plane's answers passed on, granting those
+	// that granted any unit.
+	answers, granting int
 	gate   chan struct{} // non-nil: quota calls wait until it is closed
 	fault  func(w http.ResponseWriter) bool
 	answer func(req *quota.Request) *quota.Response // non-nil: answers every quota call
@@ -90,6 +93,29 @@ func newQuotaProxy(t testing.TB, target string) *quotaProxy {
 	q := &quotaProxy{}
 	u, _ := url.Parse("http://" + target)
 	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.URL.Path != "/v1/quota" || resp.StatusCode != http.StatusOK {
+			return nil
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		resp.Body = io.NopCloser(strings.NewReader(string(body)))
+		granted := false
+		if r, err := quota.DecodeResponse(body); err == nil {
+			for _, k := range r.Keys {
+				granted = granted || k.Granted > 0
+			}
+		}
+		q.mu.Lock()
+		q.answers++
+		if granted {
+			q.granting++
+		}
+		q.mu.Unlock()
+		return nil
+	}
 	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
 		http.Error(w, "upstream connect error or disconnect/reset before headers", http.StatusServiceUnavailable)
 	}
@@ -131,6 +157,14 @@ func newQuotaProxy(t testing.TB, target string) *quotaProxy {
 }
 
 func (q *quotaProxy) addr() string { return q.srv.Listener.Addr().String() }
+
+// answered returns how many answers the control plane gave through the
+// proxy, and how many of them granted units.
+func (q *quotaProxy) answered() (answers, granting int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.answers, q.granting
+}
 
 // envoys returns the distinct "envoy" ids of the quota calls seen so far.
 func (q *quotaProxy) envoys() map[string]bool {

@@ -258,6 +258,26 @@ func (f *fleetOfThree) join() {
 	}) {
 		f.t.Fatal("the Envoys never reported again")
 	}
+	// Then until a round of answers, one to each Envoy in turn, granted
+	// nothing: each Envoy's last answer then saw what the others were last
+	// granted, so the window's left it carries is the same remainder's
+	// share for all (an answer before another's top-up overstates it).
+	if !proctest.WaitFor(20*time.Second, func() bool {
+		quiet := true
+		for i, qp := range f.proxies {
+			n, g := qp.answered()
+			f.do(i) // one use, which the next tick reports
+			if !proctest.WaitFor(5*time.Second, func() bool { m, _ := qp.answered(); return m > n }) {
+				return false
+			}
+			if _, g2 := qp.answered(); g2 > g {
+				quiet = false
+			}
+		}
+		return quiet
+	}) {
+		f.t.Fatal("the Envoys' answers never stopped granting")
+	}
 }
 
 // cut cuts Envoy i off the quota service (on: its quota calls fail as
