@@ -237,6 +237,7 @@ func accessLog() *accesslogv3.AccessLog {
 		"method":                f("%REQ(:METHOD)%"),
 		"path":                  f("%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%"),
 		"status":                f("%RESPONSE_CODE%"),
+		"duration":              f("%DURATION%"),
 		"flags":                 f("%RESPONSE_FLAGS%"),
 		"x_ratelimit_limit":     f("%RESP(X-RATELIMIT-LIMIT)%"),
 		"x_ratelimit_remaining": f("%RESP(X-RATELIMIT-REMAINING)%"),

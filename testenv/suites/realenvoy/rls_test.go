@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +49,13 @@ type rlsStack struct {
 
 func startRLSStack(t *testing.T, replicas int) *rlsStack {
 	t.Helper()
+	return startRLSStackWith(t, rlsConfig, replicas)
+}
+
+// startRLSStackWith is startRLSStack with config as the envoyproxy/ratelimit
+// file; Envoy i calls replica i mod replicas.
+func startRLSStackWith(t *testing.T, config string, replicas int) *rlsStack {
+	t.Helper()
 	envoyproc.Binary(t, repo)
 	rs := redisproc.Start(t)
 	s := &rlsStack{}
@@ -60,7 +68,7 @@ func startRLSStack(t *testing.T, replicas int) *rlsStack {
 	}
 	dir := t.TempDir()
 	cfgFile, polFile, bootFile := filepath.Join(dir, "config.yaml"), filepath.Join(dir, "policy.json"), filepath.Join(dir, "envoy-rls.yaml")
-	if err := os.WriteFile(cfgFile, []byte(rlsConfig), 0o600); err != nil {
+	if err := os.WriteFile(cfgFile, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	sluicectlTo(t, polFile, "import", "ratelimit", cfgFile, "--policy", "edge")
@@ -456,5 +464,90 @@ func TestADestinationClusterRuleCountsOnlyRequestsToThatCluster(t *testing.T) {
 	}
 	if codes[200] != 3 || codes[429] != 2 {
 		t.Errorf("5 requests to cluster upstream: %v, want 3 admitted (its rule) and 2 refused, none counted against payments", codes)
+	}
+}
+
+// TestEnvoysRatelimitFilterNeverRefusesWhileTheWindowHasBudget: two real
+// Envoys' ratelimit filters on one control plane replica, a key of 2,000 a
+// minute, 64 concurrent clients offering 2,600 requests within one minute:
+// counted from the Envoys' access logs, exactly 2,000 admitted (never more),
+// and no request refused before an admitted one started (its 429 written
+// while the window still had budget).
+func TestEnvoysRatelimitFilterNeverRefusesWhileTheWindowHasBudget(t *testing.T) {
+	s := startRLSStackWith(t, `domain: edge
+descriptors:
+  - key: generic_key
+    value: api
+    rate_limit:
+      name: api
+      unit: minute
+      requests_per_unit: 2000
+`, 1)
+	proctest.AwaitOneWindow(t, time.Minute, 40*time.Second)
+	window := time.Now().Truncate(time.Minute)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := s.envoys[w%len(s.envoys)]
+			for next.Add(1) <= 2600 {
+				resp, err := fresh.Get("http://" + e.Listener + "/items")
+				if err != nil {
+					t.Errorf("%s: %v", e.Name, err)
+					return
+				}
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	type logged struct {
+		start, end time.Time
+		status     int
+	}
+	var lines []logged
+	proctest.WaitFor(10*time.Second, func() bool {
+		lines = lines[:0]
+		for _, e := range s.envoys {
+			for _, line := range envoyproc.ReadJSONLines(t, e.AccessLog) {
+				ts, err := time.Parse(time.RFC3339Nano, line["timestamp"].(string))
+				if err != nil {
+					t.Fatalf("%s: timestamp %v: %v", e.Name, line["timestamp"], err)
+				}
+				if ts.Before(window) || !ts.Before(window.Add(time.Minute)) {
+					continue
+				}
+				d := time.Duration(status(line["duration"])) * time.Millisecond
+				lines = append(lines, logged{start: ts, end: ts.Add(d), status: status(line["status"])})
+			}
+		}
+		return len(lines) == 2600
+	})
+	admitted, refused, early := 0, 0, 0
+	var lastAdmittedStart time.Time
+	for _, l := range lines {
+		switch l.status {
+		case 200:
+			admitted++
+			if l.start.After(lastAdmittedStart) {
+				lastAdmittedStart = l.start
+			}
+		case 429:
+			refused++
+		default:
+			t.Errorf("status %d", l.status)
+		}
+	}
+	for _, l := range lines {
+		// A millisecond of slack: the log's times are whole milliseconds.
+		if l.status == 429 && l.end.Add(time.Millisecond).Before(lastAdmittedStart) {
+			early++
+		}
+	}
+	t.Logf("%d logged in the window: %d admitted, %d refused, %d refused before an admitted request started", len(lines), admitted, refused, early)
+	if len(lines) != 2600 || admitted != 2000 || early != 0 {
+		t.Errorf("want 2,600 logged, exactly 2,000 admitted and none refused before an admitted request started")
 	}
 }
