@@ -83,9 +83,9 @@ type quotaProxy struct {
 	// answers counts the control plane's answers passed on, granting those
 	// that granted any unit.
 	answers, granting int
-	gate   chan struct{} // non-nil: quota calls wait until it is closed
-	fault  func(w http.ResponseWriter) bool
-	answer func(req *quota.Request) *quota.Response // non-nil: answers every quota call
+	gate              chan struct{} // non-nil: quota calls wait until it is closed
+	fault             func(w http.ResponseWriter) bool
+	answer            func(req *quota.Request) *quota.Response // non-nil: answers every quota call
 }
 
 func newQuotaProxy(t testing.TB, target string) *quotaProxy {
