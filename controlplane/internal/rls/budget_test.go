@@ -165,6 +165,15 @@ func TestDescriptorsAnsweredAsEnvoyproxyRatelimitAnswersThem(t *testing.T) {
 	if got := counterWith(t, r.reg, "sluice_controlplane_rls_descriptors_total", "result", "no_limit"); got != 12 {
 		t.Errorf("no_limit descriptors counted %v, want 12", got)
 	}
+	// Each descriptor once, by its result: the quota-mode calls over the
+	// limit (the third) as quota_mode, not also as over_limit (limit 0's call and the
+	// shared wildcard's fourth are the over_limit ones).
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_descriptors_total", "result", "quota_mode"); got != 1 {
+		t.Errorf("quota_mode descriptors counted %v, want 1", got)
+	}
+	if got := counterWith(t, r.reg, "sluice_controlplane_rls_descriptors_total", "result", "over_limit"); got != 2 {
+		t.Errorf("over_limit descriptors counted %v, want 2", got)
+	}
 }
 
 // TestKeysPastTheLeaseBoundAreDecidedExactly: a replica that holds its bound

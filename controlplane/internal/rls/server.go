@@ -265,12 +265,8 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		// to count, the window's reset as for any fixed window.
 		// A check of 0 hits is within it, as there (0 > 0 is false).
 		w := int64(ref.rule.Window)
-		st := s.status(ref.limit, ref.rule.Shadow, outcome{admitted: hits(req, d) == 0, reset: time.Duration(w - s.o.Now()%w)})
-		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && ref.rule.Descriptor.QuotaMode {
-			s.m.dQuotaMode.Inc()
-			st = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: st.CurrentLimit}
-		}
-		return st
+		return s.status(ref.limit, ref.rule.Shadow, ref.rule.Descriptor.QuotaMode,
+			outcome{admitted: hits(req, d) == 0, reset: time.Duration(w - s.o.Now()%w)})
 	}
 	n := len(d.Entries)
 	var hs [rules.MaxDescriptorEntries]rules.Header
@@ -292,15 +288,7 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		s.m.noRule.Inc()
 		return ok
 	}
-	st := s.status(ref.limit, fr.Rule.Shadow, s.take(ctx, fr, key, hits(req, d)))
-	if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && ref.rule.Descriptor.QuotaMode {
-		// As envoyproxy/ratelimit answers a quota-mode limit passed: OK,
-		// the limit and what remains, no reset.
-		s.m.dQuotaMode.Inc()
-		st = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: st.CurrentLimit,
-			LimitRemaining: st.LimitRemaining}
-	}
-	return st
+	return s.status(ref.limit, fr.Rule.Shadow, ref.rule.Descriptor.QuotaMode, s.take(ctx, fr, key, hits(req, d)))
 }
 
 // hits is what descriptor d of req costs: its own hits_addend when set (0
@@ -313,8 +301,11 @@ func hits(req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) uint64 {
 }
 
 // status is a limited descriptor's status: its limit, what is left and the
-// reset, OVER_LIMIT unless o admitted it or the rule is in shadow mode.
-func (s *Server) status(limit *rlsv3.RateLimitResponse_RateLimit, shadow bool, o outcome) *rlsv3.RateLimitResponse_DescriptorStatus {
+// reset, OVER_LIMIT unless o admitted it or the rule is in shadow mode (OK,
+// counted as shadow) or quota mode (OK with the limit and what remains, no
+// reset, as envoyproxy/ratelimit answers a quota-mode limit passed). Each
+// descriptor is counted once, by its result.
+func (s *Server) status(limit *rlsv3.RateLimitResponse_RateLimit, shadow, quotaMode bool, o outcome) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{
 		Code:               rlsv3.RateLimitResponse_OK,
 		CurrentLimit:       limit,
@@ -326,6 +317,9 @@ func (s *Server) status(limit *rlsv3.RateLimitResponse_RateLimit, shadow bool, o
 		s.m.dOK.Inc()
 	case shadow:
 		s.m.dShadow.Inc()
+	case quotaMode:
+		s.m.dQuotaMode.Inc()
+		st.DurationUntilReset = nil
 	default:
 		s.m.dOver.Inc()
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -364,7 +358,7 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 	}
 	cl := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: lim.GetRequestsPerUnit(), Unit: unit}
 	if lim.GetRequestsPerUnit() == 0 {
-		return s.status(cl, false, outcome{reset: window})
+		return s.status(cl, false, false, outcome{reset: window})
 	}
 	var hs [rules.MaxDescriptorEntries]rules.Header
 	for i, e := range d.Entries {
@@ -397,7 +391,7 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 		s.m.noRule.Inc()
 		return ok
 	}
-	return s.status(cl, false, s.take(ctx, fr, key, hits(req, d)))
+	return s.status(cl, false, false, s.take(ctx, fr, key, hits(req, d)))
 }
 
 // sameCounter reports whether rule r counts its descriptors per value of
