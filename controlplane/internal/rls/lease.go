@@ -499,15 +499,26 @@ func (s *Server) giveBack(ctx context.Context, all bool) int {
 		l.mu.Unlock()
 	}
 	s.leases.mu.Unlock()
-	for _, b := range backs {
-		s.m.asks.Inc()
-		if _, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: b.rule, Key: b.key, Entry: s.entry,
-			Used: b.used, Return: b.ret, Charge: b.charge, Interval: askInterval}}); err != nil {
-			s.m.askFailures.Inc()
+	n := len(backs)
+	// The keys are distinct: one quota service call a batch (one timeout,
+	// not one per key, when the store is down).
+	for len(backs) > 0 && ctx.Err() == nil {
+		batch := backs[:min(len(backs), giveBackBatch)]
+		backs = backs[len(batch):]
+		asks := make([]quota.Assignment, len(batch))
+		for i, b := range batch {
+			asks[i] = quota.Assignment{Rule: b.rule, Key: b.key, Entry: s.entry, Used: b.used, Return: b.ret, Charge: b.charge, Interval: askInterval}
+		}
+		s.m.asks.Add(float64(len(asks)))
+		if _, err := s.o.Quota.Assign(ctx, asks); err != nil {
+			s.m.askFailures.Add(float64(len(asks)))
 		}
 	}
-	return len(backs)
+	return n
 }
+
+// giveBackBatch is how many keys one quota service call of giveBack reports.
+const giveBackBatch = 64
 
 // giveBack is a forgotten lease's report: units it used since its last ask,
 // units it returns, and units on_quota_failure admitted, to charge.
