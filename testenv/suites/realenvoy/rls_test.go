@@ -424,7 +424,8 @@ func TestRatelimitRateLimitQuotaAndWasmEnvoysShareOneLimit(t *testing.T) {
 // Envoy's ratelimit filter: a request to the route's cluster ("upstream")
 // counts against the rule of that cluster (3 a minute: 3 of 5 admitted) and
 // never against the rule of another cluster ("payments", 1 a minute), whose
-// entry the command leaves to that cluster's route with a note.
+// entry the command leaves to that cluster's route with a note. An unnamed
+// limit's X-RateLimit-Limit carries no name, as the policy lab writes it.
 func TestADestinationClusterRuleCountsOnlyRequestsToThatCluster(t *testing.T) {
 	envoyproc.Binary(t, repo)
 	rs := redisproc.Start(t)
@@ -461,6 +462,11 @@ func TestADestinationClusterRuleCountsOnlyRequestsToThatCluster(t *testing.T) {
 		}
 		resp.Body.Close()
 		codes[resp.StatusCode]++
+		// Envoy names a limit in the quota policy only when it has a name
+		// (ratelimit_headers.cc); these rules have none.
+		if got := resp.Header.Get("X-RateLimit-Limit"); got != "3, 3;w=60" {
+			t.Errorf("X-RateLimit-Limit %q, want \"3, 3;w=60\"", got)
+		}
 	}
 	if codes[200] != 3 || codes[429] != 2 {
 		t.Errorf("5 requests to cluster upstream: %v, want 3 admitted (its rule) and 2 refused, none counted against payments", codes)
