@@ -67,6 +67,7 @@ type Server struct {
 	bin   string
 	dir   string
 	port  int
+	unix  bool
 	extra []string
 
 	mu  sync.Mutex
@@ -84,6 +85,8 @@ type Options struct {
 	// Dir holds the server's files (its log, and the append-only file with
 	// AppendOnly); "" is a new directory of the test's.
 	Dir string
+	// UnixSocket also listens on a Unix socket in Dir (Socket), mode 0700.
+	UnixSocket bool
 }
 
 // Start starts a standalone redis-server on 127.0.0.1 for t, waits until it
@@ -96,13 +99,16 @@ func Start(t testing.TB, opts ...Options) *Server {
 		if o.AppendOnly {
 			s.extra = append(s.extra, "--appendonly", "yes", "--appendfsync", "always")
 		}
-		s.port, s.dir = o.Port, o.Dir
+		s.port, s.dir, s.unix = o.Port, o.Dir, o.UnixSocket
 	}
 	if s.port == 0 {
 		s.port = freePort(t)
 	}
 	if s.dir == "" {
 		s.dir = t.TempDir()
+	}
+	if s.unix {
+		s.extra = append(s.extra, "--unixsocket", s.Socket(), "--unixsocketperm", "700")
 	}
 	t.Cleanup(s.Kill)
 	s.start()
@@ -114,6 +120,9 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
 // URL returns "redis://127.0.0.1:port".
 func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Socket returns the path of the server's Unix socket (Options.UnixSocket).
+func (s *Server) Socket() string { return filepath.Join(s.dir, "redis.sock") }
 
 // Port returns the server's port.
 func (s *Server) Port() int { return s.port }
