@@ -66,6 +66,17 @@ const (
 	// Port is the control plane's HTTP port (API, /healthz, /readyz,
 	// /metrics), set by SLUICE_LISTEN in the image's environment.
 	Port = 8080
+	// RateLimitCommand is the path envoyproxy/ratelimit's image runs its
+	// service from, and every Deployment written for it names as its
+	// command: here a symbolic link to Entrypoint, which run under that name
+	// is the RateLimitService configured by envoyproxy/ratelimit's
+	// environment (HTTP on 8080, gRPC on RateLimitGRPCPort, debug on
+	// RateLimitDebugPort).
+	RateLimitCommand = "/bin/ratelimit"
+	// RateLimitGRPCPort and RateLimitDebugPort are envoyproxy/ratelimit's
+	// default gRPC and debug ports (GRPC_PORT, DEBUG_PORT).
+	RateLimitGRPCPort  = 8081
+	RateLimitDebugPort = 6070
 )
 
 // OCI annotation and label keys (image-spec annotations.md).
@@ -108,11 +119,12 @@ func (m Meta) labels(title string) map[string]string {
 	return l
 }
 
-// file is one regular file of a layer.
+// file is one regular file of a layer, or a symbolic link to link.
 type file struct {
 	name string
 	mode int64
 	data []byte
+	link string
 }
 
 // filesLayer is a gzip-compressed OCI layer holding files (sorted by name,
@@ -125,6 +137,9 @@ func filesLayer(files []file, mtime time.Time) (v1.Layer, error) {
 	for _, f := range files {
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: f.name, Mode: f.mode, Size: int64(len(f.data)),
 			ModTime: mtime.UTC(), Format: tar.FormatPAX}
+		if f.link != "" {
+			h.Typeflag, h.Linkname, h.Size = tar.TypeSymlink, f.link, 0
+		}
 		if err := w.WriteHeader(h); err != nil {
 			return nil, err
 		}
@@ -190,9 +205,10 @@ type Binary struct {
 }
 
 // ControlPlane is the control plane as an OCI image index with one image
-// per binary: a single layer holding /sluice-controlplane (mode 0755),
-// user 65532:65532, entrypoint the binary, SLUICE_LISTEN=0.0.0.0:8080,
-// port 8080/tcp exposed and the OCI labels. There is no shell, no libc and
+// per binary: a single layer holding /sluice-controlplane (mode 0755) and
+// /bin/ratelimit (a symbolic link to it), user 65532:65532, entrypoint the
+// binary, SLUICE_LISTEN=0.0.0.0:8080, ports 8080, 8081 and 6070/tcp exposed
+// and the OCI labels. There is no shell, no libc and
 // no other file; the binary must be static.
 func ControlPlane(bins []Binary, m Meta) (v1.ImageIndex, error) {
 	if len(bins) == 0 {
@@ -200,18 +216,20 @@ func ControlPlane(bins []Binary, m Meta) (v1.ImageIndex, error) {
 	}
 	var adds []mutate.IndexAddendum
 	for _, b := range bins {
-		layer, err := filesLayer([]file{{name: Entrypoint[1:], mode: 0o755, data: b.Data}}, m.Created)
+		layer, err := filesLayer([]file{{name: Entrypoint[1:], mode: 0o755, data: b.Data},
+			{name: RateLimitCommand[1:], mode: 0o777, link: Entrypoint}}, m.Created)
 		if err != nil {
 			return nil, err
 		}
 		cfg := v1.ConfigFile{Architecture: b.Platform.Architecture, OS: b.Platform.OS, Variant: b.Platform.Variant,
 			Config: v1.Config{
-				User:         User,
-				Entrypoint:   []string{Entrypoint},
-				Env:          []string{"SLUICE_LISTEN=0.0.0.0:" + strconv.Itoa(Port)},
-				ExposedPorts: map[string]struct{}{strconv.Itoa(Port) + "/tcp": {}},
-				WorkingDir:   "/",
-				Labels:       m.labels(ControlPlaneName),
+				User:       User,
+				Entrypoint: []string{Entrypoint},
+				Env:        []string{"SLUICE_LISTEN=0.0.0.0:" + strconv.Itoa(Port)},
+				ExposedPorts: map[string]struct{}{strconv.Itoa(Port) + "/tcp": {}, strconv.Itoa(RateLimitGRPCPort) + "/tcp": {},
+					strconv.Itoa(RateLimitDebugPort) + "/tcp": {}},
+				WorkingDir: "/",
+				Labels:     m.labels(ControlPlaneName),
 			}}
 		img, err := image(layer, cfg, m, m.labels(ControlPlaneName))
 		if err != nil {

@@ -265,8 +265,10 @@ func TestControlPlaneImageIsMinimalAndNonRoot(t *testing.T) {
 	if !slices.Equal(cf.Config.Entrypoint, []string{Entrypoint}) || len(cf.Config.Cmd) != 0 {
 		t.Errorf("entrypoint %q cmd %q", cf.Config.Entrypoint, cf.Config.Cmd)
 	}
-	if _, ok := cf.Config.ExposedPorts["8080/tcp"]; !ok {
-		t.Errorf("exposed ports %v lack 8080/tcp", cf.Config.ExposedPorts)
+	for _, p := range []string{"8080/tcp", "8081/tcp", "6070/tcp"} { // 8081 and 6070: envoyproxy/ratelimit's gRPC and debug
+		if _, ok := cf.Config.ExposedPorts[p]; !ok {
+			t.Errorf("exposed ports %v lack %s", cf.Config.ExposedPorts, p)
+		}
 	}
 	if !slices.Contains(cf.Config.Env, "SLUICE_LISTEN=0.0.0.0:8080") {
 		t.Errorf("env %v", cf.Config.Env)
@@ -297,6 +299,9 @@ func TestControlPlaneImageIsMinimalAndNonRoot(t *testing.T) {
 			t.Fatal(err)
 		}
 		files[h.Name] = b
+		if h.Name == RateLimitCommand[1:] && (h.Typeflag != tar.TypeSymlink || h.Linkname != Entrypoint) {
+			t.Errorf("%s: type %c link %q, want a symbolic link to %s", h.Name, h.Typeflag, h.Linkname, Entrypoint)
+		}
 		if base := filepath.Base(h.Name); base == "sh" || base == "bash" || base == "busybox" {
 			t.Errorf("the image holds a shell: %s", h.Name)
 		}
@@ -304,8 +309,8 @@ func TestControlPlaneImageIsMinimalAndNonRoot(t *testing.T) {
 			t.Errorf("%s mode %o is not executable", h.Name, h.Mode)
 		}
 	}
-	if len(files) != 1 {
-		t.Errorf("files %v, want only %s", slices.Sorted(maps.Keys(files)), Entrypoint[1:])
+	if want := []string{RateLimitCommand[1:], Entrypoint[1:]}; !slices.Equal(slices.Sorted(maps.Keys(files)), want) {
+		t.Errorf("files %v, want only %v", slices.Sorted(maps.Keys(files)), want)
 	}
 	bin := files[Entrypoint[1:]]
 	if !bytes.Equal(bin, inputs.ControlPlane[0].Data) {
