@@ -57,16 +57,32 @@ type Settings struct {
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
 
 	// Where rules come from: FILE, the files under
-	// RuntimeRoot/RuntimeSubdirectory/RuntimeAppDirectory (see Dir).
-	ConfigType                        string `envconfig:"CONFIG_TYPE" default:"FILE"`
-	ForceStartWithoutInitialConfig    bool   `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG"`
-	RuntimeRoot                       string `envconfig:"RUNTIME_ROOT" default:"/srv/runtime_data/current"`
-	RuntimeSubdirectory               string `envconfig:"RUNTIME_SUBDIRECTORY"`
-	RuntimeAppDirectory               string `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
-	RuntimeIgnoreDotFiles             bool   `envconfig:"RUNTIME_IGNOREDOTFILES"`
-	RuntimeWatchRoot                  bool   `envconfig:"RUNTIME_WATCH_ROOT" default:"true"`
-	MergeDomainConfig                 bool   `envconfig:"MERGE_DOMAIN_CONFIG"`
-	HealthyWithAtLeastOneConfigLoaded bool   `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
+	// RuntimeRoot/RuntimeSubdirectory/RuntimeAppDirectory (see Dir), or
+	// GRPC_XDS_SOTW, RateLimitConfig resources from an xDS server.
+	ConfigType                     string `envconfig:"CONFIG_TYPE" default:"FILE"`
+	ForceStartWithoutInitialConfig bool   `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG"`
+	RuntimeRoot                    string `envconfig:"RUNTIME_ROOT" default:"/srv/runtime_data/current"`
+	RuntimeSubdirectory            string `envconfig:"RUNTIME_SUBDIRECTORY"`
+	RuntimeAppDirectory            string `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
+	RuntimeIgnoreDotFiles          bool   `envconfig:"RUNTIME_IGNOREDOTFILES"`
+	RuntimeWatchRoot               bool   `envconfig:"RUNTIME_WATCH_ROOT" default:"true"`
+	MergeDomainConfig              bool   `envconfig:"MERGE_DOMAIN_CONFIG"`
+	// The xDS server (GRPC_XDS_SOTW): its address, the node sent, extra
+	// stream metadata ("k:v,k:v"), TLS to it, the reconnect backoff, and the
+	// largest response.
+	XDSServerURL                      string            `envconfig:"CONFIG_GRPC_XDS_SERVER_URL" default:"localhost:18000"`
+	XDSNodeID                         string            `envconfig:"CONFIG_GRPC_XDS_NODE_ID" default:"default"`
+	XDSNodeMetadata                   string            `envconfig:"CONFIG_GRPC_XDS_NODE_METADATA"`
+	XDSHeaders                        map[string]string `envconfig:"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"`
+	XDSServerUseTLS                   bool              `envconfig:"CONFIG_GRPC_XDS_SERVER_USE_TLS"`
+	XDSClientTLSCert                  string            `envconfig:"CONFIG_GRPC_XDS_CLIENT_TLS_CERT"`
+	XDSClientTLSKey                   string            `envconfig:"CONFIG_GRPC_XDS_CLIENT_TLS_KEY"`
+	XDSServerTLSCACert                string            `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_CACERT"`
+	XDSServerTLSSAN                   string            `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_SAN"`
+	XDSBackoffMin                     time.Duration     `envconfig:"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL" default:"10s"`
+	XDSBackoffMax                     time.Duration     `envconfig:"XDS_CLIENT_BACKOFF_MAX_INTERVAL" default:"60s"`
+	XDSMaxRecvBytes                   int               `envconfig:"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"`
+	HealthyWithAtLeastOneConfigLoaded bool              `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"`
 
 	// Redis, where the fleet budgets are kept.
 	BackendType                      string        `envconfig:"BACKEND_TYPE" default:"redis"`
@@ -119,7 +135,8 @@ var notedVars = []struct{ name, why string }{
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "Redis pool"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "sluice never counts refused hits, as this variable set to true does"},
 	{"MEMCACHE_", "unused: BACKEND_TYPE is redis"},
-	{"CONFIG_GRPC_XDS_", "unused: CONFIG_TYPE is FILE"}, {"XDS_CLIENT_", "unused: CONFIG_TYPE is FILE"},
+	{"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "the stream reconnects with XDS_CLIENT_BACKOFF_* alone"},
+	{"XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "the backoff doubles, jittered by half"}, {"XDS_CLIENT_BACKOFF_JITTER", "the backoff is always jittered"},
 	{"REDIS_PERSECOND_", "unused: REDIS_PERSECOND is false"},
 }
 
@@ -131,6 +148,10 @@ var Served = []string{
 	"LOG_LEVEL", "LOG_FORMAT",
 	"CONFIG_TYPE", "FORCE_START_WITHOUT_INITIAL_CONFIG", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY",
 	"RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT", "MERGE_DOMAIN_CONFIG", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+	"CONFIG_GRPC_XDS_SERVER_URL", "CONFIG_GRPC_XDS_NODE_ID", "CONFIG_GRPC_XDS_NODE_METADATA",
+	"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "CONFIG_GRPC_XDS_SERVER_USE_TLS", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+	"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+	"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "XDS_CLIENT_BACKOFF_MAX_INTERVAL", "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
 	"BACKEND_TYPE", "REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_URL", "REDIS_POOL_SIZE", "REDIS_AUTH", "REDIS_SENTINEL_AUTH",
 	"REDIS_TLS", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
 	"REDIS_TIMEOUT", "USE_PROMETHEUS", "PROMETHEUS_ADDR", "PROMETHEUS_PATH",
@@ -171,10 +192,8 @@ func noted(name string) (string, bool) {
 func (s *Settings) check() error {
 	refuse := func(name, why string) error { return fmt.Errorf("%s: %s", name, why) }
 	switch {
-	case s.ConfigType == "GRPC_XDS_SOTW":
-		return refuse("CONFIG_TYPE", "GRPC_XDS_SOTW (rules over xDS) is not served by sluice yet; mount the rules as files (CONFIG_TYPE=FILE)")
-	case s.ConfigType != "FILE":
-		return refuse("CONFIG_TYPE", fmt.Sprintf("%q: want FILE", s.ConfigType))
+	case s.ConfigType != "FILE" && s.ConfigType != "GRPC_XDS_SOTW":
+		return refuse("CONFIG_TYPE", fmt.Sprintf("%q: want FILE or GRPC_XDS_SOTW", s.ConfigType))
 	case !strings.EqualFold(s.BackendType, "redis"):
 		return refuse("BACKEND_TYPE", fmt.Sprintf("%q: sluice keeps its budgets in Redis only; want redis", s.BackendType))
 	case s.RedisPerSecond:
@@ -340,6 +359,25 @@ func (s Settings) GRPCServerTLS() (*tls.Config, error) {
 			return nil
 		}
 	}
+	return c, nil
+}
+
+// XDSClientTLS returns the TLS configuration of the stream to the xDS
+// server, nil without CONFIG_GRPC_XDS_SERVER_USE_TLS: the client
+// certificate, the server's CA, and CONFIG_GRPC_XDS_SERVER_TLS_SAN as the
+// name checked in the server's certificate when set (otherwise the
+// server address's host), as envoyproxy/ratelimit sets it up. Errors:
+// files that do not load.
+func (s Settings) XDSClientTLS() (*tls.Config, error) {
+	if !s.XDSServerUseTLS {
+		return nil, nil
+	}
+	c, err := tlsFiles(s.XDSClientTLSCert, s.XDSClientTLSKey, s.XDSServerTLSCACert)
+	if err != nil {
+		return nil, fmt.Errorf("CONFIG_GRPC_XDS_CLIENT_TLS_CERT: %w", err)
+	}
+	c.MinVersion = tls.VersionTLS12
+	c.ServerName = s.XDSServerTLSSAN
 	return c, nil
 }
 

@@ -1,4 +1,4 @@
-package rlsfiles
+package rlssource
 
 import (
 	"os"
@@ -42,11 +42,11 @@ func configMapDir(t *testing.T, dir, name, body string) {
 func TestAConfigMapVolumeLoadsTwiceUnlessDotFilesAreIgnored(t *testing.T) {
 	dir := t.TempDir()
 	configMapDir(t, dir, "config.yaml", apiYAML)
-	s := New(Options{Dir: dir})
+	s := NewFiles(FilesOptions{Dir: dir})
 	if err := s.Load(); err == nil || !strings.Contains(err.Error(), "api") || s.Loaded() {
 		t.Fatalf("without ignoring dot files: %v (loaded %v), want the domain refused as named twice", err, s.Loaded())
 	}
-	s = New(Options{Dir: dir, IgnoreDotFiles: true})
+	s = NewFiles(FilesOptions{Dir: dir, IgnoreDotFiles: true})
 	if err := s.Load(); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestWatchingTheRootReadsOnlyTheAppDirectory(t *testing.T) {
 	write(t, filepath.Join(dir, "config", "a", "api.yaml"), apiYAML)
 	write(t, filepath.Join(dir, "other", "x.yaml"), "not: [a config")
 	write(t, filepath.Join(dir, "configuration.yaml"), "not: [a config")
-	s := New(Options{Dir: dir, AppDir: "config"})
+	s := NewFiles(FilesOptions{Dir: dir, AppDir: "config"})
 	if err := s.Load(); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestABrokenChangeKeepsTheLastGoodPolicyAndIsCounted(t *testing.T) {
 	dir := t.TempDir()
 	write(t, filepath.Join(dir, "api.yaml"), apiYAML)
 	reg := prometheus.NewRegistry()
-	s := New(Options{Dir: dir, Registry: reg})
+	s := NewFiles(FilesOptions{Dir: dir, Registry: reg})
 	if err := s.Load(); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestABrokenChangeKeepsTheLastGoodPolicyAndIsCounted(t *testing.T) {
 	if got, ok := s.Get("ratelimit"); !ok || got.Version != rec.Version || string(got.Doc) != string(rec.Doc) {
 		t.Errorf("after a broken file: %+v, want the last good version %d", got, rec.Version)
 	}
-	if n := testutil.ToFloat64(s.loads.WithLabelValues("error")); n != 1 {
+	if n := testutil.ToFloat64(s.Served.loads.WithLabelValues("error")); n != 1 {
 		t.Errorf("errors counted %v, want 1 (the same bytes are reported once)", n)
 	}
 	write(t, filepath.Join(dir, "api.yaml"), strings.Replace(apiYAML, "requests_per_unit: 3", "requests_per_unit: 4", 1))
