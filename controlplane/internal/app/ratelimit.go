@@ -23,16 +23,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
 	"github.com/sluice-proxy/sluice/controlplane/internal/rls"
 	"github.com/sluice-proxy/sluice/controlplane/internal/rlsenv"
-	"github.com/sluice-proxy/sluice/controlplane/internal/rlsfiles"
+	"github.com/sluice-proxy/sluice/controlplane/internal/rlssource"
 )
 
 // ratelimitShutdown bounds the graceful stop of the ratelimit command: calls
@@ -78,22 +80,15 @@ type RateLimitAddrs struct{ HTTP, GRPC, Debug net.Addr }
 // control plane on that Redis. listening, if not nil, gets the bound
 // addresses once all three listen.
 func RunRateLimit(ctx context.Context, s rlsenv.Settings, log *slog.Logger, listening func(RateLimitAddrs)) error {
-	if s.RuntimeSubdirectory == "" {
-		return errors.New("RUNTIME_SUBDIRECTORY: empty: no configuration files would be read (envoyproxy/ratelimit then serves no limits)")
-	}
 	if len(s.Noted) > 0 {
 		log.Info("envoyproxy/ratelimit settings read and not acted on: " + strings.Join(s.Noted, ", "))
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	dir, appOnly := s.Dir()
-	fo := rlsfiles.Options{Dir: dir, IgnoreDotFiles: s.RuntimeIgnoreDotFiles, MergeDomains: s.MergeDomainConfig, Registry: reg, Logger: log}
-	if appOnly {
-		fo.AppDir = s.RuntimeAppDirectory
+	src, from, err := startSource(ctx, s, reg, log)
+	if err != nil {
+		return err
 	}
-	src := rlsfiles.New(fo)
-	_ = src.Load() // a failure is logged and counted; the files are read again when they change
-	go src.Run(ctx)
 
 	uo, err := s.RedisOptions()
 	if err != nil {
@@ -110,12 +105,12 @@ func RunRateLimit(ctx context.Context, s rlsenv.Settings, log *slog.Logger, list
 	go rs.Run(rsCtx)
 
 	hc := &healthCheck{src: src, needConfig: s.HealthyWithAtLeastOneConfigLoaded, grpc: health.NewServer()}
-	gs, gl, err := listenGRPC(s, rs, hc)
+	gs, gl, err := listenGRPC(s, rs, hc, src)
 	if err != nil {
 		return err
 	}
 	defer gs.Stop()
-	httpSrv, hl, err := listenHTTP(s.HTTPAddr(), rateLimitHTTP(hc, rs), log)
+	httpSrv, hl, err := listenHTTP(s.HTTPAddr(), rateLimitHTTP(hc, rs, src), log)
 	if err != nil {
 		return err
 	}
@@ -148,7 +143,7 @@ func RunRateLimit(ctx context.Context, s rlsenv.Settings, log *slog.Logger, list
 		}
 	}()
 	log.Info("ratelimit serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "debug", dl.Addr().String(),
-		"tls", s.GRPCServerUseTLS, "config", dir, "redis", s.RedisType)
+		"tls", s.GRPCServerUseTLS, "config", from, "redis", s.RedisType)
 	if listening != nil {
 		listening(RateLimitAddrs{HTTP: hl.Addr(), GRPC: gl.Addr(), Debug: dl.Addr()})
 	}
@@ -169,10 +164,56 @@ func RunRateLimit(ctx context.Context, s rlsenv.Settings, log *slog.Logger, list
 	return nil
 }
 
+// startSource starts reading the rules where CONFIG_TYPE says: the files of
+// RUNTIME_ROOT (read once before it returns), or RateLimitConfig resources
+// from the xDS server at CONFIG_GRPC_XDS_SERVER_URL (waited for, as
+// envoyproxy/ratelimit waits for its first configuration, unless
+// FORCE_START_WITHOUT_INITIAL_CONFIG).
+func startSource(ctx context.Context, s rlsenv.Settings, reg *prometheus.Registry, log *slog.Logger) (*rlssource.Served, string, error) {
+	if s.ConfigType == "GRPC_XDS_SOTW" {
+		tc, err := s.XDSClientTLS()
+		if err != nil {
+			return nil, "", err
+		}
+		x := rlssource.NewXDS(rlssource.XDSOptions{Server: s.XDSServerURL, NodeID: s.XDSNodeID, NodeMetadata: s.XDSNodeMetadata,
+			Headers: s.XDSHeaders, TLS: tc, BackoffMin: s.XDSBackoffMin, BackoffMax: s.XDSBackoffMax, MaxRecvBytes: s.XDSMaxRecvBytes,
+			MergeDomains: s.MergeDomainConfig, Registry: reg, Logger: log})
+		go x.Run(ctx)
+		if !s.ForceStartWithoutInitialConfig {
+			log.Info("waiting for the first rate limit configuration over xDS", "server", s.XDSServerURL)
+			select {
+			case <-x.Received():
+			case <-ctx.Done():
+				return nil, "", ctx.Err()
+			}
+		}
+		return x.Served, "xds://" + s.XDSServerURL, nil
+	}
+	if s.RuntimeSubdirectory == "" {
+		return nil, "", errors.New("RUNTIME_SUBDIRECTORY: empty: no configuration files would be read (envoyproxy/ratelimit then serves no limits)")
+	}
+	dir, appOnly := s.Dir()
+	fo := rlssource.FilesOptions{Dir: dir, IgnoreDotFiles: s.RuntimeIgnoreDotFiles, MergeDomains: s.MergeDomainConfig, Registry: reg, Logger: log}
+	if appOnly {
+		fo.AppDir = s.RuntimeAppDirectory
+	}
+	f := rlssource.NewFiles(fo)
+	_ = f.Load() // a failure is logged and counted; the files are read again when they change
+	go f.Run(ctx)
+	return f.Served, dir, nil
+}
+
+// errNoConfig answers a call before any configuration has loaded (with
+// FORCE_START_WITHOUT_INITIAL_CONFIG, or files that never loaded), as
+// envoyproxy/ratelimit answers it (src/service/ratelimit.go,
+// ShouldRateLimit: an UNKNOWN error; Envoy's ratelimit filter then applies
+// its failure_mode_deny).
+var errNoConfig = status.Error(codes.Unknown, "no rate limit configuration loaded")
+
 // listenGRPC serves the RateLimitService and grpc.health.v1 on GRPC_UDS or
 // GRPC_HOST:GRPC_PORT, with GRPC_SERVER_USE_TLS's credentials and
 // GRPC_MAX_CONNECTION_AGE(_GRACE) as keepalive parameters.
-func listenGRPC(s rlsenv.Settings, rs *rls.Server, hc *healthCheck) (*grpc.Server, net.Listener, error) {
+func listenGRPC(s rlsenv.Settings, rs *rls.Server, hc *healthCheck, src *rlssource.Served) (*grpc.Server, net.Listener, error) {
 	tc, err := s.GRPCServerTLS()
 	if err != nil {
 		return nil, nil, err
@@ -186,7 +227,13 @@ func listenGRPC(s rlsenv.Settings, rs *rls.Server, hc *healthCheck) (*grpc.Serve
 		return nil, nil, fmt.Errorf("GRPC_HOST/GRPC_PORT: listen on %s: %w", addr, err)
 	}
 	opts := []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{
-		MaxConnectionAge: s.GRPCMaxConnectionAge, MaxConnectionAgeGrace: s.GRPCMaxConnectionAgeGrace})}
+		MaxConnectionAge: s.GRPCMaxConnectionAge, MaxConnectionAgeGrace: s.GRPCMaxConnectionAgeGrace}),
+		grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			if !src.Loaded() && strings.HasPrefix(info.FullMethod, "/"+rlsv3.RateLimitService_ServiceDesc.ServiceName+"/") {
+				return nil, errNoConfig
+			}
+			return next(ctx, req)
+		})}
 	if tc != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}
@@ -213,7 +260,7 @@ func listenHTTP(addr string, h http.Handler, log *slog.Logger) (*http.Server, ne
 // only once a configuration with a domain has loaded; the gRPC health
 // service answers the same for "ratelimit" and "".
 type healthCheck struct {
-	src        *rlsfiles.Source
+	src        *rlssource.Served
 	needConfig bool
 	stopping   atomic.Bool
 	ok         atomic.Bool
@@ -249,7 +296,7 @@ const maxJSONBody = 1 << 20
 // (src/server/server_impl.go, NewJsonHandler): a RateLimitRequest in
 // protobuf JSON, answered 200 (OK) or 429 (OVER_LIMIT) with the response in
 // protobuf JSON; 400 for a body that does not parse or a call refused.
-func rateLimitHTTP(hc *healthCheck, rs *rls.Server) http.Handler {
+func rateLimitHTTP(hc *healthCheck, rs *rls.Server, src *rlssource.Served) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", hc)
 	mux.HandleFunc("/json", func(w http.ResponseWriter, r *http.Request) {
@@ -259,6 +306,9 @@ func rateLimitHTTP(hc *healthCheck, rs *rls.Server) http.Handler {
 			err = protojson.Unmarshal(body, &req)
 		}
 		var resp *rlsv3.RateLimitResponse
+		if err == nil && !src.Loaded() {
+			err = errNoConfig
+		}
 		if err == nil {
 			resp, err = rs.ShouldRateLimit(r.Context(), &req)
 		}
@@ -282,7 +332,7 @@ func rateLimitHTTP(hc *healthCheck, rs *rls.Server) http.Handler {
 
 // rateLimitDebug is the debug listener: /rlconfig (the limits served, as
 // envoyproxy/ratelimit prints them), /metrics, /debug/pprof/, and an index at /.
-func rateLimitDebug(src *rlsfiles.Source, reg *prometheus.Registry) http.Handler {
+func rateLimitDebug(src *rlssource.Served, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	endpoints := map[string]string{
 		"/rlconfig":            "print out the currently loaded configuration for debugging",
