@@ -2,6 +2,7 @@ package rlsdeploy
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
 )
@@ -25,12 +27,14 @@ import (
 const xdsNode = "envoy-ratelimit"
 
 // xdsServer is a state-of-the-world ADS server (go-control-plane's
-// pkg/server/v3 on a snapshot cache) serving RateLimitConfig resources, as
-// Envoy Gateway's rate limit xDS server does. It counts the NACKs received.
+// pkg/server/v3 on a snapshot cache) serving RateLimitConfig resources over
+// mTLS, as Envoy Gateway's rate limit xDS server does. It counts the NACKs
+// received. clientEnv are the variables that make a service its client.
 type xdsServer struct {
-	addr  string
-	cache cachev3.SnapshotCache
-	n     int
+	addr      string
+	cache     cachev3.SnapshotCache
+	n         int
+	clientEnv []string
 
 	mu    sync.Mutex
 	nacks []string
@@ -38,7 +42,12 @@ type xdsServer struct {
 
 func startXDS(t *testing.T) *xdsServer {
 	t.Helper()
-	x := &xdsServer{cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)}
+	ca, dir := newCA(t), t.TempDir()
+	srvCert := ca.Server(t)
+	cliCert, cliKey := ca.Issue(t, leaf("envoy-ratelimit.envoy-gateway-system.svc")).Write(t, dir, "client")
+	x := &xdsServer{cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil),
+		clientEnv: []string{"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + cliCert,
+			"CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + cliKey, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + ca.WriteCA(t, dir, "ca")}}
 	cb := serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
 		if d := req.GetErrorDetail(); d != nil {
 			x.mu.Lock()
@@ -49,7 +58,8 @@ func startXDS(t *testing.T) *xdsServer {
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := serverv3.NewServer(ctx, x.cache, cb)
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{srvCert.TLS(t)},
+		ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})))
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, srv)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -129,8 +139,8 @@ func TestRulesPushedOverXDSAreServedAndABrokenPushIsNacked(t *testing.T) {
 		t.Run(strings.ReplaceAll(im.name, "/", "_"), func(t *testing.T) {
 			x := startXDS(t)
 			root := t.TempDir()
-			d := deploy(t, im, root, nil, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+x.addr,
-				"CONFIG_GRPC_XDS_NODE_ID="+xdsNode, "FORCE_START_WITHOUT_INITIAL_CONFIG=true")
+			d := deploy(t, im, root, nil, append(x.clientEnv, "CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+x.addr,
+				"CONFIG_GRPC_XDS_NODE_ID="+xdsNode, "FORCE_START_WITHOUT_INITIAL_CONFIG=true")...)
 			if _, _, err := gatewayLimits(d); err == nil || !strings.Contains(err.Error(), "no rate limit configuration loaded") {
 				t.Fatalf("a call before any configuration: %v, want envoyproxy/ratelimit's error", err)
 			}
