@@ -128,8 +128,8 @@ func gatewayLimits(d *deployment) (all, perUser uint32, err error) {
 }
 
 // TestRulesPushedOverXDSAreServedAndABrokenPushIsNacked runs the Deployment
-// as Envoy Gateway writes it (CONFIG_TYPE=GRPC_XDS_SOTW, its node id,
-// FORCE_START_WITHOUT_INITIAL_CONFIG=true) against an ADS server serving
+// as Envoy Gateway writes it (CONFIG_TYPE=GRPC_XDS_SOTW, its node id, mTLS
+// to the xDS server, FORCE_START_WITHOUT_INITIAL_CONFIG=true) against an ADS server serving
 // RateLimitConfig resources shaped as Envoy Gateway's: the first push is
 // served; a second is served at once; a push that does not load (a limit
 // without a unit) is NACKed and the last good limits kept; the push after it
