@@ -152,7 +152,7 @@ push: image
 	$(GO) run ./envoy/cmd/sluice-image push -out $(OCI) -repo '$(IMAGE_REPO)' -version '$(VERSION)'
 
 ## manifests: make image, then write build/manifests with the images pinned by digest.
-## The Kubernetes, Istio and Envoy Gateway manifests of envoy/, the images under
+## The Kubernetes, Istio, Envoy Gateway and Contour manifests of envoy/, the images under
 ## IMAGE_REPO at the digests just built (what make push, crane push or skopeo copy
 ## --preserve-digests publish), the plugin tokens from SLUICE_READ_TOKEN and
 ## SLUICE_QUOTA_TOKEN (required: unset, placeholder, shorter than 32 characters, or a quota token

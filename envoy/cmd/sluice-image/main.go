@@ -182,7 +182,7 @@ func manifests(stdout, stderr io.Writer, out, repo, src, dest string, getenv fun
 		}
 		return strings.Join(parts, "\n---\n"), nil
 	}
-	for _, sub := range []string{"kubernetes", "istio", "gateway"} {
+	for _, sub := range []string{"kubernetes", "istio", "gateway", "contour"} {
 		files, err := filepath.Glob(filepath.Join(src, sub, "*.yaml"))
 		if err != nil {
 			return err

@@ -6,12 +6,13 @@
 package ratelimitpeer
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/sluice-proxy/sluice/testenv/testkit/modcache"
 )
 
 // Module and Version are the envoyproxy/ratelimit compared with: the newest
@@ -39,39 +40,14 @@ func Build(t testing.TB, dir string) (binary, moduleDir string) {
 		cmd := exec.Command("go", "install", Module+"/src/service_cmd@"+Version)
 		cmd.Env = append(os.Environ(), "GOBIN="+out, "GOFLAGS=")
 		if b, e := cmd.CombinedOutput(); e != nil {
-			err = &buildError{what: "go install envoyproxy/ratelimit", out: string(b), err: e}
+			err = &modcache.Error{Module: Module + "@" + Version + " (go install)", Out: string(b), Err: e}
 			return
 		}
 		bin = filepath.Join(out, "service_cmd")
-		dl := exec.Command("go", "mod", "download", "-json", Module+"@"+Version)
-		dl.Env = append(os.Environ(), "GOFLAGS=")
-		b, e := dl.Output()
-		if e != nil {
-			err = &buildError{what: "go mod download envoyproxy/ratelimit", out: string(b), err: e}
-			return
-		}
-		var info struct{ Dir string }
-		if e := json.Unmarshal(b, &info); e != nil || info.Dir == "" {
-			err = &buildError{what: "go mod download -json", out: string(b), err: e}
-			return
-		}
-		modDir = info.Dir
+		modDir, err = modcache.Download(Module, Version)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return bin, modDir
-}
-
-type buildError struct {
-	what, out string
-	err       error
-}
-
-func (e *buildError) Error() string {
-	msg := "<nil>"
-	if e.err != nil {
-		msg = e.err.Error()
-	}
-	return e.what + ": " + msg + "\n" + e.out
 }
