@@ -244,6 +244,27 @@ var ErrNoTokens = errors.New("config: no admin or read token configured (SLUICE_
 
 // Check validates the settings.
 func (s Settings) Check() error {
+	if err := s.checkListeners(); err != nil {
+		return err
+	}
+	if err := s.checkValues(); err != nil {
+		return err
+	}
+	switch s.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("config: --log-level %q: want debug, info, warn or error", s.LogLevel)
+	}
+	switch s.LogFormat {
+	case "json", "text":
+	default:
+		return fmt.Errorf("config: --log-format %q: want json or text", s.LogFormat)
+	}
+	return nil
+}
+
+// checkListeners checks the listen addresses and the tokens they need.
+func (s Settings) checkListeners() error {
 	host, port, err := net.SplitHostPort(s.Listen)
 	if err != nil {
 		return fmt.Errorf("config: --listen %q: want host:port: %v", s.Listen, err)
@@ -286,6 +307,11 @@ func (s Settings) Check() error {
 	if s.AdminToken != "" && s.AdminToken == s.ReadToken {
 		return errors.New("config: the admin and read tokens must differ")
 	}
+	return nil
+}
+
+// checkValues checks TLS, identity, bounds and the store flags.
+func (s Settings) checkValues() error {
 	switch {
 	case (s.TLSCertFile == "") != (s.TLSKeyFile == ""):
 		return errors.New("config: --tls-cert-file and --tls-key-file go together: give both or neither")
@@ -332,16 +358,6 @@ func (s Settings) Check() error {
 		return fmt.Errorf("config: --redis-wait-timeout %s: want 1ms to below 2s", s.RedisWaitTimeout)
 	case s.RedisMasterName != "" && s.RedisURL == "":
 		return errors.New("config: --redis-master-name needs --redis-url (the Sentinel addresses)")
-	}
-	switch s.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return fmt.Errorf("config: --log-level %q: want debug, info, warn or error", s.LogLevel)
-	}
-	switch s.LogFormat {
-	case "json", "text":
-	default:
-		return fmt.Errorf("config: --log-format %q: want json or text", s.LogFormat)
 	}
 	return nil
 }

@@ -193,53 +193,7 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var lat []time.Duration
-			var ok, over, failed uint64
-			var first string
-			fail := func(what string) {
-				if failed++; first == "" {
-					first = what
-				}
-			}
-			windows := map[int64]int{}
-			for runCtx.Err() == nil {
-				i := next.Add(1) - 1
-				if i >= int64(o.requests) {
-					break
-				}
-				key := int(i % int64(o.keys))
-				t0 := time.Now()
-				// The call does not carry the run's deadline: gRPC sends it as
-				// grpc-timeout, and a server enforcing it ends calls a little before
-				// the client's clock does, which would count as failures.
-				resp, err := c.ShouldRateLimit(ctx, reqs[key])
-				if err != nil {
-					fail(err.Error())
-					continue
-				}
-				lat = append(lat, time.Since(t0))
-				switch resp.GetOverallCode() {
-				case rlsv3.RateLimitResponse_OK:
-					ok++
-					if key == 0 {
-						windows[t0.UnixNano()/int64(o.window)*int64(o.window)]++
-					}
-				case rlsv3.RateLimitResponse_OVER_LIMIT:
-					over++
-				default:
-					fail("overall_code " + resp.GetOverallCode().String())
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			res.latencies = append(res.latencies, lat...)
-			res.ok, res.over, res.failed = res.ok+ok, res.over+over, res.failed+failed
-			if res.firstFailure == "" {
-				res.firstFailure = first
-			}
-			for w, n := range windows {
-				res.perWindow[w] += n
-			}
+			work(ctx, runCtx, c, reqs, o, &next, res, &mu)
 		}()
 	}
 	wg.Wait()
@@ -266,6 +220,59 @@ func drive(ctx context.Context, c rlsv3.RateLimitServiceClient, rdb *redis.Clien
 		res.redisCPU = c - redisCPU0
 	}
 	return res, nil
+}
+
+// work sends calls until o.requests are handed out (next counts them) or
+// runCtx ends, and adds what it measured to res under mu.
+func work(ctx, runCtx context.Context, c rlsv3.RateLimitServiceClient, reqs []*rlsv3.RateLimitRequest, o options,
+	next *atomic.Int64, res *result, mu *sync.Mutex) {
+	var lat []time.Duration
+	var ok, over, failed uint64
+	var first string
+	fail := func(what string) {
+		if failed++; first == "" {
+			first = what
+		}
+	}
+	windows := map[int64]int{}
+	for runCtx.Err() == nil {
+		i := next.Add(1) - 1
+		if i >= int64(o.requests) {
+			break
+		}
+		key := int(i % int64(o.keys))
+		t0 := time.Now()
+		// The call does not carry the run's deadline: gRPC sends it as
+		// grpc-timeout, and a server enforcing it ends calls a little before
+		// the client's clock does, which would count as failures.
+		resp, err := c.ShouldRateLimit(ctx, reqs[key])
+		if err != nil {
+			fail(err.Error())
+			continue
+		}
+		lat = append(lat, time.Since(t0))
+		switch resp.GetOverallCode() {
+		case rlsv3.RateLimitResponse_OK:
+			ok++
+			if key == 0 {
+				windows[t0.UnixNano()/int64(o.window)*int64(o.window)]++
+			}
+		case rlsv3.RateLimitResponse_OVER_LIMIT:
+			over++
+		default:
+			fail("overall_code " + resp.GetOverallCode().String())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	res.latencies = append(res.latencies, lat...)
+	res.ok, res.over, res.failed = res.ok+ok, res.over+over, res.failed+failed
+	if res.firstFailure == "" {
+		res.firstFailure = first
+	}
+	for w, n := range windows {
+		res.perWindow[w] += n
+	}
 }
 
 // percentile is the p-th percentile (0 < p ≤ 100) of sorted, 0 if empty.
