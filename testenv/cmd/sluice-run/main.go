@@ -6,25 +6,8 @@
 // SIGTERM stops every process it started (each in its own process group,
 // SIGTERM then SIGKILL after 5s), leaving none behind.
 //
-// Settings come from the environment (the Makefile passes its variables):
-//
-//	CP_PORT        control plane port (8080)
-//	PROXY_PORT     dev proxy port (10000)
-//	PROXY2_PORT    second dev proxy port (10001), on the same control plane: fleet rules hold across both
-//	ADMIN_PORT, ADMIN2_PORT  the dev proxies' admin ports (9901, 9902): /ready, /stats, /stats/prometheus
-//	UPSTREAM_PORT  demo upstream port (8000)
-//	REDIS_URL      use Redis (redis://host:port); empty: the embedded store in RUN_DIR/data
-//	SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens; when empty, those of RUN_DIR/tokens
-//	               (an earlier run's), else generated and saved there (mode 0600); printed
-//	SLUICE_QUOTA_TOKEN  the quota token the dev proxies lease fleet quota with; the same
-//	BIN_DIR        where the binaries and sluice.wasm are (build)
-//	RUN_DIR        data, logs, access.log and access2.log, tokens (build/run)
-//	POLICY         the policy applied as "default" when there is none (examples/default-policy.json)
-//	ENVOY_CONFIG   the Envoy bootstrap the proxies follow (envoy/envoy.yaml)
-//	WORKERS        worker threads (Envoy's --concurrency) or worker VMs of each proxy (2)
-//	ENVOY          the Envoy binary (default BIN_DIR/envoy, which make envoy installs);
-//	               with one, make run starts two real Envoys, else two dev proxies
-//	PROXY          devproxy: the dev proxy even when Envoy is installed
+// Settings come from the environment (the Makefile passes its variables);
+// sluice-run -h lists them (usage).
 package main
 
 import (
@@ -47,7 +30,43 @@ import (
 	"time"
 )
 
-func main() { os.Exit(run()) }
+func main() {
+	for _, a := range os.Args[1:] {
+		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
+			fmt.Print(usage)
+			os.Exit(0)
+		}
+	}
+	if len(os.Args) > 1 {
+		fmt.Fprintf(os.Stderr, "sluice-run: no arguments are taken (got %q); settings come from the environment:\n\n%s", os.Args[1:], usage)
+		os.Exit(2)
+	}
+	os.Exit(run())
+}
+
+// usage is what -h prints: what the command does and the variables it reads.
+const usage = `sluice-run (make run) starts the control plane, applies the demo policy as "default"
+unless one is stored, starts the demo upstream and two proxies (the real Envoy when there
+is one, else the dev proxy), waits until the filter enforces the policy, prints what to
+try, and stops everything it started on Ctrl-C. It takes no arguments; settings come from
+the environment (make passes its variables):
+
+  CP_PORT        control plane port (8080)
+  PROXY_PORT     first proxy port (10000)
+  PROXY2_PORT    second proxy port (10001), on the same control plane
+  ADMIN_PORT, ADMIN2_PORT  the proxies' admin ports (9901, 9902)
+  UPSTREAM_PORT  demo upstream port (8000)
+  REDIS_URL      use Redis (redis://host:port); empty: the embedded store in RUN_DIR/data
+  SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens (default: RUN_DIR/tokens, or generated)
+  SLUICE_QUOTA_TOKEN  the quota token the proxies lease fleet quota with
+  BIN_DIR        where the binaries and sluice.wasm are (build)
+  RUN_DIR        data, logs, access logs, tokens (build/run)
+  POLICY         the policy applied as "default" when there is none (examples/default-policy.json)
+  ENVOY_CONFIG   the Envoy bootstrap the proxies follow (envoy/envoy.yaml)
+  WORKERS        worker threads of each proxy (2)
+  ENVOY          the Envoy binary (default BIN_DIR/envoy, which make envoy installs)
+  PROXY          devproxy: the dev proxy even when Envoy is installed
+`
 
 func env(name, def string) string {
 	if v := os.Getenv(name); v != "" {

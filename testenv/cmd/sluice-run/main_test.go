@@ -2,6 +2,8 @@ package main
 
 import (
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -100,5 +102,34 @@ func TestAllEnvoyWorkersAt(t *testing.T) {
 		if got := allEnvoyWorkersAt(log, "default", c.version, c.workers); got != c.want {
 			t.Errorf("version %d on %d workers: %v, want %v", c.version, c.workers, got, c.want)
 		}
+	}
+}
+
+// TestHelpListsEveryVariableRead: each variable the command reads (env or
+// os.Getenv in its source) is in what -h prints.
+func TestHelpListsEveryVariableRead(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?:env|os\.Getenv)\("([A-Z0-9_]+)"`)
+	seen := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			seen++
+			if !regexp.MustCompile(`\b` + m[1] + `\b`).MatchString(usage) {
+				t.Errorf("%s reads %s; -h does not list it", f, m[1])
+			}
+		}
+	}
+	if seen < 10 {
+		t.Fatalf("found %d variables read; the pattern no longer matches the source", seen)
 	}
 }
