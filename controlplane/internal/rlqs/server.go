@@ -93,6 +93,8 @@ type Server struct {
 	m       *metrics
 	log     *slog.Logger
 	streams atomic.Int64
+	// refusals logs streams refused for their credentials.
+	refusals grpcauth.RefusalLog
 
 	bucketsMu sync.Mutex
 	buckets   int            // buckets tracked by all streams
@@ -181,6 +183,7 @@ func (s *Server) StreamRateLimitQuotas(st rlqsv3.RateLimitQuotaService_StreamRat
 	owner, err := s.authenticate(st.Context())
 	if err != nil {
 		s.m.refused.Inc()
+		s.refusals.Note(st.Context(), s.log, "an RLQS stream", err)
 		return err
 	}
 	if s.streams.Add(1) > int64(s.o.MaxStreams) {

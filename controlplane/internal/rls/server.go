@@ -85,6 +85,8 @@ type Server struct {
 	entry  string
 	leases leases
 	local  localLimits
+	// refusals logs calls refused for their credentials.
+	refusals grpcauth.RefusalLog
 	// overrideRules are the rules of limit overrides (overrideRule).
 	overrideMu    sync.Mutex
 	overrideRules map[overrideKey]*quota.FleetRule
@@ -162,6 +164,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	start := time.Now()
 	if _, err := grpcauth.Owner(ctx, s.o.Quota, "RateLimitService calls"); err != nil {
 		s.m.requests.WithLabelValues("refused").Inc()
+		s.refusals.Note(ctx, s.log, "a RateLimitService call", err)
 		return nil, err
 	}
 	switch n := len(req.GetDescriptors()); {
