@@ -35,6 +35,37 @@ func TestImportRatelimitPrintsAPolicyOrThePlaceOfTheProblem(t *testing.T) {
 	}
 }
 
+// Without --policy the policy is named after the files' domain; several
+// domains, or one that is no policy name, ask for --policy. A file that is
+// not YAML is refused naming the line at fault, not the line its block
+// began on.
+func TestImportNamesThePolicyAfterTheDomainAndASyntaxErrorItsLine(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	api := write("api.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+	web := write("web.yaml", "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+	slash := write("eg.yaml", "domain: default/eg/http\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+	indent := write("indent.yaml", "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n     requests_per_unit: 3\n")
+	code, out, errs := runCtl("import", "ratelimit", api)
+	if p, err := rules.ParsePolicy([]byte(out)); code != ExitOK || err != nil || p.Name != "api" {
+		t.Fatalf("one domain: exit %d %s %v", code, errs, err)
+	}
+	for _, files := range [][]string{{api, web}, {slash}} {
+		if code, _, errs := runCtl(append([]string{"import", "ratelimit"}, files...)...); code != ExitUsage || !strings.Contains(errs, "--policy") {
+			t.Errorf("%v: exit %d %q, want a request for --policy", files, code, errs)
+		}
+	}
+	if code, _, errs := runCtl("import", "ratelimit", "--policy", "x", indent); code != ExitUsage || !strings.Contains(errs, "indent.yaml:6: not YAML") {
+		t.Errorf("a bad indent on line 6: exit %d %q", code, errs)
+	}
+}
+
 // The imported example's test file, whose steps are rate limit descriptors,
 // passes; a wrong expectation names the step and what came back.
 func TestDescriptorStepsAskTheRateLimitService(t *testing.T) {

@@ -32,11 +32,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	yamlparser "github.com/goccy/go-yaml/parser"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-proxy/sluice/shared/rules"
@@ -127,6 +129,25 @@ type pendingReplace struct {
 	where  string // file:line of the replaces
 }
 
+// goccyPos is the position goccy/go-yaml's parser puts first in its errors.
+var goccyPos = regexp.MustCompile(`^\[(\d+):(\d+)\] (.*)`)
+
+// syntaxError is ":line: not YAML: message" for a file that yaml.v3 could not
+// decode (err). yaml.v3 names the line a block began on, not the one at fault
+// ("line 2: did not find expected key" for a bad indent on line 6), so the
+// file is parsed again with github.com/goccy/go-yaml, whose parser names the
+// line and column of the token at fault; when it finds no error, err's own
+// message is kept.
+func syntaxError(data []byte, err error) string {
+	if _, perr := yamlparser.ParseBytes(data, 0); perr != nil {
+		first, _, _ := strings.Cut(perr.Error(), "\n")
+		if m := goccyPos.FindStringSubmatch(first); m != nil {
+			return ":" + m[1] + ": not YAML: " + m[3] + " (column " + m[2] + ")"
+		}
+	}
+	return ": not YAML: " + err.Error()
+}
+
 func (im *importer) fail(n *yaml.Node, field, msg string) {
 	line := 0
 	if n != nil {
@@ -140,7 +161,7 @@ func (im *importer) file(f File) {
 	dec := yaml.NewDecoder(bytes.NewReader(f.Data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
-		im.errs = append(im.errs, f.Name+": not YAML: "+err.Error())
+		im.errs = append(im.errs, f.Name+syntaxError(f.Data, err))
 		return
 	}
 	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
