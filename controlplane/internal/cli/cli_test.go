@@ -159,6 +159,12 @@ func TestApplyDiffHistoryRollback(t *testing.T) {
 
 	r = c.must(0, "history", "demo")
 	mustContain(t, "history", r.stdout, "2 (current)", "sluicectl:tester", "put_policy")
+
+	// A descriptor rule's table line shows its descriptor and whether it is shadow.
+	c.run(`{"policy":"edge","rules":[{"id":"per-user","descriptor":{"domain":"edge","entries":[{"key":"generic_key","value":"api"},{"key":"user"}]},
+	  "algorithm":"fixed_window","limit":3,"window":"1m","scope":"fleet","shadow":true}]}`, "apply", "-f", "-")
+	r = c.must(0, "get", "edge")
+	mustContain(t, "get a descriptor rule", r.stdout, "SHADOW", "descriptor edge: generic_key=api,user", "yes")
 	r = c.must(0, "rollback", "demo", "--to", "1")
 	mustContain(t, "rollback", r.stdout, "rolled back to v1 (now v3)")
 	r = c.must(0, "get", "demo", "per-user", "-o", "json")

@@ -340,15 +340,53 @@ func getCmd(g *globals, env *Env) *cobra.Command {
 	return cmd
 }
 
+// ruleTable prints rules one a line; MATCH is the request match, or for a
+// descriptor rule its descriptor (descriptorText); SHADOW says whether the
+// rule only logs.
 func ruleTable(tw *tabwriter.Writer, rules []map[string]any) {
-	fmt.Fprintln(tw, "RULE\tALGORITHM\tLIMIT\tWINDOW\tKEY\tMATCH")
+	fmt.Fprintln(tw, "RULE\tALGORITHM\tLIMIT\tWINDOW\tKEY\tMATCH\tSHADOW")
 	for _, r := range rules {
 		window := r["window"]
 		if window == nil {
 			window = r["lease"]
 		}
-		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%s\t%s\n", r["id"], r["algorithm"], r["limit"], orEmpty(window), joinKey(r["key"]), compactOrDash(r["match"]))
+		match := compactOrDash(r["match"])
+		if d, ok := r["descriptor"].(map[string]any); ok {
+			match = descriptorText(d)
+		}
+		shadow := "-"
+		if r["shadow"] == true {
+			shadow = "yes"
+		}
+		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%s\t%s\t%s\n", r["id"], r["algorithm"], r["limit"], orEmpty(window), joinKey(r["key"]), match, shadow)
 	}
+}
+
+// descriptorText is a descriptor rule's descriptor on one line:
+// "descriptor <domain>: key=value,key,..." (a key alone matches any value;
+// "(shared)" marks a shared wildcard), then "unlimited", "no limit" or
+// "quota mode" when set.
+func descriptorText(d map[string]any) string {
+	var parts []string
+	entries, _ := d["entries"].([]any)
+	for _, e := range entries {
+		m, _ := e.(map[string]any)
+		p := fmt.Sprint(m["key"])
+		if v, _ := m["value"].(string); v != "" {
+			p += "=" + v
+		}
+		if m["shared"] == true {
+			p += "(shared)"
+		}
+		parts = append(parts, p)
+	}
+	out := "descriptor " + fmt.Sprint(d["domain"]) + ": " + strings.Join(parts, ",")
+	for _, f := range []struct{ field, say string }{{"unlimited", "unlimited"}, {"no_limit", "no limit"}, {"quota_mode", "quota mode"}} {
+		if d[f.field] == true {
+			out += " " + f.say
+		}
+	}
+	return out
 }
 
 func orEmpty(v any) any {
