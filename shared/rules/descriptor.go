@@ -332,6 +332,12 @@ func (ds *Descriptor) Request(entries []Header) (req Request, ok bool) {
 	return req, true
 }
 
+// Path is a string naming ds's domain and entries, the same for two
+// descriptors exactly when the RateLimitService would take them for one
+// (the same domain, keys and values, in order). Its form is not part of any
+// API.
+func (ds *Descriptor) Path() string { return descriptorPath(ds) }
+
 // descriptorPath is a string naming ds's domain and entries, distinct for
 // distinct ones (lengths before texts).
 func descriptorPath(ds *Descriptor) string {

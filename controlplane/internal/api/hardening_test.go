@@ -206,3 +206,28 @@ func TestAWrongTokenIsLogged(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestADescriptorAnotherPolicyNamesIsRefusedAtApply: the RateLimitService
+// serves one rule per descriptor, so a second policy naming a descriptor of
+// the first is refused when written (409 descriptor_conflict, both named),
+// not ignored when served; another descriptor, or the first policy's own
+// change, is accepted.
+func TestADescriptorAnotherPolicyNamesIsRefusedAtApply(t *testing.T) {
+	r := startReplica(t, boltBackend(t))
+	c := r.admin
+	doc := func(name, id, value string) []byte {
+		return []byte(`{"policy":"` + name + `","rules":[{"id":"` + id + `","descriptor":{"domain":"edge","entries":[{"key":"generic_key","value":"` + value + `"},{"key":"user"}]},` +
+			`"algorithm":"fixed_window","limit":3,"window":"1m","scope":"fleet"}]}`)
+	}
+	expect(t, c.Do("PUT", "/v1/policies/first", doc("first", "per-user", "api")), 201, "the first policy")
+	resp := c.Do("PUT", "/v1/policies/second", doc("second", "mine", "api"))
+	expectCode(t, resp, 409, "descriptor_conflict", "a second policy with the same descriptor")
+	if !bytes.Contains(resp.Body, []byte(`per-user`)) || !bytes.Contains(resp.Body, []byte(`first`)) {
+		t.Errorf("the refusal does not name the rule and policy already serving it: %s", resp.Body)
+	}
+	expect(t, c.Do("PUT", "/v1/policies/second", doc("second", "mine", "web")), 201, "another descriptor")
+	expect(t, c.Do("PUT", "/v1/policies/first", []byte(strings.Replace(string(doc("first", "per-user", "api")), `"limit":3`, `"limit":4`, 1))), 200,
+		"the first policy's own change")
+	expectCode(t, c.Do("PUT", "/v1/policies/second/rules/mine", []byte(`{"id":"mine","descriptor":{"domain":"edge","entries":[{"key":"generic_key","value":"api"},{"key":"user"}]},`+
+		`"algorithm":"fixed_window","limit":3,"window":"1m","scope":"fleet"}`)), 409, "descriptor_conflict", "a rule changed to the first's descriptor")
+}

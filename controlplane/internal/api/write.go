@@ -181,6 +181,10 @@ func (s *Server) change(wr *writeReq, rec store.Record, cur *rules.Policy) (stor
 		invalid(err).write(w)
 		return ch, false
 	}
+	if aerr := s.checkDescriptorsFree(wr.name, next); aerr != nil {
+		aerr.write(w)
+		return ch, false
+	}
 	wr.warnings = nil
 	if s.o.Warnings != nil {
 		wr.warnings = s.o.Warnings(next)
@@ -255,6 +259,44 @@ func (s *Server) commitWrite(wr *writeReq, rec store.Record, ch store.Change) bo
 	}
 	writeRaw(w, status, nrec.Doc)
 	return true
+}
+
+// checkDescriptorsFree refuses (409 descriptor_conflict) a policy with a
+// descriptor rule whose descriptor another current policy's rule already
+// names: the RateLimitService serves one rule per descriptor, so the second
+// would never be served. The other policies are the snapshot's, as the
+// RateLimitService reads them.
+func (s *Server) checkDescriptorsFree(name string, next *rules.Policy) *apiError {
+	mine := map[string]string{}
+	for i := range next.Rules {
+		if d := next.Rules[i].Descriptor; d != nil {
+			mine[d.Path()] = next.Rules[i].ID
+		}
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	for _, rec := range s.o.Snapshot.List() {
+		if rec.Name == name || !rec.Exists() || !bytes.Contains(rec.Doc, []byte(`"descriptor"`)) {
+			continue
+		}
+		other, err := rules.ParsePolicy(rec.Doc)
+		if err != nil {
+			continue
+		}
+		for i := range other.Rules {
+			d := other.Rules[i].Descriptor
+			if d == nil {
+				continue
+			}
+			if id, ok := mine[d.Path()]; ok {
+				return errf(http.StatusConflict, "descriptor_conflict", "rule "+strconv.Quote(id)+"'s descriptor (domain "+
+					strconv.Quote(d.Domain)+") is already rule "+strconv.Quote(other.Rules[i].ID)+"'s of policy "+strconv.Quote(rec.Name)+
+					": the RateLimitService serves one rule per descriptor; change or remove one of them")
+			}
+		}
+	}
+	return nil
 }
 
 // checkPolicyCount refuses the creation of a policy when MaxPolicies live
