@@ -25,6 +25,8 @@ type ruleRef struct {
 	rule   *rules.Rule
 	// limit is the rule's current_limit, shared by every response (read-only).
 	limit *rlsv3.RateLimitResponse_RateLimit
+	// c counts its descriptors by result.
+	c *resultCounters
 }
 
 // node is one level of a domain's descriptor tree, as envoyproxy/ratelimit
@@ -56,6 +58,7 @@ type index struct {
 type indexer struct {
 	p   Policies
 	log *slog.Logger
+	m   *metrics
 
 	mu  sync.Mutex
 	cur *index
@@ -69,7 +72,7 @@ func (x *indexer) get() *index {
 	if x.cur != nil && x.cur.gen == gen {
 		return x.cur
 	}
-	x.cur = build(gen, x.p.List(), x.log)
+	x.cur = build(gen, x.p.List(), x.log, x.m)
 	return x.cur
 }
 
@@ -77,7 +80,7 @@ func (x *indexer) get() *index {
 // name) and then of their rules. When two rules name one descriptor path the
 // first is kept and the other logged: a policy's own validation refuses that
 // within one policy, so it can only happen across policies.
-func build(gen uint64, recs []store.Record, log *slog.Logger) *index {
+func build(gen uint64, recs []store.Record, log *slog.Logger, m *metrics) *index {
 	ix := &index{gen: gen, domains: make(map[string]*node)}
 	for _, rec := range recs {
 		p, err := rules.ParsePolicy(rec.Doc)
@@ -103,7 +106,7 @@ func build(gen uint64, recs []store.Record, log *slog.Logger) *index {
 					"served", n.rule.policy+"/"+n.rule.rule.ID, "ignored", p.Name+"/"+r.ID)
 				continue
 			}
-			n.rule = &ruleRef{policy: p.Name, rule: r, limit: currentLimit(ds.Name, r.Limit, r.Window)}
+			n.rule = &ruleRef{policy: p.Name, rule: r, limit: currentLimit(ds.Name, r.Limit, r.Window), c: m.forRule(ds.Domain, p.Name+"/"+r.ID)}
 		}
 	}
 	return ix

@@ -128,6 +128,7 @@ func New(o Options) *Server {
 		defer s.leases.mu.Unlock()
 		return float64(len(s.leases.m))
 	})
+	s.ix.m = s.m
 	return s
 }
 
@@ -202,7 +203,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	for i, d := range req.Descriptors {
 		ref := refs[i]
 		if ref != nil && replaced[ruleID{ref.policy, ref.rule.ID}] {
-			s.m.dReplaced.Inc()
+			ref.c.replaced.Inc()
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 			continue
 		}
@@ -258,17 +259,17 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 	}
 	switch {
 	case ref.rule.Descriptor.Unlimited:
-		s.m.dUnlimited.Inc()
+		ref.c.unlimited.Inc()
 		return unlimitedStatus
 	case ref.rule.Descriptor.NoLimit:
-		s.m.dNoLimit.Inc()
+		ref.c.noLimit.Inc()
 		return ok
 	case ref.rule.Limit == 0:
 		// Always over (envoyproxy/ratelimit's requests_per_unit 0): nothing
 		// to count, the window's reset as for any fixed window.
 		// A check of 0 hits is within it, as there (0 > 0 is false).
 		w := int64(ref.rule.Window)
-		return s.status(ref.limit, ref.rule.Shadow, ref.rule.Descriptor.QuotaMode,
+		return s.status(ref.c, ref.limit, ref.rule.Shadow, ref.rule.Descriptor.QuotaMode,
 			outcome{admitted: hits(req, d) == 0, reset: time.Duration(w - s.o.Now()%w)})
 	}
 	n := len(d.Entries)
@@ -291,7 +292,7 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		s.m.noRule.Inc()
 		return ok
 	}
-	return s.status(ref.limit, fr.Rule.Shadow, ref.rule.Descriptor.QuotaMode, s.take(ctx, fr, key, hits(req, d)))
+	return s.status(ref.c, ref.limit, fr.Rule.Shadow, ref.rule.Descriptor.QuotaMode, s.take(ctx, fr, key, hits(req, d)))
 }
 
 // hits is what descriptor d of req costs: its own hits_addend when set (0
@@ -308,7 +309,7 @@ func hits(req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) uint64 {
 // counted as shadow) or quota mode (OK with the limit and what remains, no
 // reset, as envoyproxy/ratelimit answers a quota-mode limit passed). Each
 // descriptor is counted once, by its result.
-func (s *Server) status(limit *rlsv3.RateLimitResponse_RateLimit, shadow, quotaMode bool, o outcome) *rlsv3.RateLimitResponse_DescriptorStatus {
+func (s *Server) status(c *resultCounters, limit *rlsv3.RateLimitResponse_RateLimit, shadow, quotaMode bool, o outcome) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{
 		Code:               rlsv3.RateLimitResponse_OK,
 		CurrentLimit:       limit,
@@ -317,14 +318,14 @@ func (s *Server) status(limit *rlsv3.RateLimitResponse_RateLimit, shadow, quotaM
 	}
 	switch {
 	case o.admitted:
-		s.m.dOK.Inc()
+		c.ok.Inc()
 	case shadow:
-		s.m.dShadow.Inc()
+		c.shadow.Inc()
 	case quotaMode:
-		s.m.dQuotaMode.Inc()
+		c.quotaMode.Inc()
 		st.DurationUntilReset = nil
 	default:
-		s.m.dOver.Inc()
+		c.over.Inc()
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	return st
@@ -361,7 +362,7 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 	}
 	cl := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: lim.GetRequestsPerUnit(), Unit: unit}
 	if lim.GetRequestsPerUnit() == 0 {
-		return s.status(cl, false, false, outcome{reset: window})
+		return s.status(s.m.forRule(req.Domain, "(override)"), cl, false, false, outcome{reset: window})
 	}
 	var hs [rules.MaxDescriptorEntries]rules.Header
 	for i, e := range d.Entries {
@@ -394,7 +395,7 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 		s.m.noRule.Inc()
 		return ok
 	}
-	return s.status(cl, false, false, s.take(ctx, fr, key, hits(req, d)))
+	return s.status(s.m.forRule(req.Domain, "(override)"), cl, false, false, s.take(ctx, fr, key, hits(req, d)))
 }
 
 // sameCounter reports whether rule r counts its descriptors per value of

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,7 +54,7 @@ func TestDescriptorsFindTheirRuleAsEnvoyproxyRatelimitWalksItsTree(t *testing.T)
 	pol.set(t, `{"policy":"zz-later","rules":[
 	 {"id":"dup","descriptor":{"domain":"edge","entries":[{"key":"remote_address"}]},"algorithm":"fixed_window","limit":1,"window":"1s","scope":"fleet"},
 	 {"id":"deep","descriptor":{"domain":"edge","entries":[{"key":"remote_address"},{"key":"x","value":"y"}]},"algorithm":"fixed_window","limit":1,"window":"1s","scope":"fleet"}]}`)
-	ix := build(1, pol.List(), slog.Default())
+	ix := build(1, pol.List(), slog.Default(), newMetrics(nil, func() float64 { return 0 }))
 	for _, tc := range []struct {
 		domain  string
 		entries []entryKV
@@ -425,5 +427,50 @@ func TestALimitOverrideCountsOnItsDescriptorsCounter(t *testing.T) {
 	}
 	if got := counterWith(t, r.reg, "sluice_controlplane_rls_limit_overrides_total", "", ""); got != 12 {
 		t.Errorf("overrides counted %v, want 12", got)
+	}
+}
+
+// TestDescriptorsAreCountedByTheirRulesDomainAndIdBounded: each rule's
+// descriptors are counted under its domain and policy/id, descriptors no rule
+// names under empty labels (a request's domain is not a label: it is the
+// caller's to choose), and past maxRuleSeries rules the rest share "(other)".
+func TestDescriptorsAreCountedByTheirRulesDomainAndIdBounded(t *testing.T) {
+	f := newFixture(t, rlsPolicy)
+	r := f.replica(t, "a", "")
+	for range 3 {
+		r.call(t, "edge", desc("generic_key", "shadow"))
+	}
+	r.call(t, "made-up-domain", desc("k", "v"))
+	series := map[string]float64{}
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_controlplane_rls_descriptors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			series[l["result"]+" "+l["domain"]+" "+l["rule"]] = m.GetCounter().GetValue()
+		}
+	}
+	if series["ok edge edge/shadowed"] != 1 || series["shadow edge edge/shadowed"] != 2 || series["no_rule  "] != 1 {
+		t.Errorf("series %v: want the shadow rule's 1 ok and 2 shadow under edge edge/shadowed, 1 no_rule unlabelled", series)
+	}
+	for k := range series {
+		if strings.Contains(k, "made-up-domain") {
+			t.Errorf("a request's domain became a label: %s", k)
+		}
+	}
+	m := newMetrics(nil, func() float64 { return 0 })
+	for i := range maxRuleSeries + 5 {
+		m.forRule("d", "p/r"+strconv.Itoa(i))
+	}
+	if c := m.forRule("d", "p/another"); c != m.forRule("(other)", "(other)") || len(m.rules) != maxRuleSeries+1 {
+		t.Errorf("%d rule series; past %d rules, want one shared (other)", len(m.rules), maxRuleSeries)
 	}
 }
