@@ -63,8 +63,14 @@ envoy: wasm
 ## ($(UPSTREAM_PORT)) and two proxies, the real Envoy after make envoy (PROXY=devproxy: the
 ## dev proxy) ($(PROXY_PORT), $(PROXY2_PORT); Envoy's admin endpoints,
 ## /stats/prometheus among them, on $(ADMIN_PORT) and $(ADMIN2_PORT)); Ctrl-C stops all.
+## The control plane also serves the RateLimitService on $(GRPC_PORT), and with the real
+## Envoy a third one ($(RLS_PORT), admin $(RLS_ADMIN_PORT)) runs Envoy's ratelimit filter
+## against it on policy "edge" (docs/rls.md, "Try it with make run").
 ## Redis instead of the embedded store: make run REDIS_URL=redis://127.0.0.1:6379
 CP_PORT       ?= 8080
+GRPC_PORT     ?= 8081
+RLS_PORT      ?= 10002
+RLS_ADMIN_PORT ?= 9903
 PROXY_PORT    ?= 10000
 PROXY2_PORT   ?= 10001
 UPSTREAM_PORT ?= 8000
@@ -76,10 +82,10 @@ run:
 	@# anything is rebuilt under the running one; sluice-run says what to use instead.
 	@if [ -s $(RUN_DIR)/lock ] && command -v flock >/dev/null && ! flock -n $(RUN_DIR)/lock true; then \
 		echo "make run: $(RUN_DIR) is in use by another make run (pid $$(cat $(RUN_DIR)/lock)); nothing rebuilt"; \
-		echo "  give this one its own directory and ports: make run RUN_DIR=$(RUN_DIR)2 CP_PORT=18080 PROXY_PORT=18010 PROXY2_PORT=18011 UPSTREAM_PORT=18000 ADMIN_PORT=19901 ADMIN2_PORT=19902"; exit 1; fi
+		echo "  give this one its own directory and ports: make run RUN_DIR=$(RUN_DIR)2 CP_PORT=18080 PROXY_PORT=18010 PROXY2_PORT=18011 UPSTREAM_PORT=18000 ADMIN_PORT=19901 ADMIN2_PORT=19902 GRPC_PORT=18081 RLS_PORT=18012 RLS_ADMIN_PORT=19903"; exit 1; fi
 	@$(MAKE) --no-print-directory build
 	@CP_PORT=$(CP_PORT) PROXY_PORT=$(PROXY_PORT) PROXY2_PORT=$(PROXY2_PORT) UPSTREAM_PORT=$(UPSTREAM_PORT) RUN_DIR=$(RUN_DIR) REDIS_URL=$(REDIS_URL) \
-		ADMIN_PORT=$(ADMIN_PORT) ADMIN2_PORT=$(ADMIN2_PORT) \
+		ADMIN_PORT=$(ADMIN_PORT) ADMIN2_PORT=$(ADMIN2_PORT) GRPC_PORT=$(GRPC_PORT) RLS_PORT=$(RLS_PORT) RLS_ADMIN_PORT=$(RLS_ADMIN_PORT) \
 		BIN_DIR=$(BUILD) $(BUILD)/sluice-run
 
 ## test: build what the tests need, then run every test (race detector on native code).

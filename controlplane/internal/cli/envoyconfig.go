@@ -44,7 +44,7 @@ server, or from -f FILE. The quota token, if $SLUICE_QUOTA_TOKEN is set, is sent
 		},
 	}
 	f := cmd.Flags()
-	envoyConfigFlags(f, &policy, &file, &o.ControlPlane, &o.Upstream, &o.Listen)
+	envoyConfigFlags(f, &policy, &file, &o.ControlPlane, &o.Upstream, &o.Listen, &o.Admin)
 	f.StringVar(&o.Env, "env", "default", "the env of the counter keys: the filter's domain")
 	f.DurationVar(&o.ReportingInterval, "reporting-interval", time.Second, "each bucket's reporting_interval (more than 100ms)")
 	root.AddCommand(cmd, rlsConfigCmd(g, env))
@@ -75,20 +75,21 @@ token, if $SLUICE_QUOTA_TOKEN is set, is sent as "authorization: Bearer" metadat
 		},
 	}
 	f := cmd.Flags()
-	envoyConfigFlags(f, &policy, &file, &o.ControlPlane, &o.Upstream, &o.Listen)
+	envoyConfigFlags(f, &policy, &file, &o.ControlPlane, &o.Upstream, &o.Listen, &o.Admin)
 	f.StringVar(&o.Domain, "domain", "", "the rate limit domain (default: the policy's only one)")
 	f.DurationVar(&o.Timeout, "timeout", 100*time.Millisecond, "the filter's timeout of a call")
 	return cmd
 }
 
 // envoyConfigFlags adds the flags every envoy-config command has: where the
-// policy comes from and the three addresses of the bootstrap.
-func envoyConfigFlags(f *pflag.FlagSet, policy, file, grpc, upstream, listen *string) {
+// policy comes from and the four addresses of the bootstrap.
+func envoyConfigFlags(f *pflag.FlagSet, policy, file, grpc, upstream, listen, admin *string) {
 	f.StringVar(policy, "policy", "", "the policy to read from the server")
 	f.StringVarP(file, "filename", "f", "", "read the policy from this file (YAML or JSON) instead")
 	f.StringVar(grpc, "grpc", "127.0.0.1:8081", "the control plane's --grpc-listen address, host:port")
 	f.StringVar(upstream, "upstream", "127.0.0.1:8000", "the service's address, host:port")
 	f.StringVar(listen, "listen", "127.0.0.1:10000", "the listener's address, host:port")
+	f.StringVar(admin, "admin", "127.0.0.1:9901", "the admin endpoint's address, host:port (make run's Envoys take 9901 and 9902; its ratelimit-filter Envoy 9903)")
 }
 
 // writeEnvoyConfig returns the end of an envoy-config command: its notes on

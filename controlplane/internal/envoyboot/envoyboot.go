@@ -81,6 +81,9 @@ type Options struct {
 	Node string
 	// Listen is the listener's address and Upstream the service's, host:port.
 	Listen, Upstream string
+	// Admin is the admin endpoint's address, host:port (default
+	// 127.0.0.1:9901, as in envoy/envoy.yaml).
+	Admin string
 	// ControlPlane is the gRPC cluster to the control plane: its name and
 	// address, host:port.
 	ControlPlaneCluster, ControlPlane string
@@ -92,8 +95,7 @@ type Options struct {
 	AccessLog []*accesslogv3.AccessLog
 }
 
-// Bootstrap builds the bootstrap o describes; the admin endpoint is on
-// 127.0.0.1:9901, as in envoy/envoy.yaml.
+// Bootstrap builds the bootstrap o describes.
 func Bootstrap(o Options) (*bootstrapv3.Bootstrap, error) {
 	listen, err := Address(o.Listen)
 	if err != nil {
@@ -118,7 +120,10 @@ func Bootstrap(o Options) (*bootstrapv3.Bootstrap, error) {
 			{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: MustAny(&routerv3.Router{})}},
 		},
 		AccessLog: o.AccessLog}
-	admin, err := Address("127.0.0.1:9901")
+	if o.Admin == "" {
+		o.Admin = "127.0.0.1:9901"
+	}
+	admin, err := Address(o.Admin)
 	if err != nil {
 		return nil, err
 	}

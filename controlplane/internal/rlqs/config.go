@@ -36,6 +36,8 @@ type ConfigOptions struct {
 	// Upstream is the service's address, host:port (default 127.0.0.1:8000), and
 	// Listen the listener's (default 127.0.0.1:10000).
 	Upstream, Listen string
+	// Admin is the admin endpoint's address, host:port (default 127.0.0.1:9901).
+	Admin string
 	// Token is the quota token sent as "authorization: Bearer …" metadata; empty
 	// sends none (an open or certificate-authenticated control plane).
 	Token string
@@ -111,7 +113,7 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 		Domain:         o.Env,
 		BucketMatchers: &xdsmatcherv3.Matcher{MatcherType: &xdsmatcherv3.Matcher_MatcherList_{MatcherList: &xdsmatcherv3.Matcher_MatcherList{Matchers: list}}},
 	}
-	b, err := envoyboot.Bootstrap(envoyboot.Options{Node: "sluice-rlqs", Listen: o.Listen, Upstream: o.Upstream,
+	b, err := envoyboot.Bootstrap(envoyboot.Options{Node: "sluice-rlqs", Listen: o.Listen, Upstream: o.Upstream, Admin: o.Admin,
 		ControlPlaneCluster: "sluice_rlqs", ControlPlane: o.ControlPlane,
 		Filter: &hcmv3.HttpFilter{Name: "envoy.filters.http.rate_limit_quota", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: envoyboot.MustAny(filter)}}})
 	if err != nil {

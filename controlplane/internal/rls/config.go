@@ -31,6 +31,8 @@ type ConfigOptions struct {
 	// Upstream is the service's address, host:port (default 127.0.0.1:8000), and
 	// Listen the listener's (default 127.0.0.1:10000).
 	Upstream, Listen string
+	// Admin is the admin endpoint's address, host:port (default 127.0.0.1:9901).
+	Admin string
 	// Token is the quota token sent as "authorization: Bearer …" metadata; empty
 	// sends none (an open or certificate-authenticated control plane).
 	Token string
@@ -119,7 +121,7 @@ func EnvoyConfig(p *rules.Policy, o ConfigOptions) (doc []byte, notes []string, 
 	if o.Token != "" {
 		filter.RateLimitService.GrpcService.InitialMetadata = []*corev3.HeaderValue{{Key: "authorization", Value: "Bearer " + o.Token}}
 	}
-	b, err := envoyboot.Bootstrap(envoyboot.Options{Node: "sluice-rls", Listen: o.Listen, Upstream: o.Upstream,
+	b, err := envoyboot.Bootstrap(envoyboot.Options{Node: "sluice-rls", Listen: o.Listen, Upstream: o.Upstream, Admin: o.Admin,
 		ControlPlaneCluster: "sluice_rls", ControlPlane: o.ControlPlane,
 		Filter:     &hcmv3.HttpFilter{Name: "envoy.filters.http.ratelimit", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: envoyboot.MustAny(filter)}},
 		RateLimits: limits, AccessLog: []*accesslogv3.AccessLog{accessLog()}})

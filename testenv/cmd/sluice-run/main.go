@@ -55,6 +55,10 @@ the environment (make passes its variables):
   PROXY_PORT     first proxy port (10000)
   PROXY2_PORT    second proxy port (10001), on the same control plane
   ADMIN_PORT, ADMIN2_PORT  the proxies' admin ports (9901, 9902)
+  GRPC_PORT      the control plane's gRPC port: the RateLimitService and RLQS (8081)
+  RLS_PORT, RLS_ADMIN_PORT  the Envoy whose ratelimit filter asks the RateLimitService,
+                 with the real Envoy only (10002, 9903)
+  RLS_POLICY     the policy applied as "edge" when there is none (examples/rls-policy.json)
   UPSTREAM_PORT  demo upstream port (8000)
   REDIS_URL      use Redis (redis://host:port); empty: the embedded store in RUN_DIR/data
   SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN  the tokens (default: RUN_DIR/tokens, or generated)
@@ -79,6 +83,8 @@ type settings struct {
 	cpPort, proxyPort, upPort     string
 	proxy2Port, quota             string
 	adminPort, admin2Port         string
+	grpcPort, rlsPort             string // the RateLimitService and its Envoy
+	rlsAdminPort, rlsPolicy       string
 	redisURL, admin, read         string
 	binDir, runDir, policy, envoy string
 	workers                       string
@@ -148,6 +154,8 @@ func run() int {
 		policy: env("POLICY", "examples/default-policy.json"), envoy: env("ENVOY_CONFIG", "envoy/envoy.yaml"),
 		workers: env("WORKERS", "2"), proxy2Port: env("PROXY2_PORT", "10001"), quota: os.Getenv("SLUICE_QUOTA_TOKEN"),
 		adminPort: env("ADMIN_PORT", "9901"), admin2Port: env("ADMIN2_PORT", "9902"),
+		grpcPort: env("GRPC_PORT", "8081"), rlsPort: env("RLS_PORT", "10002"), rlsAdminPort: env("RLS_ADMIN_PORT", "9903"),
+		rlsPolicy: env("RLS_POLICY", "examples/rls-policy.json"),
 	}
 	s.proxy = chooseProxy(s.binDir)
 	release, err := lockRunDir(s.runDir)
@@ -204,7 +212,8 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	}
 	cp := "127.0.0.1:" + s.cpPort
 	store := "embedded store in " + filepath.Join(s.runDir, "data")
-	cpArgs := []string{"--listen", cp, "--log-format", "text"}
+	grpc := "127.0.0.1:" + s.grpcPort
+	cpArgs := []string{"--listen", cp, "--grpc-listen", grpc, "--log-format", "text"}
 	if s.redisURL != "" {
 		cpArgs = append(cpArgs, "--redis-url", s.redisURL)
 		store = "Redis at " + s.redisURL
@@ -220,7 +229,7 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err := waitHTTP(ctx, "http://"+cp+"/readyz", 20*time.Second, sup); err != nil {
 		return fmt.Errorf("control plane not ready: %w (see %s/controlplane.log)", err, s.runDir)
 	}
-	version, created, err := applyDemo(ctx, cp, s.admin, policy)
+	version, created, err := applyDemo(ctx, cp, s.admin, "default", policy)
 	if err != nil {
 		return err
 	}
@@ -259,6 +268,11 @@ func start(ctx context.Context, s settings, sup *supervisor) error {
 	if err := waitHTTP(ctx, "http://"+up+"/", 20*time.Second, sup); err != nil {
 		return fmt.Errorf("demo upstream not ready: %w", err)
 	}
+	if r.envoyBin != "" {
+		if err := startRLSEnvoy(ctx, s, sup, cp, grpc, up, tokens); err != nil {
+			return err
+		}
+	}
 	step("waiting for the filter to pull policy version %d or later", version)
 	workers, err := strconv.Atoi(s.workers)
 	if err != nil || workers < 1 {
@@ -283,12 +297,12 @@ func step(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "==> "+format+"\n", args...)
 }
 
-// applyDemo creates policy "default" from doc unless it exists: a PUT with
+// applyDemo creates policy name from doc unless it exists: a PUT with
 // If-None-Match: * (create only). It returns the version created, or on
 // 412 (the policy exists) the stored version, read back with a GET; created
 // says which.
-func applyDemo(ctx context.Context, cp, admin string, doc []byte) (version uint64, created bool, err error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+cp+"/v1/policies/default", bytes.NewReader(doc))
+func applyDemo(ctx context.Context, cp, admin, name string, doc []byte) (version uint64, created bool, err error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+cp+"/v1/policies/"+name, bytes.NewReader(doc))
 	req.Header.Set("Authorization", "Bearer "+admin)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("If-None-Match", "*")
@@ -306,7 +320,7 @@ func applyDemo(ctx context.Context, cp, admin string, doc []byte) (version uint6
 		}
 		return v, true, nil
 	case http.StatusPreconditionFailed:
-		v, err := storedVersion(ctx, cp, admin)
+		v, err := storedVersion(ctx, cp, admin, name)
 		if err != nil {
 			return 0, false, fmt.Errorf("reading the stored policy: %w", err)
 		}
@@ -316,9 +330,9 @@ func applyDemo(ctx context.Context, cp, admin string, doc []byte) (version uint6
 	}
 }
 
-// storedVersion returns the version of policy "default".
-func storedVersion(ctx context.Context, cp, token string) (uint64, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+cp+"/v1/policies/default", nil)
+// storedVersion returns the version of policy name.
+func storedVersion(ctx context.Context, cp, token, name string) (uint64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+cp+"/v1/policies/"+name, nil)
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -430,7 +444,12 @@ func printTry(s settings, cp, proxy, up, accessLog, store string, demo bool) {
 	fmt.Fprintf(&b, "  access logs    %s (proxy), %s (proxy 2)\n", accessLog, filepath.Join(s.runDir, "access2.log"))
 	fmt.Fprintf(&b, "  process logs   %s/{controlplane,%s,%s,upstream}.log\n", s.runDir, s.proxy.logName(1), s.proxy.logName(2))
 	fmt.Fprintf(&b, "  metrics        http://%s/metrics (control plane), http://127.0.0.1:%s/stats/prometheus and :%s (the proxies' admin;\n", cp, s.adminPort, s.admin2Port)
-	fmt.Fprintf(&b, "                 what envoy/monitoring's dashboard and alerts read)\n\n")
+	fmt.Fprintf(&b, "                 what envoy/monitoring's dashboard and alerts read)\n")
+	if s.proxy.envoyBin != "" {
+		fmt.Fprintf(&b, "  ratelimit      http://127.0.0.1:%s  (Envoy's own ratelimit filter asking the control plane's RateLimitService on\n", s.rlsPort)
+		fmt.Fprintf(&b, "                 127.0.0.1:%s, policy \"edge\"; its log %s/envoy-rls.log; docs/rls.md, \"Try it with make run\")\n", s.grpcPort, s.runDir)
+	}
+	b.WriteString("\n")
 	switch s.tokens {
 	case tokensGenerated:
 		fmt.Fprintf(&b, "Tokens (generated, kept in %s for the next runs). In another terminal:\n", s.tokenFile)

@@ -17,6 +17,8 @@ func (s settings) ports() []runPort {
 		{"control plane", s.cpPort, "CP_PORT"}, {proxy, s.proxyPort, "PROXY_PORT"}, {"demo upstream", s.upPort, "UPSTREAM_PORT"},
 		{"second " + proxy, s.proxy2Port, "PROXY2_PORT"}, {proxy + "'s admin", s.adminPort, "ADMIN_PORT"},
 		{"second " + proxy + "'s admin", s.admin2Port, "ADMIN2_PORT"},
+		{"control plane's gRPC (RateLimitService)", s.grpcPort, "GRPC_PORT"},
+		{"ratelimit-filter Envoy", s.rlsPort, "RLS_PORT"}, {"ratelimit-filter Envoy's admin", s.rlsAdminPort, "RLS_ADMIN_PORT"},
 	}
 }
 
@@ -53,10 +55,11 @@ func free(port string) error {
 // freeRunArgs returns make variables for a run beside the one in runDir: a
 // directory of its own and a set of ports, every one free now, tried in steps
 // of 100 from 18080 (control plane), 18010 and 18011 (proxies), 18000
-// (upstream), 19901 and 19902 (admin).
+// (upstream), 19901 and 19902 (admin), 18081 (gRPC), 18012 and 19903 (the
+// ratelimit-filter Envoy and its admin).
 func freeRunArgs(runDir string) string {
-	vars := []string{"CP_PORT", "PROXY_PORT", "PROXY2_PORT", "UPSTREAM_PORT", "ADMIN_PORT", "ADMIN2_PORT"}
-	base := []int{18080, 18010, 18011, 18000, 19901, 19902}
+	vars := []string{"CP_PORT", "PROXY_PORT", "PROXY2_PORT", "UPSTREAM_PORT", "ADMIN_PORT", "ADMIN2_PORT", "GRPC_PORT", "RLS_PORT", "RLS_ADMIN_PORT"}
+	base := []int{18080, 18010, 18011, 18000, 19901, 19902, 18081, 18012, 19903}
 	dir := strings.TrimSuffix(runDir, "/") + "2"
 	for step := 0; step < 20; step++ {
 		args := []string{"RUN_DIR=" + dir}
@@ -73,5 +76,5 @@ func freeRunArgs(runDir string) string {
 			return strings.Join(args, " ")
 		}
 	}
-	return "RUN_DIR=" + dir + " CP_PORT=… PROXY_PORT=… PROXY2_PORT=… UPSTREAM_PORT=… ADMIN_PORT=… ADMIN2_PORT=… (no free set found from 18000)"
+	return "RUN_DIR=" + dir + " CP_PORT=… PROXY_PORT=… PROXY2_PORT=… UPSTREAM_PORT=… ADMIN_PORT=… ADMIN2_PORT=… GRPC_PORT=… RLS_PORT=… RLS_ADMIN_PORT=… (no free set found from 18000)"
 }

@@ -8,7 +8,7 @@ import (
 )
 
 func testSettings() settings {
-	return settings{cpPort: "18380", proxyPort: "18310", proxy2Port: "18311", upPort: "18300", adminPort: "18391", admin2Port: "18392"}
+	return settings{cpPort: "18380", proxyPort: "18310", proxy2Port: "18311", upPort: "18300", adminPort: "18391", admin2Port: "18392", grpcPort: "18381", rlsPort: "18312", rlsAdminPort: "18393"}
 }
 
 // TestPortsUsedTwiceInOneRunAreRefused: two of make run's own ports being the
@@ -47,7 +47,7 @@ func TestATakenPortSuggestsAFreeSetOfEveryPort(t *testing.T) {
 		t.Fatalf("no make run command suggested: %s", msg)
 	}
 	seen := map[string]bool{}
-	for _, v := range []string{"RUN_DIR", "CP_PORT", "PROXY_PORT", "PROXY2_PORT", "UPSTREAM_PORT", "ADMIN_PORT", "ADMIN2_PORT"} {
+	for _, v := range []string{"RUN_DIR", "CP_PORT", "PROXY_PORT", "PROXY2_PORT", "UPSTREAM_PORT", "ADMIN_PORT", "ADMIN2_PORT", "GRPC_PORT", "RLS_PORT", "RLS_ADMIN_PORT"} {
 		m := regexp.MustCompile(`\b` + v + `=(\S+)`).FindStringSubmatch(cmd[1])
 		if m == nil {
 			t.Errorf("the suggestion sets no %s: %s", v, cmd[1])

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,9 +65,11 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 	}
 	runDir := t.TempDir()
 	cp, proxy, proxy2, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
+	grpc, rls, rlsAdmin := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
 	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
 	out := &proctest.SyncBuffer{}
-	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "PROXY2_PORT="+port(proxy2), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir)
+	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "PROXY2_PORT="+port(proxy2), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir,
+		"GRPC_PORT="+port(grpc), "RLS_PORT="+port(rls), "RLS_ADMIN_PORT="+port(rlsAdmin))
 	cmd.Dir = repo
 	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+adminToken, "SLUICE_READ_TOKEN="+readToken, "PROXY="+kind, "ENVOY="+envoy)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -110,7 +113,7 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 	// build/sluicectl is) and returns its output and exit code.
 	shCode := func(c string) (string, int) {
 		t.Helper()
-		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:8080", cp, "build/run/", runDir+"/",
+		c = strings.NewReplacer("127.0.0.1:10000", proxy, "127.0.0.1:10002", rls, "127.0.0.1:8080", cp, "build/run/", runDir+"/",
 			"for p in 10000 10001", "for p in "+port(proxy)+" "+port(proxy2)).Replace(c)
 		sh := exec.Command("bash", "-c", c)
 		sh.Dir = repo
@@ -183,6 +186,12 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 		t.Errorf("step 6 (fleet-wide limit across two proxies): %q, want ten 200s and two 429s", got)
 	}
 
+	if envoy != "" {
+		rlsWalkthrough(t, sh)
+	} else if strings.Contains(out.String(), "ratelimit      http://") {
+		t.Errorf("make run with the dev proxy announces a ratelimit-filter Envoy it cannot run")
+	}
+
 	// The live line has counted the walkthrough's decisions per rule.
 	if !proctest.WaitFor(20*time.Second, func() bool {
 		return regexp.MustCompile(`==> last 5s: .*api-per-user \d+ allowed / \d+ limited`).MatchString(out.String())
@@ -197,7 +206,7 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("make run did not stop within 30s of SIGINT")
 	}
-	for _, a := range []string{cp, proxy, proxy2, up} {
+	for _, a := range []string{cp, proxy, proxy2, up, grpc, rls, rlsAdmin} {
 		if c, err := net.DialTimeout("tcp", a, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after make run stopped", a)
@@ -206,6 +215,55 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 	if left := processesMentioning(runDir); len(left) > 0 {
 		t.Errorf("processes left behind: %v", left)
 	}
+}
+
+// rlsWalkthrough runs docs/rls.md's "Try it with make run" commands as written
+// there (sh maps the ports) and checks their answers: the rules with their
+// descriptors; a burst of 45 on the 20-a-second address limit, whose first
+// refusal comes after at least 20 admitted and which has refusals (at most 20
+// admitted a second: a burst shorter than 2.25 s meets one); a refusal in
+// that Envoy's access log, flagged RL; the limit lowered to 5 over REST and
+// the next burst refused after at least 5.
+func rlsWalkthrough(t *testing.T, sh func(string) string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repo, "docs", "rls.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i, j := strings.Index(doc, "<!-- rls-walkthrough:begin -->"), strings.Index(doc, "<!-- rls-walkthrough:end -->")
+	if i < 0 || j < i {
+		t.Fatal("docs/rls.md: rls-walkthrough markers not found")
+	}
+	var cmds []string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(doc[i:j], -1) {
+		cmds = append(cmds, strings.TrimSpace(m[1]))
+	}
+	if len(cmds) != 4 {
+		t.Fatalf("docs/rls.md walkthrough: %d commands, want 4", len(cmds))
+	}
+	if got := sh(cmds[0]); !strings.Contains(got, "descriptor edge: remote_address") {
+		t.Errorf("docs/rls.md step 1: %q", got)
+	}
+	burst := func(step, got string, limit int) {
+		t.Helper()
+		codes := strings.Fields(got)
+		first := slices.Index(codes, "429")
+		if len(codes) < 45 || first < limit || strings.Count(got, "200")+strings.Count(got, "429") != len(codes) {
+			t.Errorf("docs/rls.md step %s: %q: want 45 answers, 200 or 429, at least %d admitted before the first 429, and a 429", step, got, limit)
+		}
+		t.Logf("docs/rls.md step %s: %d admitted, first refusal at request %d, %d refused", step, strings.Count(got, "200"), first+1, strings.Count(got, "429"))
+	}
+	burst("2", sh(cmds[1]), 20)
+	if got := sh(cmds[2]); !strings.Contains(got, `"flags":"RL"`) {
+		t.Errorf("docs/rls.md step 3: %q, want an access-log line flagged RL", got)
+	}
+	got := sh(cmds[3])
+	if !strings.Contains(got, "limit: 20 → 5") || !strings.Contains(got, "policy edge configured") {
+		t.Errorf("docs/rls.md step 4 (apply): %q", got)
+	}
+	lines := strings.Split(got, "\n")
+	burst("4", lines[len(lines)-1], 5)
 }
 
 // processesMentioning lists the command lines of running processes that
