@@ -96,6 +96,10 @@ type Options struct {
 	// Envoys, if set, records the Envoys whose long polls identify them
 	// (x-sluice-node) and answers GET /v1/policies/{policy}/status.
 	Envoys *registry.Registry
+	// RLSUse, when set, says how many descriptors this replica's
+	// RateLimitService has decided under a policy's rules and when it last
+	// did (rls.Server.Use); GET /v1/policies/{policy}/status shows it.
+	RLSUse func(policy string) (decisions int64, last time.Time, ok bool)
 	// StaleAfter is how long after it was last seen an Envoy that is not
 	// polling counts as STALE; 0 means MaxWait + DefaultStaleMargin.
 	StaleAfter time.Duration

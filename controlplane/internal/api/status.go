@@ -74,6 +74,16 @@ type statusBody struct {
 	Synced            int           `json:"synced"`
 	Stale             int           `json:"stale"`
 	Envoys            []envoyStatus `json:"envoys"`
+	// RLS is what this replica's RateLimitService decided under the
+	// policy's descriptor rules; absent when it has decided nothing.
+	RLS *rlsStatus `json:"rls,omitempty"`
+}
+
+// rlsStatus is "rls" in GET /v1/policies/{policy}/status.
+type rlsStatus struct {
+	Decisions    int64     `json:"decisions"`
+	LastDecision time.Time `json:"last_decision"`
+	AgeSeconds   float64   `json:"age_seconds"`
 }
 
 func (s *Server) policyStatus(w http.ResponseWriter, r *http.Request, _ role) {
@@ -110,6 +120,11 @@ func (s *Server) policyStatus(w http.ResponseWriter, r *http.Request, _ role) {
 				out.Stale++
 			}
 			out.Envoys = append(out.Envoys, es)
+		}
+	}
+	if s.o.RLSUse != nil {
+		if n, last, ok := s.o.RLSUse(name); ok {
+			out.RLS = &rlsStatus{Decisions: n, LastDecision: last.UTC(), AgeSeconds: max(now.Sub(last), 0).Seconds()}
 		}
 	}
 	writeJSON(w, http.StatusOK, out)

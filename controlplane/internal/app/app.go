@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -110,7 +111,13 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	snap, stopSnap := startSnapshot(ctx, s, st, kind, log)
 	defer stopSnap()
 	reg := prometheus.NewRegistry()
-	srv := newAPI(s, st, snap, reg, log)
+	var rsRef atomic.Pointer[rls.Server] // set once the gRPC listener serves
+	srv := newAPI(s, st, snap, reg, log, func(p string) (int64, time.Time, bool) {
+		if rs := rsRef.Load(); rs != nil {
+			return rs.Use(p)
+		}
+		return 0, time.Time{}, false
+	})
 	if s.BootstrapPolicy != "" {
 		doc, err := readBootstrap(s.BootstrapPolicy)
 		if err != nil {
@@ -143,6 +150,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 			l.Close()
 			return err
 		}
+		rsRef.Store(rs)
 		defer gs.Stop()
 	}
 	if s.MetricsListen != "" {
@@ -186,7 +194,8 @@ func startSnapshot(ctx context.Context, s config.Settings, st store.Store, kind 
 }
 
 // newAPI builds the REST API server the settings describe.
-func newAPI(s config.Settings, st store.Store, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger) *api.Server {
+func newAPI(s config.Settings, st store.Store, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger,
+	rlsUse func(string) (int64, time.Time, bool)) *api.Server {
 	var readIdentity func(*http.Request) (string, bool)
 	if mode := identityMode(s); mode != quota.IdentityBody {
 		readIdentity = func(r *http.Request) (string, bool) { return quota.RequestIdentity(mode, r) }
@@ -200,7 +209,7 @@ func newAPI(s config.Settings, st store.Store, snap *snapshot.Snapshot, reg *pro
 		MaxBodyBytes: s.MaxBodyBytes, MaxWait: s.MaxWait, StoreTimeout: s.StoreTimeout,
 		HistoryDepth: s.HistoryDepth, MaxPolicies: s.MaxPolicies, Logger: log, Registry: reg,
 		Envoys: registry.New(registry.Options{ExpireAfter: s.EnvoyExpireAfter}), StaleAfter: s.EnvoyStaleAfter,
-		Warnings: warnings,
+		Warnings: warnings, RLSUse: rlsUse,
 	})
 }
 

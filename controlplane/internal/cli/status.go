@@ -30,6 +30,10 @@ type policyStatus struct {
 		AgeSeconds float64 `json:"age_seconds"`
 		Polling    bool    `json:"polling"`
 	} `json:"envoys"`
+	RLS *struct {
+		Decisions  int64   `json:"decisions"`
+		AgeSeconds float64 `json:"age_seconds"`
+	} `json:"rls"`
 }
 
 func statusCmd(g *globals, env *Env) *cobra.Command {
@@ -43,9 +47,12 @@ runs, when it last polled, and
   STALE     it runs another version, or has not polled for longer than the server's
             --envoy-stale-after (default its --max-wait + 15s)
   NOT SEEN  no Envoy polls the policy
-Without POLICY, every policy. The control plane keeps this in memory per replica: with
+and, when the replica's RateLimitService has decided descriptors under the policy's rules
+(Envoys using their ratelimit filter do not poll), a line "rls" SERVING with how many and
+when the last was. Without POLICY, every policy. The control plane keeps this in memory per replica: with
 several replicas behind one address, each answer covers the Envoys polling the replica
-that answered. Exits 1 unless every Envoy of every policy shown is SYNCED.`,
+that answered. Exits 1 unless every Envoy of every policy shown is SYNCED and each policy is polled
+or served over the RateLimitService.`,
 		Args: usageArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.clientWithOutput(env, output)
@@ -82,7 +89,7 @@ that answered. Exits 1 unless every Envoy of every policy shown is SYNCED.`,
 			}
 			allSynced := true
 			for _, st := range all {
-				if len(st.Envoys) == 0 || st.Stale > 0 {
+				if len(st.Envoys) == 0 && st.RLS == nil || st.Stale > 0 {
 					allSynced = false
 				}
 			}
@@ -95,8 +102,12 @@ that answered. Exits 1 unless every Envoy of every policy shown is SYNCED.`,
 					if st.Exists {
 						cur = fmt.Sprintf("v%d", st.Version)
 					}
-					if len(st.Envoys) == 0 {
+					if len(st.Envoys) == 0 && st.RLS == nil {
 						fmt.Fprintf(tw, "-\t%s\t-\t%s\tNOT SEEN\t-\t-\t-\n", st.Policy, cur)
+					}
+					if r := st.RLS; r != nil {
+						fmt.Fprintf(tw, "rls (this replica)\t%s\t%s\t%s\tSERVING\t%s ago\t-\t%d descriptors decided\n", st.Policy, cur, cur,
+							age(time.Duration(r.AgeSeconds*float64(time.Second))), r.Decisions)
 					}
 					for _, e := range st.Envoys {
 						ver := "-"

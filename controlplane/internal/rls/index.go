@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -25,8 +27,9 @@ type ruleRef struct {
 	rule   *rules.Rule
 	// limit is the rule's current_limit, shared by every response (read-only).
 	limit *rlsv3.RateLimitResponse_RateLimit
-	// c counts its descriptors by result.
-	c *resultCounters
+	// c counts its descriptors by result; use its policy's decisions.
+	c   *resultCounters
+	use *PolicyUse
 }
 
 // node is one level of a domain's descriptor tree, as envoyproxy/ratelimit
@@ -59,6 +62,8 @@ type indexer struct {
 	p   Policies
 	log *slog.Logger
 	m   *metrics
+	// uses are the policies' decision records, kept across rebuilds.
+	uses sync.Map // policy name → *PolicyUse
 
 	mu  sync.Mutex
 	cur *index
@@ -73,6 +78,12 @@ func (x *indexer) get() *index {
 		return x.cur
 	}
 	x.cur = build(gen, x.p.List(), x.log, x.m)
+	for _, n := range x.cur.domains {
+		n.walk(func(r *ruleRef) {
+			u, _ := x.uses.LoadOrStore(r.policy, &PolicyUse{})
+			r.use = u.(*PolicyUse)
+		})
+	}
 	return x.cur
 }
 
@@ -110,6 +121,43 @@ func build(gen uint64, recs []store.Record, log *slog.Logger, m *metrics) *index
 		}
 	}
 	return ix
+}
+
+// walk calls f with every rule of the tree below n.
+func (n *node) walk(f func(*ruleRef)) {
+	if n.rule != nil {
+		f(n.rule)
+	}
+	for _, c := range n.exact {
+		c.walk(f)
+	}
+	for _, c := range n.wild {
+		c.n.walk(f)
+	}
+	for _, c := range n.any {
+		c.walk(f)
+	}
+}
+
+// PolicyUse is what this replica decided under one policy's descriptor
+// rules: how many descriptors, and when last (Unix nanoseconds).
+type PolicyUse struct {
+	decisions, last atomic.Int64
+}
+
+// Use returns how many descriptors this replica has decided under a rule of
+// policy and when it last did, false if it never has (since it started).
+func (s *Server) Use(policy string) (decisions int64, last time.Time, ok bool) {
+	v, found := s.ix.uses.Load(policy)
+	if !found {
+		return 0, time.Time{}, false
+	}
+	u := v.(*PolicyUse)
+	n := u.decisions.Load()
+	if n == 0 {
+		return 0, time.Time{}, false
+	}
+	return n, time.Unix(0, u.last.Load()), true
 }
 
 // child returns n's child for e, adding it.

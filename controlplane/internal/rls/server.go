@@ -257,6 +257,10 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		s.m.noRule.Inc()
 		return ok
 	}
+	if u := ref.use; u != nil {
+		u.decisions.Add(1)
+		u.last.Store(s.o.Now())
+	}
 	switch {
 	case ref.rule.Descriptor.Unlimited:
 		ref.c.unlimited.Inc()

@@ -223,7 +223,7 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 // refusal comes after at least 20 admitted and which has refusals (at most 20
 // admitted a second: a burst shorter than 2.25 s meets one); a refusal in
 // that Envoy's access log, flagged RL; the limit lowered to 5 over REST and
-// the next burst refused after at least 5.
+// the next burst refused after at least 5; the policy's status SERVING.
 func rlsWalkthrough(t *testing.T, sh func(string) string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repo, "docs", "rls.md"))
@@ -239,8 +239,8 @@ func rlsWalkthrough(t *testing.T, sh func(string) string) {
 	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(doc[i:j], -1) {
 		cmds = append(cmds, strings.TrimSpace(m[1]))
 	}
-	if len(cmds) != 4 {
-		t.Fatalf("docs/rls.md walkthrough: %d commands, want 4", len(cmds))
+	if len(cmds) != 5 {
+		t.Fatalf("docs/rls.md walkthrough: %d commands, want 5", len(cmds))
 	}
 	if got := sh(cmds[0]); !strings.Contains(got, "descriptor edge: remote_address") {
 		t.Errorf("docs/rls.md step 1: %q", got)
@@ -264,6 +264,9 @@ func rlsWalkthrough(t *testing.T, sh func(string) string) {
 	}
 	lines := strings.Split(got, "\n")
 	burst("4", lines[len(lines)-1], 5)
+	if got := sh(cmds[4]); !strings.Contains(got, "SERVING") || !strings.Contains(got, "descriptors decided") {
+		t.Errorf("docs/rls.md step 5: %q, want the policy SERVING over the RateLimitService (and exit 0)", got)
+	}
 }
 
 // processesMentioning lists the command lines of running processes that
