@@ -58,11 +58,18 @@ func Main(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 2
 	}
 	log := NewLogger(s, stderr)
+	return untilSignal(log, "sluice-controlplane", func(ctx context.Context) error { return Run(ctx, s, log, nil) })
+}
+
+// untilSignal makes log the default logger and runs run until it returns or
+// SIGINT or SIGTERM ends its context: exit code 0, or 1 with the error logged
+// as what stopping.
+func untilSignal(log *slog.Logger, what string, run func(context.Context) error) int {
 	slog.SetDefault(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := Run(ctx, s, log, nil); err != nil {
-		log.Error("sluice-controlplane stopped", "err", err)
+	if err := run(ctx); err != nil {
+		log.Error(what+" stopped", "err", err)
 		return 1
 	}
 	return 0

@@ -9,12 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -58,14 +55,7 @@ func MainRateLimit(stderr io.Writer) int {
 	if strings.EqualFold(s.LogFormat, "json") {
 		log = slog.New(slog.NewJSONHandler(stderr, opts))
 	}
-	slog.SetDefault(log)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := RunRateLimit(ctx, s, log, nil); err != nil {
-		log.Error("ratelimit stopped", "err", err)
-		return 1
-	}
-	return 0
+	return untilSignal(log, "ratelimit", func(ctx context.Context) error { return RunRateLimit(ctx, s, log, nil) })
 }
 
 // RateLimitAddrs are the addresses the ratelimit command listens on.

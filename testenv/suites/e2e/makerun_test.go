@@ -19,17 +19,21 @@ import (
 )
 
 // walkthroughCommands returns the shell commands of the README's
-// walkthrough (the ```sh blocks between the walkthrough markers).
-func walkthroughCommands(t *testing.T) []string {
+// walkthrough.
+func walkthroughCommands(t *testing.T) []string { return markedCommands(t, "README.md", "walkthrough") }
+
+// markedCommands returns the ```sh blocks of file (from the repository root)
+// between its "<!-- name:begin -->" and "<!-- name:end -->" markers.
+func markedCommands(t *testing.T, file, name string) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
+	b, err := os.ReadFile(filepath.Join(repo, file))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	i, j := strings.Index(s, "<!-- walkthrough:begin -->"), strings.Index(s, "<!-- walkthrough:end -->")
+	i, j := strings.Index(s, "<!-- "+name+":begin -->"), strings.Index(s, "<!-- "+name+":end -->")
 	if i < 0 || j < i {
-		t.Fatal("README.md: walkthrough markers not found")
+		t.Fatalf("%s: %s markers not found", file, name)
 	}
 	var cmds []string
 	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(s[i:j], -1) {
@@ -226,19 +230,7 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 // the next burst refused after at least 5; the policy's status SERVING.
 func rlsWalkthrough(t *testing.T, sh func(string) string) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repo, "docs", "rls.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(b)
-	i, j := strings.Index(doc, "<!-- rls-walkthrough:begin -->"), strings.Index(doc, "<!-- rls-walkthrough:end -->")
-	if i < 0 || j < i {
-		t.Fatal("docs/rls.md: rls-walkthrough markers not found")
-	}
-	var cmds []string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(doc[i:j], -1) {
-		cmds = append(cmds, strings.TrimSpace(m[1]))
-	}
+	cmds := markedCommands(t, "docs/rls.md", "rls-walkthrough")
 	if len(cmds) != 5 {
 		t.Fatalf("docs/rls.md walkthrough: %d commands, want 5", len(cmds))
 	}
