@@ -63,6 +63,54 @@ func (s *Server) listVersions(w http.ResponseWriter, r *http.Request, _ role) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// getVersion answers GET /v1/policies/{policy}/versions/{version}: the
+// document that version stored, from the history (404 version_not_found for a
+// version the policy never had, version_expired for one no longer kept, and
+// not_found for a version that deleted the policy).
+func (s *Server) getVersion(w http.ResponseWriter, r *http.Request, _ role) {
+	name, ok := policyName(w, r)
+	if !ok {
+		return
+	}
+	v, err := strconv.ParseUint(r.PathValue("version"), 10, 64)
+	if err != nil || v == 0 {
+		writeError(w, http.StatusBadRequest, "invalid_version", "version "+strconv.Quote(r.PathValue("version"))+": want a whole number ≥ 1", nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+	defer cancel()
+	rec, err := s.o.Store.Get(ctx, name)
+	var h []store.HistoryEntry
+	if err == nil && rec.Version > 0 {
+		h, err = s.o.Store.History(ctx, name)
+	}
+	if err != nil {
+		s.o.Snapshot.ReportError(err)
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; history is not kept in memory, retry later", nil)
+		return
+	}
+	if rec.Version == 0 {
+		notFoundPolicy(name).write(w)
+		return
+	}
+	for _, e := range h {
+		switch {
+		case e.Version != v:
+		case e.Doc == nil:
+			writeError(w, http.StatusNotFound, "not_found", "version "+strconv.FormatUint(v, 10)+" of policy "+strconv.Quote(name)+" deleted it", nil)
+			return
+		default:
+			writeRaw(w, http.StatusOK, e.Doc)
+			return
+		}
+	}
+	if v > rec.Version {
+		errf(http.StatusNotFound, "version_not_found", "policy "+strconv.Quote(name)+" has no version "+strconv.FormatUint(v, 10)+" (current "+strconv.FormatUint(rec.Version, 10)+")").write(w)
+		return
+	}
+	errf(http.StatusNotFound, "version_expired", "version "+strconv.FormatUint(v, 10)+" of policy "+strconv.Quote(name)+" is no longer in the history (the last "+strconv.Itoa(s.o.HistoryDepth)+" versions are kept)").write(w)
+}
+
 // parseRollback decodes the body of POST /v1/policies/{policy}/rollback,
 // {"version": N} with N ≥ 1, as strictly as a policy (shared/strictjson:
 // RFC 8259, no duplicate keys, no unknown fields, no trailing data). On a

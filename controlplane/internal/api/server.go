@@ -369,6 +369,8 @@ func (s *Server) routes() {
 		map[string]access{http.MethodGet: read, http.MethodPut: write, http.MethodDelete: write})
 	s.route("/v1/policies/{policy}/versions",
 		map[string]handler{http.MethodGet: s.listVersions}, map[string]access{http.MethodGet: read})
+	s.route("/v1/policies/{policy}/versions/{version}",
+		map[string]handler{http.MethodGet: s.getVersion}, map[string]access{http.MethodGet: read})
 	s.route("/v1/policies/{policy}/status",
 		map[string]handler{http.MethodGet: s.policyStatus}, map[string]access{http.MethodGet: read})
 	s.route("/v1/policies/{policy}/rollback",

@@ -159,6 +159,11 @@ func TestApplyDiffHistoryRollback(t *testing.T) {
 
 	r = c.must(0, "history", "demo")
 	mustContain(t, "history", r.stdout, "2 (current)", "sluicectl:tester", "put_policy")
+	r = c.must(0, "history", "demo", "--version", "2")
+	mustContain(t, "history --version 2", r.stdout, "policy demo v2, against v1: 1 rule(s) changed", "~ rule per-user", "limit: 5 → 10")
+	r = c.must(0, "history", "demo", "--version", "1")
+	mustContain(t, "history --version 1", r.stdout, "against no rules", "+ rule per-user")
+	c.must(3, "history", "demo", "--version", "9") // the server's 404 version_not_found
 
 	// A descriptor rule's table line shows its descriptor and whether it is shadow.
 	c.run(`{"policy":"edge","rules":[{"id":"per-user","descriptor":{"domain":"edge","entries":[{"key":"generic_key","value":"api"},{"key":"user"}]},

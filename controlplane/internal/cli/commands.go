@@ -417,14 +417,18 @@ func compactOrDash(v any) string {
 
 func historyCmd(g *globals, env *Env) *cobra.Command {
 	var output string
+	var version uint64
 	cmd := &cobra.Command{
-		Use:   "history POLICY",
-		Short: "List a policy's retained versions, newest first",
+		Use:   "history POLICY [--version N]",
+		Short: "List a policy's retained versions, newest first, or show what one changed",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.clientWithOutput(env, output)
 			if err != nil {
 				return err
+			}
+			if version > 0 {
+				return versionChanges(cmd, c, env, args[0], version)
 			}
 			r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodGet, "/v1/policies/"+url.PathEscape(args[0])+"/versions", nil, false))
 			if err != nil {
@@ -467,7 +471,41 @@ func historyCmd(g *globals, env *Env) *cobra.Command {
 		ValidArgsFunction: policyCompletion(g, env),
 	}
 	outputFlag(cmd, &output)
+	cmd.Flags().Uint64Var(&version, "version", 0, "show what version N changed, against the version before it")
 	return cmd
+}
+
+// versionChanges prints what version v of policy changed: its document
+// against version v-1's (GET …/versions/{version}), as diff prints a change;
+// against no rules when v-1 is not retained (the first version, or one the
+// history no longer keeps, said so).
+func versionChanges(cmd *cobra.Command, c *client, env *Env, policy string, v uint64) error {
+	path := func(n uint64) string {
+		return "/v1/policies/" + url.PathEscape(policy) + "/versions/" + strconv.FormatUint(n, 10)
+	}
+	r, err := accept(http.StatusOK)(c.do(ctxOf(cmd), http.MethodGet, path(v), nil, false))
+	if err != nil {
+		return err
+	}
+	prev, against := []byte(`{"rules":[]}`), "no rules"
+	if v > 1 {
+		p, err := accept(http.StatusOK, http.StatusNotFound)(c.do(ctxOf(cmd), http.MethodGet, path(v-1), nil, false))
+		switch {
+		case err != nil:
+			return err
+		case p.Status == http.StatusOK:
+			prev, against = p.Body, fmt.Sprintf("v%d", v-1)
+		default:
+			against = fmt.Sprintf("no rules (v%d is not in the history)", v-1)
+		}
+	}
+	d, err := diffPolicies(policy, prev, r.Body)
+	if err != nil {
+		return withCode(ExitServer, err)
+	}
+	fmt.Fprintf(env.Stdout, "policy %s v%d, against %s: %s\n", policy, v, against, d.counts())
+	d.printChanges(env.Stdout)
+	return nil
 }
 
 func orDashStr(s string) string {

@@ -206,19 +206,30 @@ func (d *PolicyDiff) print(w io.Writer) {
 		fmt.Fprintf(w, "policy %s: unchanged (server v%d)\n", d.Name, d.OldVersion)
 		return
 	default:
-		var added, removed, changed int
-		for _, r := range d.Rules {
-			switch r.Kind {
-			case "added":
-				added++
-			case "removed":
-				removed++
-			default:
-				changed++
-			}
-		}
-		fmt.Fprintf(w, "policy %s: server v%d differs: %d rule(s) changed, %d added, %d removed\n", d.Name, d.OldVersion, changed, added, removed)
+		fmt.Fprintf(w, "policy %s: server v%d differs: %s\n", d.Name, d.OldVersion, d.counts())
 	}
+	d.printChanges(w)
+}
+
+// counts is "N rule(s) changed, N added, N removed".
+func (d *PolicyDiff) counts() string {
+	var added, removed, changed int
+	for _, r := range d.Rules {
+		switch r.Kind {
+		case "added":
+			added++
+		case "removed":
+			removed++
+		default:
+			changed++
+		}
+	}
+	return fmt.Sprintf("%d rule(s) changed, %d added, %d removed", changed, added, removed)
+}
+
+// printChanges writes d's changes, one indented line a field or rule (print's
+// body).
+func (d *PolicyDiff) printChanges(w io.Writer) {
 	for _, fc := range d.Policy {
 		printField(w, "  ", fc)
 	}
