@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -100,7 +102,7 @@ func RunRateLimit(ctx context.Context, s rlsenv.Settings, log *slog.Logger, list
 		return err
 	}
 	defer gs.Stop()
-	httpSrv, hl, err := listenHTTP(s.HTTPAddr(), rateLimitHTTP(hc, rs, src), log)
+	httpSrv, hl, err := listenHTTP(s.HTTPAddr(), rateLimitHTTP(hc, rs, src, from), log)
 	if err != nil {
 		return err
 	}
@@ -281,14 +283,16 @@ func (h *healthCheck) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 // maxJSONBody bounds a /json request.
 const maxJSONBody = 1 << 20
 
-// rateLimitHTTP is the HTTP listener: /healthcheck, and /json, the
+// rateLimitHTTP is the HTTP listener: /healthcheck, /v1/ (the rules,
+// read-only: rateLimitPolicyAPI), and /json, the
 // RateLimitService over HTTP/1 as envoyproxy/ratelimit serves it
 // (src/server/server_impl.go, NewJsonHandler): a RateLimitRequest in
 // protobuf JSON, answered 200 (OK) or 429 (OVER_LIMIT) with the response in
 // protobuf JSON; 400 for a body that does not parse or a call refused.
-func rateLimitHTTP(hc *healthCheck, rs *rls.Server, src *rlssource.Served) http.Handler {
+func rateLimitHTTP(hc *healthCheck, rs *rls.Server, src *rlssource.Served, from string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/healthcheck", hc)
+	mux.Handle("/v1/", rateLimitPolicyAPI(src, from))
 	mux.HandleFunc("/json", func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
 		var req rlsv3.RateLimitRequest
@@ -351,4 +355,72 @@ func rateLimitDebug(src *rlssource.Served, reg *prometheus.Registry) http.Handle
 		}
 	})
 	return mux
+}
+
+// rateLimitPolicyAPI serves the rules of src read-only under sluice's REST
+// paths, so that sluicectl get (and any client of GET /v1/policies…) shows
+// them: the list, the policy (with its ETag, "v<version>.<epoch>.<sum>" as
+// the control plane's), and one rule. Every write, and every other path under
+// /v1/, is refused 409 read_only, saying where the rules come from: they are
+// changed there (the files, the xDS server), not over REST.
+func rateLimitPolicyAPI(src *rlssource.Served, from string) http.Handler {
+	fail := func(w http.ResponseWriter, status int, code, msg string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		b, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": msg}})
+		_, _ = w.Write(b)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			fail(w, http.StatusConflict, "read_only", "the rules of this rate limit service come from "+from+
+				" (envoyproxy/ratelimit's configuration, read as it reads it); change them there, not over the REST API")
+			return
+		}
+		parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/v1/policies"), "/")
+		list := src.List()
+		switch {
+		case r.URL.Path == "/v1/policies":
+			out := []map[string]any{}
+			for _, rec := range list {
+				out = append(out, map[string]any{"policy": rec.Name, "version": rec.Version, "rules": len(src.Policy().Rules)})
+			}
+			writeJSON(w, map[string]any{"policies": out})
+			return
+		case len(parts) < 2 || parts[0] != "" || len(list) == 0 || parts[1] != list[0].Name:
+			fail(w, http.StatusNotFound, "not_found", "no such policy or endpoint: "+r.URL.Path+" (this service serves one policy, "+
+				strconv.Quote("ratelimit")+", from "+from+")")
+			return
+		}
+		rec := list[0]
+		w.Header().Set("ETag", `"v`+strconv.FormatUint(rec.Version, 10)+"."+rec.Epoch+"."+rec.DocSum()+`"`)
+		switch {
+		case len(parts) == 2:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(rec.Doc)
+		case len(parts) == 4 && parts[2] == "rules":
+			var doc struct {
+				Rules []json.RawMessage `json:"rules"`
+			}
+			_ = json.Unmarshal(rec.Doc, &doc)
+			for _, raw := range doc.Rules {
+				var id struct {
+					ID string `json:"id"`
+				}
+				if json.Unmarshal(raw, &id) == nil && id.ID == parts[3] {
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = w.Write(raw)
+					return
+				}
+			}
+			fail(w, http.StatusNotFound, "not_found", "policy "+rec.Name+" has no rule "+strconv.Quote(parts[3]))
+		default:
+			fail(w, http.StatusNotFound, "not_found", "no such endpoint: "+r.URL.Path+" (read-only: the policy and its rules)")
+		}
+	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
 }

@@ -24,10 +24,10 @@ const (
 	changeTimeout = 15 * time.Second
 )
 
-var binDir string // sluice-controlplane, and ratelimit: a symbolic link to it
+var binDir string // sluice-controlplane, sluicectl, and ratelimit: a symbolic link to sluice-controlplane
 
 func TestMain(m *testing.M) {
-	proctest.MainWithBinaries(m, []string{"./controlplane/cmd/sluice-controlplane"},
+	proctest.MainWithBinaries(m, []string{"./controlplane/cmd/sluice-controlplane", "./controlplane/cmd/sluicectl"},
 		func(dir, _ string) error {
 			binDir = dir
 			return os.Symlink(filepath.Join(dir, "sluice-controlplane"), filepath.Join(dir, "ratelimit"))
