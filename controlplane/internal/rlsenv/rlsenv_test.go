@@ -138,3 +138,33 @@ func TestAUnixSocketRedisIsDialedOverTheSocket(t *testing.T) {
 		t.Fatalf("PING over %s: %v", rs.Socket(), err)
 	}
 }
+
+// TestAClusterRedisIsReachedThroughItsNodes: REDIS_TYPE=CLUSTER with the
+// nodes comma-separated reaches a real three-node Redis Cluster, keys of
+// every slot range written and read back.
+func TestAClusterRedisIsReachedThroughItsNodes(t *testing.T) {
+	c := redisproc.StartCluster(t)
+	t.Setenv("REDIS_SOCKET_TYPE", "tcp")
+	t.Setenv("REDIS_TYPE", "CLUSTER")
+	t.Setenv("REDIS_URL", strings.Join(c.Addrs(), ","))
+	s, err := Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := s.RedisOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewUniversalClient(o)
+	defer client.Close()
+	ctx := context.Background()
+	for i := range 30 {
+		k := "k" + string(rune('a'+i%26)) + string(rune('0'+i/26))
+		if err := client.Set(ctx, k, i, 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", k, err)
+		}
+		if v, err := client.Get(ctx, k).Int(); err != nil || v != i {
+			t.Fatalf("GET %s: %v %v", k, v, err)
+		}
+	}
+}
