@@ -30,27 +30,36 @@ type versionsBody struct {
 	Versions []versionEntry `json:"versions"`
 }
 
+// history reads name's current record and retained history from the store
+// (not the snapshot: history is not kept in memory). False when it answered:
+// 503 store_unavailable, or 404 for a policy never written.
+func (s *Server) history(w http.ResponseWriter, r *http.Request, name string) (store.Record, []store.HistoryEntry, bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
+	defer cancel()
+	rec, err := s.o.Store.Get(ctx, name)
+	var h []store.HistoryEntry
+	if err == nil && rec.Version > 0 {
+		h, err = s.o.Store.History(ctx, name)
+	}
+	if err != nil {
+		s.o.Snapshot.ReportError(err)
+		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; history is not kept in memory, retry later", nil)
+		return rec, nil, false
+	}
+	if rec.Version == 0 {
+		notFoundPolicy(name).write(w)
+		return rec, nil, false
+	}
+	return rec, h, true
+}
+
 func (s *Server) listVersions(w http.ResponseWriter, r *http.Request, _ role) {
 	name, ok := policyName(w, r)
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
-	defer cancel()
-	rec, err := s.o.Store.Get(ctx, name)
-	if err != nil {
-		s.o.Snapshot.ReportError(err)
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; history is not kept in memory, retry later", nil)
-		return
-	}
-	if rec.Version == 0 {
-		notFoundPolicy(name).write(w)
-		return
-	}
-	h, err := s.o.Store.History(ctx, name)
-	if err != nil {
-		s.o.Snapshot.ReportError(err)
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; history is not kept in memory, retry later", nil)
+	rec, h, ok := s.history(w, r, name)
+	if !ok {
 		return
 	}
 	out := versionsBody{Policy: name, Current: rec.Version, Exists: rec.Exists(), Depth: s.o.HistoryDepth, Versions: []versionEntry{}}
@@ -77,20 +86,8 @@ func (s *Server) getVersion(w http.ResponseWriter, r *http.Request, _ role) {
 		writeError(w, http.StatusBadRequest, "invalid_version", "version "+strconv.Quote(r.PathValue("version"))+": want a whole number ≥ 1", nil)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.o.StoreTimeout)
-	defer cancel()
-	rec, err := s.o.Store.Get(ctx, name)
-	var h []store.HistoryEntry
-	if err == nil && rec.Version > 0 {
-		h, err = s.o.Store.History(ctx, name)
-	}
-	if err != nil {
-		s.o.Snapshot.ReportError(err)
-		writeError(w, http.StatusServiceUnavailable, "store_unavailable", "the store is unreachable; history is not kept in memory, retry later", nil)
-		return
-	}
-	if rec.Version == 0 {
-		notFoundPolicy(name).write(w)
+	rec, h, ok := s.history(w, r, name)
+	if !ok {
 		return
 	}
 	for _, e := range h {

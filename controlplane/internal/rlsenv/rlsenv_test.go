@@ -124,16 +124,7 @@ func TestRedisURLIsReadAsEnvoyproxyRatelimitReadsIt(t *testing.T) {
 func TestAUnixSocketRedisIsDialedOverTheSocket(t *testing.T) {
 	rs := redisproc.Start(t, redisproc.Options{UnixSocket: true})
 	t.Setenv("REDIS_URL", rs.Socket())
-	s, err := Read()
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := s.RedisOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.NewUniversalClient(o)
-	defer client.Close()
+	client := clientOfEnv(t)
 	if err := client.Ping(context.Background()).Err(); err != nil {
 		t.Fatalf("PING over %s: %v", rs.Socket(), err)
 	}
@@ -147,16 +138,7 @@ func TestAClusterRedisIsReachedThroughItsNodes(t *testing.T) {
 	t.Setenv("REDIS_SOCKET_TYPE", "tcp")
 	t.Setenv("REDIS_TYPE", "CLUSTER")
 	t.Setenv("REDIS_URL", strings.Join(c.Addrs(), ","))
-	s, err := Read()
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := s.RedisOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.NewUniversalClient(o)
-	defer client.Close()
+	client := clientOfEnv(t)
 	ctx := context.Background()
 	for i := range 30 {
 		k := "k" + string(rune('a'+i%26)) + string(rune('0'+i/26))
@@ -167,4 +149,21 @@ func TestAClusterRedisIsReachedThroughItsNodes(t *testing.T) {
 			t.Fatalf("GET %s: %v %v", k, v, err)
 		}
 	}
+}
+
+// clientOfEnv is the go-redis client of the environment's REDIS_* variables,
+// closed when the test ends.
+func clientOfEnv(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	s, err := Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := s.RedisOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewUniversalClient(o)
+	t.Cleanup(func() { client.Close() })
+	return client
 }
