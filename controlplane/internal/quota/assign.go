@@ -150,6 +150,13 @@ type Assignment struct {
 	// the others' reserve would otherwise leave it, so that a request the
 	// budget covers is never refused for the asker's share alone.
 	Need uint64
+	// Reserve is the key's last units (0: none), granted a call at a time:
+	// units beyond Need are granted only from what the key has left beyond
+	// every lease and these, so that, once the window is down to them, no
+	// holder keeps units it has not spent (a holder killed then strands
+	// none, and the budget's other holders find every unit). A key whose
+	// limit is at most Reserve is decided a call at a time throughout.
+	Reserve uint64
 }
 
 // AssignResult is the answer to one Assignment.
@@ -192,7 +199,7 @@ func (s *Service) Assign(ctx context.Context, asks []Assignment) ([]AssignResult
 			return nil, errors.New("quota: Assign needs a rule and an entry of at most 255 bytes")
 		}
 		kr[i] = quota.KeyRequest{Rule: a.Rule.Rule.ID, Key: a.Key, Used: a.Used, Return: a.Return, Want: a.Want, Charge: a.Charge}
-		aos[i] = assignOpts{minLife: int64(a.MinLife), fit: a.Fit, keep: a.Keep, need: min(a.Need, a.Want)}
+		aos[i] = assignOpts{minLife: int64(a.MinLife), fit: a.Fit, keep: a.Keep, need: min(a.Need, a.Want), reserve: a.Reserve}
 		ka[i] = keyAsk{w: work{idx: i, f: a.Rule.c.fleet[a.Rule.idx], skey: a.Rule.c.pfx[a.Rule.idx] + a.Key},
 			envoy: a.Entry, owner: a.Owner, k: &kr[i], interval: a.Interval, ao: &aos[i]}
 		s.m.touch(a.Rule.Policy, a.Rule.Rule.ID, a.Key)

@@ -195,6 +195,9 @@ type assignOpts struct {
 	// need: the grant is at least this many units when the key has them
 	// (Assignment.Need).
 	need uint64
+	// reserve: the key's last units, granted only for need
+	// (Assignment.Reserve).
+	reserve uint64
 	// left is set by decide: the key's units left after the ask
 	// (AssignResult.Left).
 	left uint64
@@ -541,6 +544,11 @@ func (f *fleetLimiter) size(d *decision) uint64 {
 	}
 	want = min(want, f.share(d))
 	if ao != nil {
+		if ao.reserve > 0 {
+			// Ahead of need, never into the key's last reserve units.
+			rem := d.probe.Remaining
+			want = min(want, rem-min(rem, ao.reserve))
+		}
 		want = max(want, ao.need)
 	}
 	fit := func() {

@@ -273,3 +273,49 @@ func TestAReplicaHoldsAboutASecondOfItsDemandAndReturnsItWhenItStops(t *testing.
 		t.Errorf("after b stopped, a took %d more: %d in the hour, want 100", second, total)
 	}
 }
+
+// TestAReplicaKilledMidWindowStrandsNoneOfASmallKeysBudget: a replica that
+// dies mid-window (no report, no return: as SIGKILL leaves the ledger) holds
+// nothing the key's other replicas could have admitted. Replica a admits 4 of
+// a key of 10 a minute and 10 of a key of 100 a day in quick succession and
+// dies; replica b then admits the rest, 6 and 90, and refuses only after
+// them: 10 in the minute, 100 in the day.
+func TestAReplicaKilledMidWindowStrandsNoneOfASmallKeysBudget(t *testing.T) {
+	const small = `{"policy":"s","rules":[
+ {"id":"minute","descriptor":{"domain":"s","entries":[{"key":"k","value":"minute"}]},"algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet"},
+ {"id":"day","descriptor":{"domain":"s","entries":[{"key":"k","value":"day"}]},"algorithm":"fixed_window","limit":100,"window":"24h","scope":"fleet"}]}`
+	f := newFixture(t, small)
+	a, b := f.replica(t, "a", ""), f.replica(t, "b", "")
+	for _, c := range []struct {
+		value      string
+		limit, onA int
+	}{{"minute", 10, 4}, {"day", 100, 10}} {
+		for i := range c.onA {
+			if a.call(t, "s", desc("k", c.value)).OverallCode != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("%s: a's call %d refused", c.value, i)
+			}
+			f.clk.advance(time.Millisecond)
+		}
+	}
+	a.kill()
+	for _, c := range []struct {
+		value      string
+		limit, onA int
+	}{{"minute", 10, 4}, {"day", 100, 10}} {
+		onB, firstRefused := 0, -1
+		for i := range c.limit + 10 {
+			if b.call(t, "s", desc("k", c.value)).OverallCode == rlsv3.RateLimitResponse_OK {
+				onB++
+				if firstRefused >= 0 {
+					t.Errorf("%s: b's call %d admitted after its call %d was refused", c.value, i, firstRefused)
+				}
+			} else if firstRefused < 0 {
+				firstRefused = i
+			}
+			f.clk.advance(time.Millisecond)
+		}
+		if c.onA+onB != c.limit {
+			t.Errorf("%s: a admitted %d and died, then b %d: %d in the window, want %d", c.value, c.onA, onB, c.onA+onB, c.limit)
+		}
+	}
+}

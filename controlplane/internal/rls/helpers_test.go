@@ -78,6 +78,9 @@ type replica struct {
 	srv    *Server
 	reg    *prometheus.Registry
 	client rlsv3.RateLimitServiceClient
+	// kill stops the replica as SIGKILL would for the ledger: its sweep and
+	// its listener end, and nothing it holds is reported or returned.
+	kill func()
 }
 
 type fixture struct {
@@ -131,7 +134,8 @@ func (f *fixture) replica(t testing.TB, name string, token string, opts ...func(
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &replica{srv: srv, reg: reg, client: rlsv3.NewRateLimitServiceClient(conn)}
+	kill := func() { cancel(); g.Stop() }
+	return &replica{srv: srv, reg: reg, client: rlsv3.NewRateLimitServiceClient(conn), kill: kill}
 }
 
 // desc is a descriptor of entries given as key, value, key, value, ...

@@ -47,6 +47,13 @@ const (
 	// key's other decisions keep taking first; a refusal by the quota service
 	// ends it sooner.
 	maxAttempts = 32
+	// perCallUnits is each key's last units of budget (quota.Assignment.Reserve),
+	// granted a call at a time: once a key has no more left beyond every
+	// lease, a replica holds none it has not spent, so a replica killed then
+	// strands none and every unit reaches a caller. A key of at most this
+	// limit is decided a call at a time throughout (at most this many store
+	// rounds a window for its admitted calls).
+	perCallUnits = 128
 )
 
 // lease is the replica's holding on one fleet key.
@@ -70,8 +77,14 @@ type lease struct {
 	used, stale, charge uint64
 	// askedAt is when the last ask was sent (for the demand estimate).
 	askedAt int64
-	// left is the key's units left beyond every lease at the last ask.
-	left uint64
+	// left is the key's units left beyond every lease at the last ask;
+	// exact: they were perCallUnits or fewer, so asks want only what calls
+	// need (the quota service grants no more) and no refill is started.
+	left  uint64
+	exact bool
+	// waiting is the hits of the decisions that lack units, asking or
+	// waiting for an ask: the next ask needs them all.
+	waiting uint64
 	// refused: no ask for refusedNeed or more units before this (the budget
 	// beyond every lease had fewer); failed: the last ask failed, decide by
 	// on_quota_failure until this.
@@ -133,10 +146,24 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 		l = &lease{once: true} // decided by an ask of its own, not kept
 	}
 	cfg := fr.Rule.Config
+	// waits: hits are counted in l.waiting (the call lacks units; the asks
+	// made meanwhile need them), until the call takes them or ends.
+	waits := false
+	defer func() {
+		if waits {
+			l.mu.Lock()
+			l.waiting -= hits
+			l.mu.Unlock()
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		now := s.o.Now()
 		l.mu.Lock()
 		if l.gone {
+			if waits {
+				l.waiting -= hits
+				waits = false
+			}
 			l.mu.Unlock()
 			if l = s.leases.get(key); l == nil {
 				s.m.leasesFull.Inc()
@@ -153,11 +180,15 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			return o
 		}
 		if hits > 0 && l.units >= hits {
+			if waits {
+				l.waiting -= hits
+				waits = false
+			}
 			l.units -= hits
 			l.used += hits
 			l.lastUse = now
 			o := l.report(cfg, now, true)
-			refill := !l.once && l.asking == nil && l.units*refillBelow < l.last && l.short(now)
+			refill := !l.once && !l.exact && l.asking == nil && l.units*refillBelow < l.last && l.short(now)
 			if refill {
 				l.asking = make(chan struct{})
 			}
@@ -189,6 +220,10 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			o := l.report(cfg, now, false)
 			l.mu.Unlock()
 			return o
+		}
+		if !waits {
+			l.waiting += hits
+			waits = true
 		}
 		ch := l.asking
 		if ch == nil {
@@ -277,6 +312,7 @@ func (l *lease) expire(fr *quota.FleetRule, now int64) {
 		}
 		l.fp = fr.Rule.Fingerprint
 		l.units, l.last, l.end, l.tag, l.used, l.askedAt, l.left, l.refused, l.failed = 0, 0, 0, 0, 0, 0, 0, 0, 0
+		l.exact = false
 	}
 	l.rule = fr
 	if l.units > 0 && now >= l.end {
@@ -309,19 +345,23 @@ func (l *lease) report(cfg limit.Config, now int64, admitted bool) outcome {
 }
 
 // ask asks the quota service for units of key: at least need (0: a refill in
-// the background), as many as the key's decisions took over askHorizon, and
-// whatever the share, what need lacks of the lease's units when the budget
-// beyond every lease has it (Assignment.Need). It
+// the background) and what the decisions waiting for it need, as many as the
+// key's decisions took over askHorizon (only those when the key is down to its
+// perCallUnits), and whatever the share, what these lack of the lease's units
+// when the budget beyond every lease has it (Assignment.Need). It
 // reports what the lease used since the last ask, returns the units of an ended
 // lease, and records the answer. The caller set l.asking; ask closes it.
 func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *lease, need uint64) {
 	now := s.o.Now()
 	l.mu.Lock()
 	used := l.used
+	if need > 0 {
+		need = max(need, l.waiting) // the waiting calls' hits, this one's among them
+	}
 	want := max(need, 1)
 	top := fr.Rule.Config.Limit + fr.Rule.Config.Burst
 	switch {
-	case l.once || l.askedAt == 0 || used == 0:
+	case l.once || l.exact || l.askedAt == 0 || used == 0:
 	default:
 		horizon := askHorizon
 		if w := fr.Rule.Config.Window; fr.Rule.Config.Algorithm == limit.FixedWindow {
@@ -353,7 +393,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 
 	s.m.asks.Inc()
 	res, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
-		Used: used, Return: ret + stale, Charge: charge, Want: want, Need: short, Interval: askInterval}})
+		Used: used, Return: ret + stale, Charge: charge, Want: want, Need: short, Interval: askInterval, Reserve: perCallUnits}})
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -375,7 +415,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	}
 	r := res[0]
 	l.failed = 0
-	l.left = r.Left
+	l.left, l.exact = r.Left, r.Left <= perCallUnits
 	if l.fp != fr.Rule.Fingerprint {
 		// The key's rule changed while the ask was out (a limit override of
 		// another limit on the same counter): units granted under the old
@@ -397,9 +437,11 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	}
 	if need > 0 && l.units < need {
 		// Nothing now: the budget is spent until RetryAfter (capped, so that
-		// units another replica returns are found within a second).
+		// units another replica returns are found within a second). Nothing
+		// at all: a key with fewer units than the ask needed grants those
+		// (Assignment.Need), so a call short of even one unit is refused.
 		l.refused = r.Now + int64(min(max(r.RetryAfter, time.Millisecond), time.Second))
-		l.refusedNeed = need - l.units
+		l.refusedNeed = 1
 	}
 }
 
