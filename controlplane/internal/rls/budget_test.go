@@ -278,18 +278,20 @@ func TestAReplicaHoldsAboutASecondOfItsDemandAndReturnsItWhenItStops(t *testing.
 // dies mid-window (no report, no return: as SIGKILL leaves the ledger) holds
 // nothing the key's other replicas could have admitted. Replica a admits 4 of
 // a key of 10 a minute and 10 of a key of 100 a day in quick succession and
-// dies; replica b then admits the rest, 6 and 90, and refuses only after
-// them: 10 in the minute, 100 in the day.
+// dies; replica b and a restarted a (a new ledger entry, as a new process
+// is) then admit the rest, 6 and 90, and refuse only after them: 10 in the
+// minute, 100 in the day.
 func TestAReplicaKilledMidWindowStrandsNoneOfASmallKeysBudget(t *testing.T) {
 	const small = `{"policy":"s","rules":[
  {"id":"minute","descriptor":{"domain":"s","entries":[{"key":"k","value":"minute"}]},"algorithm":"fixed_window","limit":10,"window":"1m","scope":"fleet"},
  {"id":"day","descriptor":{"domain":"s","entries":[{"key":"k","value":"day"}]},"algorithm":"fixed_window","limit":100,"window":"24h","scope":"fleet"}]}`
 	f := newFixture(t, small)
 	a, b := f.replica(t, "a", ""), f.replica(t, "b", "")
-	for _, c := range []struct {
+	keys := []struct {
 		value      string
 		limit, onA int
-	}{{"minute", 10, 4}, {"day", 100, 10}} {
+	}{{"minute", 10, 4}, {"day", 100, 10}}
+	for _, c := range keys {
 		for i := range c.onA {
 			if a.call(t, "s", desc("k", c.value)).OverallCode != rlsv3.RateLimitResponse_OK {
 				t.Fatalf("%s: a's call %d refused", c.value, i)
@@ -298,24 +300,59 @@ func TestAReplicaKilledMidWindowStrandsNoneOfASmallKeysBudget(t *testing.T) {
 		}
 	}
 	a.kill()
-	for _, c := range []struct {
-		value      string
-		limit, onA int
-	}{{"minute", 10, 4}, {"day", 100, 10}} {
-		onB, firstRefused := 0, -1
+	after := []*replica{b, f.replica(t, "a-restarted", "")}
+	for _, c := range keys {
+		admitted, firstRefused := 0, -1
 		for i := range c.limit + 10 {
-			if b.call(t, "s", desc("k", c.value)).OverallCode == rlsv3.RateLimitResponse_OK {
-				onB++
+			if after[i%2].call(t, "s", desc("k", c.value)).OverallCode == rlsv3.RateLimitResponse_OK {
+				admitted++
 				if firstRefused >= 0 {
-					t.Errorf("%s: b's call %d admitted after its call %d was refused", c.value, i, firstRefused)
+					t.Errorf("%s: call %d admitted after call %d was refused", c.value, i, firstRefused)
 				}
 			} else if firstRefused < 0 {
 				firstRefused = i
 			}
 			f.clk.advance(time.Millisecond)
 		}
-		if c.onA+onB != c.limit {
-			t.Errorf("%s: a admitted %d and died, then b %d: %d in the window, want %d", c.value, c.onA, onB, c.onA+onB, c.limit)
+		if c.onA+admitted != c.limit {
+			t.Errorf("%s: a admitted %d and died, then b and a restarted %d: %d in the window, want %d", c.value, c.onA, admitted, c.onA+admitted, c.limit)
+		}
+	}
+}
+
+// TestTwoReplicasAtNinetyTenSpendAnHoursAndADaysEveryUnit: 100 calls a
+// second, nine of ten to replica a and one to b (as Envoy's connections pin
+// its calls to one replica), on a key of 1,000 an hour and one of 5,000 a
+// day, until 20 % past the limit: exactly the limit admitted, and no call
+// refused before the last admitted one (the light replica holds no units
+// the heavy one's callers are refused for).
+func TestTwoReplicasAtNinetyTenSpendAnHoursAndADaysEveryUnit(t *testing.T) {
+	const long = `{"policy":"l","rules":[
+ {"id":"hour","descriptor":{"domain":"l","entries":[{"key":"k","value":"hour"}]},"algorithm":"fixed_window","limit":1000,"window":"1h","scope":"fleet"},
+ {"id":"day","descriptor":{"domain":"l","entries":[{"key":"k","value":"day"}]},"algorithm":"fixed_window","limit":5000,"window":"24h","scope":"fleet"}]}`
+	f := newFixture(t, long)
+	a, b := f.replica(t, "a", ""), f.replica(t, "b", "")
+	for _, c := range []struct {
+		value string
+		limit int
+	}{{"hour", 1000}, {"day", 5000}} {
+		admitted, lastAdmitted, firstRefused := 0, -1, -1
+		for i := range c.limit * 6 / 5 {
+			r := a
+			if i%10 == 9 {
+				r = b
+			}
+			if r.call(t, "l", desc("k", c.value)).OverallCode == rlsv3.RateLimitResponse_OK {
+				admitted++
+				lastAdmitted = i
+			} else if firstRefused < 0 {
+				firstRefused = i
+			}
+			f.clk.advance(10 * time.Millisecond)
+		}
+		t.Logf("%s: %d admitted; first refusal at call %d, last admission at %d", c.value, admitted, firstRefused, lastAdmitted)
+		if admitted != c.limit || firstRefused < lastAdmitted {
+			t.Errorf("%s: %d admitted, want %d; a call was refused (call %d) before the last admitted one (%d)", c.value, admitted, c.limit, firstRefused, lastAdmitted)
 		}
 	}
 }
