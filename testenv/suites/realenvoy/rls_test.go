@@ -557,3 +557,79 @@ descriptors:
 		t.Errorf("want 2,600 logged, exactly 2,000 admitted and none refused before an admitted request started")
 	}
 }
+
+// TestAKilledReplicaStrandsNoneOfASmallKeysBudget: two Envoys' ratelimit
+// filters, each on its own control plane replica (one Redis), a key of 10 a
+// minute and one of 100 a day. Envoy 0 admits 4 and 10 of them; its replica
+// is killed (SIGKILL: nothing reported or returned); Envoy 1, on the other
+// replica, is then offered 16 and 110. Counted from the access logs: exactly
+// 10 in the minute and 100 in the day, and no 429 before the last 200.
+func TestAKilledReplicaStrandsNoneOfASmallKeysBudget(t *testing.T) {
+	s := startRLSStackWith(t, `domain: edge
+descriptors:
+  - key: x-minute-user
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: x-day-user
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+`, 2)
+	proctest.AwaitOneWindow(t, time.Minute, 30*time.Second)
+	proctest.AwaitOneWindow(t, 24*time.Hour, time.Minute)
+	send := func(e *envoyproc.Envoy, header string, n int) {
+		for range n {
+			req, _ := http.NewRequest("GET", "http://"+e.Listener+"/"+header, nil)
+			req.Header.Set(header, "killed-replica")
+			resp, err := fresh.Do(req)
+			if err != nil {
+				t.Fatalf("%s: %v", e.Name, err)
+			}
+			resp.Body.Close()
+		}
+	}
+	send(s.envoys[0], "x-minute-user", 4)
+	send(s.envoys[0], "x-day-user", 10)
+	s.cps[0].Kill()
+	send(s.envoys[1], "x-minute-user", 16)
+	send(s.envoys[1], "x-day-user", 110)
+	// Each Envoy's log in the order its (sequential) requests were answered,
+	// Envoy 0's first.
+	var lines []map[string]any
+	proctest.WaitFor(10*time.Second, func() bool {
+		lines = append(envoyproc.ReadJSONLines(t, s.envoys[0].AccessLog), envoyproc.ReadJSONLines(t, s.envoys[1].AccessLog)...)
+		return len(lines) == 140
+	})
+	if len(lines) != 140 {
+		t.Fatalf("%d access-log lines, want 140", len(lines))
+	}
+	for _, c := range []struct {
+		path  string
+		limit int
+	}{{"/x-minute-user", 10}, {"/x-day-user", 100}} {
+		admitted, firstRefused, early := 0, -1, 0
+		for _, l := range lines {
+			if l["path"] != c.path {
+				continue
+			}
+			switch status(l["status"]) {
+			case 200:
+				admitted++
+				if firstRefused >= 0 {
+					early++
+				}
+			case 429:
+				if firstRefused < 0 {
+					firstRefused = admitted
+				}
+			default:
+				t.Errorf("%s: status %v (flags %v)", c.path, l["status"], l["flags"])
+			}
+		}
+		t.Logf("%s: %d admitted of a limit of %d; %d admitted after a 429", c.path, admitted, c.limit, early)
+		if admitted != c.limit || early != 0 {
+			t.Errorf("%s: %d admitted, want %d, and %d admitted after a 429, want 0", c.path, admitted, c.limit, early)
+		}
+	}
+}
