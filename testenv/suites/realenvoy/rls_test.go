@@ -474,7 +474,7 @@ func TestADestinationClusterRuleCountsOnlyRequestsToThatCluster(t *testing.T) {
 }
 
 // TestEnvoysRatelimitFilterNeverRefusesWhileTheWindowHasBudget: two real
-// Envoys' ratelimit filters on one control plane replica, a key of 2,000 a
+// Envoys' ratelimit filters, each on its own control plane replica, a key of 2,000 a
 // minute, 64 concurrent clients offering 2,600 requests within one minute:
 // counted from the Envoys' access logs, exactly 2,000 admitted (never more),
 // and no request refused before an admitted one started (its 429 written
@@ -488,7 +488,7 @@ descriptors:
       name: api
       unit: minute
       requests_per_unit: 2000
-`, 1)
+`, 2)
 	proctest.AwaitOneWindow(t, time.Minute, 40*time.Second)
 	window := time.Now().Truncate(time.Minute)
 	var next atomic.Int64
