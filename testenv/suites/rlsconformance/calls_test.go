@@ -1,6 +1,8 @@
 package rlsconformance
 
 import (
+	"fmt"
+	"reflect"
 	"os"
 	"strconv"
 	"strings"
@@ -261,7 +263,7 @@ func differences(peer, ours *rlsv3.RateLimitResponse) []string {
 		switch {
 		case (pl == nil) != (ol == nil):
 			out = append(out, at+"current_limit "+limitText(pl)+" ≠ "+limitText(ol))
-		case pl != nil && (pl.GetRequestsPerUnit() != ol.GetRequestsPerUnit() || pl.GetUnit() != ol.GetUnit() /*TEMPNAME*/):
+		case pl != nil && (pl.GetRequestsPerUnit() != ol.GetRequestsPerUnit() || pl.GetUnit() != ol.GetUnit() || pl.GetName() != ol.GetName()):
 			out = append(out, at+"current_limit "+limitText(pl)+" ≠ "+limitText(ol))
 		}
 		if p.GetLimitRemaining() != o.GetLimitRemaining() {
@@ -286,4 +288,30 @@ func limitText(l *rlsv3.RateLimitResponse_RateLimit) string {
 		return "none"
 	}
 	return strconv.FormatUint(uint64(l.GetRequestsPerUnit()), 10) + "/" + l.GetUnit().String() + " name " + strconv.Quote(l.GetName())
+}
+
+// metadataDifferences compares two answers' dynamic metadata (envoyproxy/ratelimit's
+// RESPONSE_DYNAMIC_METADATA), with a limit override's text taken without its
+// spaces: both write it as protobuf's text form, whose spacing the protobuf
+// library varies on purpose from one binary to another
+// (google.golang.org/protobuf/internal/detrand). Empty when they agree.
+func metadataDifferences(peer, ours *rlsv3.RateLimitResponse) []string {
+	p, o := normalMetadata(peer.GetDynamicMetadata().AsMap()), normalMetadata(ours.GetDynamicMetadata().AsMap())
+	if reflect.DeepEqual(p, o) {
+		return nil
+	}
+	return []string{fmt.Sprintf("dynamic_metadata %v ≠ %v", p, o)}
+}
+
+// normalMetadata is m with every descriptor's "limit" stripped of spaces.
+func normalMetadata(m map[string]any) map[string]any {
+	ds, _ := m["descriptors"].([]any)
+	for _, d := range ds {
+		if dm, ok := d.(map[string]any); ok {
+			if l, ok := dm["limit"].(string); ok {
+				dm["limit"] = strings.Join(strings.Fields(l), "")
+			}
+		}
+	}
+	return m
 }
