@@ -31,7 +31,7 @@ type metrics struct {
 	asks, askFailures, leasesFull, overrides prometheus.Counter
 	duration                                 prometheus.Histogram
 	// The children counted per call.
-	ok, overLimit, noRule prometheus.Counter
+	ok, overLimit, globalShadow, noRule prometheus.Counter
 
 	rulesMu sync.Mutex
 	rules   map[[2]string]*resultCounters // by domain and policy/id
@@ -70,7 +70,7 @@ func (m *metrics) forRule(domain, rule string) *resultCounters {
 func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_requests_total",
-			Help: "RateLimitService ShouldRateLimit calls, by overall code (ok, over_limit) or error (invalid, refused)."}, []string{"code"}),
+			Help: "RateLimitService ShouldRateLimit calls, by overall code (ok, over_limit; shadow: over_limit answered OK by the global shadow mode) or error (invalid, refused)."}, []string{"code"}),
 		descriptors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_descriptors_total",
 			Help: "Rate limit descriptors decided: ok, over_limit, shadow (over the limit of a shadow rule, answered OK), unlimited, no_limit (a no_limit rule's, answered OK without a limit), quota_mode (over the limit of a quota-mode rule, answered OK with the limit), replaced (by another descriptor's rule in the call), no_rule; by the rule's domain and policy/id (empty for no_rule, (override) for a limit override; past 1000 rules, (other))."}, []string{"result", "domain", "rule"}),
 		failureDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_failure_decisions_total",
@@ -87,7 +87,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 			Help:    "Time from receiving a ShouldRateLimit call to answering it, in seconds.",
 			Buckets: []float64{.00005, .0001, .0002, .0005, .001, .002, .005, .01, .025, .1, .25, 1}}),
 	}
-	m.ok, m.overLimit = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit")
+	m.ok, m.overLimit, m.globalShadow = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit"), m.requests.WithLabelValues("shadow")
 	m.noRule = m.descriptors.WithLabelValues("no_rule", "", "")
 	m.rules = map[[2]string]*resultCounters{}
 	if reg != nil {

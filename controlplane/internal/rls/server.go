@@ -30,7 +30,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/grpcauth"
 	"github.com/sluice-proxy/sluice/controlplane/internal/quota"
@@ -63,6 +65,23 @@ type Options struct {
 	Replica string
 	// MaxLeases bounds the leases held (default DefaultMaxLeases).
 	MaxLeases int
+	// ShadowMode answers every call OK overall, its statuses as decided
+	// (envoyproxy/ratelimit's SHADOW_MODE, src/service/ratelimit.go): a
+	// call that would have been OVER_LIMIT is counted with code "shadow" in
+	// sluice_controlplane_rls_requests_total.
+	ShadowMode bool
+	// QuotaMode decides every limited descriptor as a quota_mode one
+	// (envoyproxy/ratelimit's QUOTA_MODE): over its limit it is answered OK
+	// with the limit and nothing remaining, and the call is not refused for it.
+	QuotaMode bool
+	// DynamicMetadata answers every call with the response's dynamic
+	// metadata as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA writes it
+	// (ratelimitToMetadata): the domain, each descriptor's entries as
+	// "key=value" strings (its limit override and hits_addend when set),
+	// the call's hits_addend when not 0, the indices of the descriptors
+	// answered OK by quota mode over their limit (quotaModeViolations) and
+	// whether any descriptor's rule is in quota mode (quotaModeEnabled).
+	DynamicMetadata bool
 	// InlineRefills runs the background refills in the call that started
 	// them, after its decision: a caller deciding one descriptor at a time on
 	// a virtual clock (the policy lab) then depends on its inputs alone.
@@ -187,6 +206,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	// checked when any descriptor of the call matched the replacing one).
 	var small [8]*ruleRef
 	refs := small[:0]
+	// violations: the descriptors over their limit answered OK by quota
+	// mode; quotaModeRule: a descriptor's rule is in quota mode.
+	var violations []int
+	var quotaModeRule bool
 	var replaced map[ruleID]bool
 	for _, d := range req.Descriptors {
 		ref := s.lookup(ix, req.Domain, d)
@@ -208,20 +231,32 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			continue
 		}
 		var st *rlsv3.RateLimitResponse_DescriptorStatus
+		var over bool // over its limit, answered OK by quota mode
 		if d.GetLimit() != nil {
-			st = s.decideOverride(ctx, ix, req, d)
+			st = s.decideOverride(ctx, ix, req, d, &over)
 		} else {
-			st = s.decide(ctx, ref, req, d)
+			st = s.decide(ctx, ref, req, d, &over)
+			quotaModeRule = quotaModeRule || ref != nil && ref.rule.Descriptor.QuotaMode && !ref.rule.Descriptor.Passes()
+		}
+		if over {
+			violations = append(violations, i)
 		}
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		resp.Statuses[i] = st
 	}
-	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+	switch {
+	case resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && s.o.ShadowMode:
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+		s.m.globalShadow.Inc()
+	case resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
 		s.m.overLimit.Inc()
-	} else {
+	default:
 		s.m.ok.Inc()
+	}
+	if s.o.DynamicMetadata {
+		resp.DynamicMetadata = callMetadata(req, violations, quotaModeRule)
 	}
 	s.m.duration.Observe(time.Since(start).Seconds())
 	return resp, nil
@@ -251,7 +286,9 @@ func (s *Server) lookup(ix *index, domain string, d *commonrl.RateLimitDescripto
 var unlimitedStatus = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 
 // decide decides descriptor d of req under rule ref (nil: no rule).
-func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {
+// over is set when the descriptor is over its limit and answered OK by quota
+// mode.
+func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor, over *bool) *rlsv3.RateLimitResponse_DescriptorStatus {
 	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	if ref == nil {
 		s.m.noRule.Inc()
@@ -274,7 +311,7 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		// A check of 0 hits is within it, as there (0 > 0 is false).
 		w := int64(ref.rule.Window)
 		return s.status(ref.c, ref.limit, ref.rule.Shadow, ref.rule.Descriptor.QuotaMode,
-			outcome{admitted: hits(req, d) == 0, reset: time.Duration(w - s.o.Now()%w)})
+			outcome{admitted: hits(req, d) == 0, reset: time.Duration(w - s.o.Now()%w)}, over)
 	}
 	n := len(d.Entries)
 	var hs [rules.MaxDescriptorEntries]rules.Header
@@ -296,7 +333,7 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		s.m.noRule.Inc()
 		return ok
 	}
-	return s.status(ref.c, ref.limit, fr.Rule.Shadow, ref.rule.Descriptor.QuotaMode, s.take(ctx, fr, key, hits(req, d)))
+	return s.status(ref.c, ref.limit, fr.Rule.Shadow, ref.rule.Descriptor.QuotaMode, s.take(ctx, fr, key, hits(req, d)), over)
 }
 
 // hits is what descriptor d of req costs: its own hits_addend when set (0
@@ -311,9 +348,10 @@ func hits(req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) uint64 {
 // status is a limited descriptor's status: its limit, what is left and the
 // reset, OVER_LIMIT unless o admitted it or the rule is in shadow mode (OK,
 // counted as shadow) or quota mode (OK with the limit and what remains, no
-// reset, as envoyproxy/ratelimit answers a quota-mode limit passed). Each
-// descriptor is counted once, by its result.
-func (s *Server) status(c *resultCounters, limit *rlsv3.RateLimitResponse_RateLimit, shadow, quotaMode bool, o outcome) *rlsv3.RateLimitResponse_DescriptorStatus {
+// reset, as envoyproxy/ratelimit answers a quota-mode limit passed: every
+// limit's with Options.QuotaMode; *over is then set). Each descriptor is
+// counted once, by its result.
+func (s *Server) status(c *resultCounters, limit *rlsv3.RateLimitResponse_RateLimit, shadow, quotaMode bool, o outcome, over *bool) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{
 		Code:               rlsv3.RateLimitResponse_OK,
 		CurrentLimit:       limit,
@@ -325,9 +363,10 @@ func (s *Server) status(c *resultCounters, limit *rlsv3.RateLimitResponse_RateLi
 		c.ok.Inc()
 	case shadow:
 		c.shadow.Inc()
-	case quotaMode:
+	case quotaMode || s.o.QuotaMode:
 		c.quotaMode.Inc()
 		st.DurationUntilReset = nil
+		*over = true
 	default:
 		c.over.Inc()
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -346,7 +385,7 @@ const OverridePolicy = "rls-overrides"
 // its entries would match, never in shadow mode; a limit of 0 is always over.
 // The limit is a fleet rule of its own (FleetRuleOf) in the ledger, one per
 // domain, entry keys and limit.
-func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor) *rlsv3.RateLimitResponse_DescriptorStatus {
+func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor, over *bool) *rlsv3.RateLimitResponse_DescriptorStatus {
 	s.m.overrides.Inc()
 	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	lim := d.GetLimit()
@@ -366,7 +405,7 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 	}
 	cl := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: lim.GetRequestsPerUnit(), Unit: unit}
 	if lim.GetRequestsPerUnit() == 0 {
-		return s.status(s.m.forRule(req.Domain, "(override)"), cl, false, false, outcome{reset: window})
+		return s.status(s.m.forRule(req.Domain, "(override)"), cl, false, false, outcome{reset: window}, over)
 	}
 	var hs [rules.MaxDescriptorEntries]rules.Header
 	for i, e := range d.Entries {
@@ -399,7 +438,7 @@ func (s *Server) decideOverride(ctx context.Context, ix *index, req *rlsv3.RateL
 		s.m.noRule.Inc()
 		return ok
 	}
-	return s.status(s.m.forRule(req.Domain, "(override)"), cl, false, false, s.take(ctx, fr, key, hits(req, d)))
+	return s.status(s.m.forRule(req.Domain, "(override)"), cl, false, false, s.take(ctx, fr, key, hits(req, d)), over)
 }
 
 // sameCounter reports whether rule r counts its descriptors per value of
@@ -577,4 +616,49 @@ func (s *Server) warn(what, msg string, args ...any) {
 	s.warned[what] = now
 	s.warnMu.Unlock()
 	s.log.Warn(msg, args...)
+}
+
+// callMetadata is a call's dynamic metadata as envoyproxy/ratelimit writes it
+// with RESPONSE_DYNAMIC_METADATA (src/service/ratelimit.go, ratelimitToMetadata
+// and descriptorToStruct): "domain"; "descriptors", each {"entries": ["key=value",
+// …]} with "limit" (the override, in protobuf's text form) and "hitsAddend"
+// when set; "hitsAddend" when the call's is not 0; "quotaModeViolations", the
+// indices of violations, when there are any; "quotaModeEnabled", whether a
+// descriptor's rule is in quota mode (the global QUOTA_MODE is not counted, as
+// upstream does not).
+func callMetadata(req *rlsv3.RateLimitRequest, violations []int, quotaModeRule bool) *structpb.Struct {
+	ds := make([]*structpb.Value, 0, len(req.Descriptors))
+	for _, d := range req.Descriptors {
+		if d == nil {
+			continue
+		}
+		entries := make([]*structpb.Value, len(d.Entries))
+		for i, e := range d.Entries {
+			entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.GetLimit(); l != nil {
+			f["limit"] = structpb.NewStringValue(prototext.MarshalOptions{}.Format(l))
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		ds = append(ds, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+	}
+	f := map[string]*structpb.Value{
+		"domain":           structpb.NewStringValue(req.Domain),
+		"descriptors":      structpb.NewListValue(&structpb.ListValue{Values: ds}),
+		"quotaModeEnabled": structpb.NewBoolValue(quotaModeRule),
+	}
+	if h := req.GetHitsAddend(); h != 0 {
+		f["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	if len(violations) > 0 {
+		vs := make([]*structpb.Value, len(violations))
+		for i, v := range violations {
+			vs[i] = structpb.NewNumberValue(float64(v))
+		}
+		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: vs})
+	}
+	return &structpb.Struct{Fields: f}
 }

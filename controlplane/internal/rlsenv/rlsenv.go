@@ -106,12 +106,17 @@ type Settings struct {
 	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
 	PrometheusPath string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
 
-	// Read only to be refused: they would change answers.
-	RedisPerSecond          bool `envconfig:"REDIS_PERSECOND"`
+	// GlobalShadowMode answers every call OK overall, GlobalQuotaMode
+	// decides every limit in quota mode, ResponseDynamicMetadata writes the
+	// call into the response's dynamic metadata, as upstream's service does
+	// (src/service/ratelimit.go; rls.Options).
 	GlobalShadowMode        bool `envconfig:"SHADOW_MODE"`
 	GlobalQuotaMode         bool `envconfig:"QUOTA_MODE"`
 	ResponseDynamicMetadata bool `envconfig:"RESPONSE_DYNAMIC_METADATA"`
-	ResponseHeadersEnabled  bool `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED"`
+
+	// Read only to be refused: they would change answers.
+	RedisPerSecond         bool `envconfig:"REDIS_PERSECOND"`
+	ResponseHeadersEnabled bool `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED"`
 
 	// Noted lists the variables set that are read and not acted on, each
 	// "NAME (why)", sorted.
@@ -198,12 +203,6 @@ func (s *Settings) check() error {
 		return refuse("BACKEND_TYPE", fmt.Sprintf("%q: sluice keeps its budgets in Redis only; want redis", s.BackendType))
 	case s.RedisPerSecond:
 		return refuse("REDIS_PERSECOND", "a second Redis for per-second limits is not served; unset it (sluice makes almost no Redis calls per decision)")
-	case s.GlobalShadowMode:
-		return refuse("SHADOW_MODE", "a global shadow mode is not served; set shadow_mode on the descriptors instead")
-	case s.GlobalQuotaMode:
-		return refuse("QUOTA_MODE", "a global quota mode is not served; set quota_mode on the descriptors instead")
-	case s.ResponseDynamicMetadata:
-		return refuse("RESPONSE_DYNAMIC_METADATA", "the response's dynamic metadata is not served")
 	case s.ResponseHeadersEnabled:
 		return refuse("LIMIT_RESPONSE_HEADERS_ENABLED", "response headers from the service are not served; use the ratelimit filter's enable_x_ratelimit_headers")
 	}

@@ -12,9 +12,6 @@ import (
 
 func TestAVariableThatWouldChangeAnswersIsRefusedByName(t *testing.T) {
 	for _, c := range []struct{ env, value, want string }{
-		{"SHADOW_MODE", "true", "SHADOW_MODE"},
-		{"QUOTA_MODE", "true", "QUOTA_MODE"},
-		{"RESPONSE_DYNAMIC_METADATA", "true", "RESPONSE_DYNAMIC_METADATA"},
 		{"LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_RESPONSE_HEADERS_ENABLED"},
 		{"REDIS_PERSECOND", "true", "REDIS_PERSECOND"},
 		{"BACKEND_TYPE", "memcache", "BACKEND_TYPE"},

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
 	"github.com/sluice-proxy/sluice/testenv/testkit/proctest"
 )
 
@@ -66,6 +68,64 @@ func TestEveryAnswerIsEnvoyproxyRatelimits(t *testing.T) {
 		})
 	}
 	t.Logf("%d calls in all", total)
+}
+
+// TestGlobalModesAndDynamicMetadataAreEnvoyproxyRatelimits runs
+// envoyproxy/ratelimit and sluice's ratelimit command from the same files and
+// environment, SHADOW_MODE then QUOTA_MODE, each with
+// RESPONSE_DYNAMIC_METADATA, sends both basic_config's and
+// shadowmode_config's calls (sequences) and compares every answer, its dynamic
+// metadata included.
+func TestGlobalModesAndDynamicMetadataAreEnvoyproxyRatelimits(t *testing.T) {
+	_, dir := peer(t)
+	for _, mode := range []string{"SHADOW_MODE", "QUOTA_MODE"} {
+		for _, l := range loads[:2] {
+			t.Run(mode+"/"+l.name, func(t *testing.T) {
+				files := []configFile{{name: filepath.Base(l.files[0]), path: filepath.Join(dir, l.files[0])}}
+				env := []string{mode + "=true", "RESPONSE_DYNAMIC_METADATA=true"}
+				them, us := startPeer(t, files, false, env...), startSluiceAsRatelimit(t, files, false, env...)
+				proctest.AwaitOneWindow(t, time.Minute, 25*time.Second)
+				proctest.AwaitOneWindow(t, time.Hour, 25*time.Second)
+				proctest.AwaitOneWindow(t, 24*time.Hour, 25*time.Second)
+				calls, differ, over := 0, 0, 0
+				for _, d := range readTrees(t, files) {
+					for _, seq := range sequences(d) {
+						if seq[0].second {
+							proctest.AwaitOneWindow(t, time.Second, 400*time.Millisecond)
+						}
+						for _, s := range seq {
+							a, b := them.call(t, s.req), us.call(t, s.req)
+							calls++
+							if a.GetDynamicMetadata().GetFields()["domain"] == nil {
+								t.Fatalf("%s: envoyproxy/ratelimit wrote no dynamic metadata: %v", s.what, a)
+							}
+							if _, ok := a.GetDynamicMetadata().AsMap()["quotaModeViolations"]; ok || a.GetOverallCode() == rlsv3.RateLimitResponse_OK && overLimit(a) {
+								over++
+							}
+							if diff := append(differences(a, b), metadataDifferences(a, b)...); len(diff) > 0 {
+								differ++
+								t.Errorf("%s: envoyproxy/ratelimit ≠ sluice: %s", s.what, strings.Join(diff, "; "))
+							}
+						}
+					}
+				}
+				t.Logf("%d calls (%d over a limit, answered OK by the mode), %d answered differently", calls, over, differ)
+				if over == 0 {
+					t.Errorf("no call went over a limit: the mode was not exercised")
+				}
+			})
+		}
+	}
+}
+
+// overLimit reports whether a status of resp is OVER_LIMIT.
+func overLimit(resp *rlsv3.RateLimitResponse) bool {
+	for _, st := range resp.GetStatuses() {
+		if st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+			return true
+		}
+	}
+	return false
 }
 
 // refusals are the configurations envoyproxy/ratelimit's tests expect it to

@@ -58,10 +58,26 @@ type configFile struct{ name, path string }
 
 // startPeer runs envoyproxy/ratelimit on a fresh Redis with files as its
 // configuration (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, as its README
-// says), merging domains when merge, and waits until it serves.
-func startPeer(t *testing.T, files []configFile, merge bool) *service {
+// says), merging domains when merge, extra in its environment, and waits
+// until it serves.
+func startPeer(t *testing.T, files []configFile, merge bool, extra ...string) *service {
 	t.Helper()
 	bin, _ := peer(t)
+	return startAsRatelimit(t, "envoyproxy/ratelimit", bin, nil, files, merge, extra)
+}
+
+// startSluiceAsRatelimit runs sluice's image command, sluice-controlplane
+// ratelimit, configured exactly as startPeer configures envoyproxy/ratelimit.
+func startSluiceAsRatelimit(t *testing.T, files []configFile, merge bool, extra ...string) *service {
+	t.Helper()
+	return startAsRatelimit(t, "sluice ratelimit", filepath.Join(binDir, "sluice-controlplane"), []string{"ratelimit"}, files, merge, extra)
+}
+
+// startAsRatelimit runs bin with args as envoyproxy/ratelimit's service is
+// run: files in RUNTIME_ROOT/ratelimit/config, a fresh Redis, the listeners
+// on free loopback ports, extra in the environment.
+func startAsRatelimit(t *testing.T, name, bin string, args []string, files []configFile, merge bool, extra []string) *service {
+	t.Helper()
 	rs := redisproc.Start(t)
 	root := t.TempDir()
 	cfgDir := filepath.Join(root, "ratelimit", "config")
@@ -86,9 +102,9 @@ func startPeer(t *testing.T, files []configFile, merge bool) *service {
 		h, p, _ := net.SplitHostPort(l.addr)
 		env = append(env, l.host+"="+h, l.port+"="+p)
 	}
-	p := proctest.Start(t, proctest.Spec{Name: "envoyproxy/ratelimit", Bin: bin, Env: env, Dir: root})
+	p := proctest.Start(t, proctest.Spec{Name: name, Bin: bin, Args: args, Env: append(env, extra...), Dir: root})
 	proctest.AwaitHTTP(t, "http://"+httpAddr+"/healthcheck", readyTimeout, p)
-	return &service{name: "envoyproxy/ratelimit", client: dial(t, grpcAddr), proc: p}
+	return &service{name: name, client: dial(t, grpcAddr), proc: p}
 }
 
 // importFiles runs sluicectl import ratelimit on files (with --merge-domains
