@@ -2,8 +2,8 @@ package rlsconformance
 
 import (
 	"fmt"
-	"reflect"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
