@@ -2,6 +2,7 @@ package strictjson
 
 import (
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -405,5 +406,49 @@ func BenchmarkAppendString(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = AppendString(buf[:0], s)
+	}
+}
+
+// TestPlainWordAgreesWithThePlainTable: plainWord says a word is plain
+// exactly when the plain table says each of its bytes is, for every byte
+// value at every position among plain neighbours and among the bytes that
+// sit next to the tests' thresholds, and for a million random words.
+func TestPlainWordAgreesWithThePlainTable(t *testing.T) {
+	want := func(x uint64) bool {
+		for k := 0; k < 8; k++ {
+			if !plain[byte(x>>(8*k))] {
+				return false
+			}
+		}
+		return true
+	}
+	for _, fill := range []byte{'a', ' ', '!', '#', '[', ']', '~', 0x7f, 0x1f, '"', '\\', 0x80, 0xff, 0x00} {
+		for pos := 0; pos < 8; pos++ {
+			for b := 0; b < 256; b++ {
+				var x uint64
+				for k := 0; k < 8; k++ {
+					c := fill
+					if k == pos {
+						c = byte(b)
+					}
+					x |= uint64(c) << (8 * k)
+				}
+				if plainWord(x) != want(x) {
+					t.Fatalf("plainWord(%#016x) = %v, the table says %v", x, plainWord(x), want(x))
+				}
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 1_000_000 {
+		x := r.Uint64()
+		if r.IntN(2) == 0 { // mostly printable ASCII, so that plain words occur
+			x &= 0x3f3f3f3f3f3f3f3f
+			x |= 0x4040404040404040 & r.Uint64()
+			x |= 0x2020202020202020
+		}
+		if plainWord(x) != want(x) {
+			t.Fatalf("plainWord(%#016x) = %v, the table says %v", x, plainWord(x), want(x))
+		}
 	}
 }
