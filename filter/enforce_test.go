@@ -153,3 +153,27 @@ func ceil(d time.Duration) uint64 {
 	}
 	return uint64((d + time.Second - 1) / time.Second)
 }
+
+// TestALocalReplyCarriesOneTraceIDInItsBodyAndItsFilterState: a denied
+// request's trace id, whatever bytes its x-request-id holds, reads back the
+// same from the 429's body and from the filter state (one escape serves
+// both); without an id the body says "" and the filter state has none.
+func TestALocalReplyCarriesOneTraceIDInItsBodyAndItsFilterState(t *testing.T) {
+	pol := `{"policy":"p","version":1,"rules":[{"id":"r","match":{"path_prefix":"/"},"algorithm":"fixed_window","limit":1,"window":"1h"}]}`
+	e := newEnv(t, `{"tick":"1m","policy":`+pol+`}`, 1)
+	if resp := e.do(0, req{path: "/x"}); resp.Status != 200 {
+		t.Fatalf("first request: status %d", resp.Status)
+	}
+	for _, id := range []string{`say "hi" \ bye`, "tab\there", "é\u2028x", "plain-0123456789abcdef", ""} {
+		// An empty x-request-id, which the host keeps (it adds one, as
+		// Envoy does, only to a request without the header), is no id.
+		resp := e.do(0, req{path: "/x", headers: host.Headers{{"x-request-id", id}}})
+		if resp.Status != 429 {
+			t.Fatalf("id %q: status %d, want 429", id, resp.Status)
+		}
+		if b := decodeReply(t, resp); b.TraceID != id {
+			t.Errorf("id %q: the body's trace_id is %q", id, b.TraceID)
+		}
+		wantState(t, resp.FilterState, map[string]string{"sluice.trace_id": id, "sluice.rate_limited": "true"})
+	}
+}

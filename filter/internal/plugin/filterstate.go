@@ -23,7 +23,7 @@ type stateRecord struct {
 	version     uint64 // policy_version, when hasVersion
 	hasVersion  bool
 	reason      string // reason, when not empty
-	traceID     string // trace_id, when not empty (local replies only)
+	traceID     []byte // trace_id as a JSON string (traceJSON), when the id is not empty (local replies only)
 }
 
 // writeState writes the request's filter state in one hostcall:
@@ -82,9 +82,9 @@ func (h *httpContext) writeState(st stateRecord) {
 		b = append(b, `,"reason":`...)
 		b = strictjson.AppendString(b, st.reason)
 	}
-	if st.traceID != "" {
+	if st.traceID != nil {
 		b = append(b, `,"trace_id":`...)
-		b = strictjson.AppendString(b, st.traceID)
+		b = append(b, st.traceID...)
 	}
 	b = append(b, '}')
 	if err := proxywasm.SetProperty(propState, b); err != nil {
@@ -131,8 +131,9 @@ func stateHead(rateLimited, shadow bool) string {
 	return `{"rate_limited":false,"shadow":false`
 }
 
-// setState records a decided request (allowed, or denied with traceID).
-func (h *httpContext) setState(ps *policyState, reason, traceID string) {
+// setState records a decided request (allowed, or denied with traceID, a
+// JSON string from traceJSON; nil for none).
+func (h *httpContext) setState(ps *policyState, reason string, traceID []byte) {
 	h.writeState(stateRecord{
 		rateLimited: h.hasReport && h.report.rateLimited,
 		version:     ps.version, hasVersion: true,
@@ -147,6 +148,6 @@ func (h *httpContext) setFailOpenState(reason string) {
 }
 
 // setFailClosedState records a request denied for want of a policy.
-func (h *httpContext) setFailClosedState(traceID string) {
+func (h *httpContext) setFailClosedState(traceID []byte) {
 	h.writeState(stateRecord{rateLimited: true, reason: reasonNoPolicy, traceID: traceID})
 }

@@ -154,9 +154,11 @@ type scratch struct {
 	modBucket []byte
 	num       []byte
 	// state is the filter-state value (writeState); body, replyHeaders
-	// and replyText the local reply (sendReply).
+	// and replyText the local reply (sendReply); trace a local reply's
+	// trace id as a JSON string (traceJSON), for both.
 	state        []byte
 	body         []byte
+	trace        []byte
 	replyHeaders [][2]string
 	replyText    []byte
 	// ts is the reply timestamp of second tsSec (appendTimestamp).

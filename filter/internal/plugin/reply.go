@@ -68,8 +68,8 @@ func (h *httpContext) deny(ps *policyState, ev *eval, now int64) {
 	if ev.exhausted {
 		details, reason = detailsCASExhausted, reasonCASExhausted
 	}
-	id := traceID()
-	h.setState(ps, reason, id)
+	id, state := h.p.traceJSON()
+	h.setState(ps, reason, state)
 	h.sendReply(localReply{
 		status: ev.rule.cr.Status, details: details, prefix: ev.rule.replyPrefix,
 		limit: r.limit, remaining: r.remaining, resetSeconds: r.resetSeconds,
@@ -80,8 +80,8 @@ func (h *httpContext) deny(ps *policyState, ev *eval, now int64) {
 // denyNoPolicy answers 503 under fail_mode "closed" when there is no policy.
 func (h *httpContext) denyNoPolicy() {
 	h.denied = true
-	id := traceID()
-	h.setFailClosedState(id)
+	id, state := h.p.traceJSON()
+	h.setFailClosedState(state)
 	h.sendReply(localReply{status: 503, details: detailsNoPolicy, prefix: noPolicyReplyPrefix,
 		retryAfterSeconds: noPolicyRetryAfterSecs, traceID: id, now: clockNow()})
 }
@@ -95,7 +95,7 @@ type localReply struct {
 	resetSeconds      uint64 // the body's data.reset: seconds until the rule is back to full
 	retryAfterSeconds uint64 // Retry-After, whole seconds
 	withLimits        bool   // add the configured rate-limit headers of h.report
-	traceID           string // the body's trace_id (traceID)
+	traceID           []byte // the body's trace_id, a JSON string (traceJSON)
 	now               int64  // the body's timestamp, Unix ns
 }
 
@@ -119,7 +119,7 @@ func (h *httpContext) sendReply(lr localReply) {
 	b = append(b, `},"timestamp":"`...)
 	b = p.appendTimestamp(b, lr.now)
 	b = append(b, `","trace_id":`...)
-	b = strictjson.AppendString(b, lr.traceID)
+	b = append(b, lr.traceID...)
 	body := append(b, '}')
 
 	// The header values are views of p.s.replyText, sized up front so that
@@ -250,6 +250,22 @@ func (h *httpContext) appendRateLimitField(b []byte) []byte {
 	b = strconv.AppendUint(b, r.remaining, 10)
 	b = append(b, ";t="...)
 	return strconv.AppendUint(b, r.resetSeconds, 10)
+}
+
+// traceJSON returns the request's trace id (traceID) as a JSON string, in a
+// buffer reused across replies, escaped once for the body and the filter
+// state; forState is the same bytes, or nil when the id is empty (the
+// filter state then has no trace_id, the body "trace_id":"").
+func (p *pluginContext) traceJSON() (body, forState []byte) {
+	id := traceID()
+	b := strictjson.AppendString(p.s.trace[:0], id)
+	if cap(b) <= maxKeepBytes {
+		p.s.trace = b[:0]
+	}
+	if id == "" {
+		return b, nil
+	}
+	return b, b
 }
 
 // traceID returns the request's x-request-id (at most maxRequestIDBytes
