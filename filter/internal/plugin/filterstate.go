@@ -24,6 +24,9 @@ type stateRecord struct {
 	hasVersion  bool
 	reason      string // reason, when not empty
 	traceID     []byte // trace_id as a JSON string (traceJSON), when the id is not empty (local replies only)
+	// nums, when set, are the reported rule's remaining and reset already
+	// in decimal (a local reply's, formatNumbers).
+	nums *replyNumbers
 }
 
 // writeState writes the request's filter state in one hostcall:
@@ -67,8 +70,15 @@ func (h *httpContext) writeState(st stateRecord) {
 		} else { // a limiter that reports another limit (none does today)
 			b = appendUintMember(b, `,"limit":`, r.limit)
 		}
-		b = appendUintMember(b, `,"remaining":`, r.remaining)
-		b = appendUintMember(b, `,"reset":`, r.resetSeconds)
+		if st.nums != nil {
+			b = append(b, `,"remaining":`...)
+			b = append(b, st.nums.remaining...)
+			b = append(b, `,"reset":`...)
+			b = append(b, st.nums.reset...)
+		} else {
+			b = appendUintMember(b, `,"remaining":`, r.remaining)
+			b = appendUintMember(b, `,"reset":`, r.resetSeconds)
+		}
 		if quota, degraded, ok := h.fleetState(); ok {
 			b = append(b, `,"scope":"fleet","quota":"`...)
 			b = append(b, quota...)
@@ -131,13 +141,13 @@ func stateHead(rateLimited, shadow bool) string {
 	return `{"rate_limited":false,"shadow":false`
 }
 
-// setState records a decided request (allowed, or denied with traceID, a
-// JSON string from traceJSON; nil for none).
-func (h *httpContext) setState(ps *policyState, reason string, traceID []byte) {
+// setState records a decided request that was not denied (deny writes its
+// own, with the trace id and the reply's numbers).
+func (h *httpContext) setState(ps *policyState, reason string) {
 	h.writeState(stateRecord{
 		rateLimited: h.hasReport && h.report.rateLimited,
 		version:     ps.version, hasVersion: true,
-		reason: reason, traceID: traceID,
+		reason: reason,
 	})
 }
 

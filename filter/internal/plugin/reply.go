@@ -69,12 +69,17 @@ func (h *httpContext) deny(ps *policyState, ev *eval, now int64) {
 		details, reason = detailsCASExhausted, reasonCASExhausted
 	}
 	id, state := h.p.traceJSON()
-	h.setState(ps, reason, state)
-	h.sendReply(localReply{
+	lr := localReply{
 		status: ev.rule.cr.Status, details: details, prefix: ev.rule.replyPrefix,
 		limit: r.limit, remaining: r.remaining, resetSeconds: r.resetSeconds,
 		retryAfterSeconds: r.retryAfterSeconds, withLimits: true, traceID: id, now: now,
+	}
+	text := h.p.formatNumbers(&lr)
+	h.writeState(stateRecord{
+		rateLimited: h.hasReport && r.rateLimited, version: ps.version, hasVersion: true,
+		reason: reason, traceID: state, nums: &lr.nums,
 	})
+	h.sendReply(&lr, text)
 }
 
 // denyNoPolicy answers 503 under fail_mode "closed" when there is no policy.
@@ -82,8 +87,9 @@ func (h *httpContext) denyNoPolicy() {
 	h.denied = true
 	id, state := h.p.traceJSON()
 	h.setFailClosedState(state)
-	h.sendReply(localReply{status: 503, details: detailsNoPolicy, prefix: noPolicyReplyPrefix,
-		retryAfterSeconds: noPolicyRetryAfterSecs, traceID: id, now: clockNow()})
+	lr := localReply{status: 503, details: detailsNoPolicy, prefix: noPolicyReplyPrefix,
+		retryAfterSeconds: noPolicyRetryAfterSecs, traceID: id, now: clockNow()}
+	h.sendReply(&lr, h.p.formatNumbers(&lr))
 }
 
 // localReply is what a local reply says.
@@ -97,6 +103,26 @@ type localReply struct {
 	withLimits        bool   // add the configured rate-limit headers of h.report
 	traceID           []byte // the body's trace_id, a JSON string (traceJSON)
 	now               int64  // the body's timestamp, Unix ns
+	nums              replyNumbers
+}
+
+// replyNumbers are a local reply's four numbers in decimal (formatNumbers):
+// each is written in the body, a header and the filter state, formatted once.
+type replyNumbers struct{ limit, remaining, reset, retryAfter string }
+
+// formatNumbers sets lr.nums, views of the reused buffer p.s.replyText (sized
+// up front, so that no append moves it while views point into it), and
+// returns the buffer for the reply's other header values (sendReply).
+func (p *pluginContext) formatNumbers(lr *localReply) []byte {
+	if cap(p.s.replyText) < replyTextBytes {
+		p.s.replyText = make([]byte, 0, replyTextBytes)
+	}
+	text := p.s.replyText[:0]
+	text, lr.nums.limit = appendView(text, lr.limit)
+	text, lr.nums.remaining = appendView(text, lr.remaining)
+	text, lr.nums.reset = appendView(text, lr.resetSeconds)
+	text, lr.nums.retryAfter = appendView(text, lr.retryAfterSeconds)
+	return text
 }
 
 // sendReply sends the JSON local reply
@@ -110,30 +136,26 @@ type localReply struct {
 // flood of denials allocates nothing); the hostcall serializes them before
 // it returns. The caller writes the filter state first, so the access log
 // finds the same trace_id as the body.
-func (h *httpContext) sendReply(lr localReply) {
+func (h *httpContext) sendReply(lr *localReply, text []byte) {
 	p := h.p
 	b := append(p.s.body[:0], lr.prefix...)
-	b = appendUintMember(b, "", lr.limit)
-	b = appendUintMember(b, `,"remaining":`, lr.remaining)
-	b = appendUintMember(b, `,"reset":`, lr.resetSeconds)
+	b = append(b, lr.nums.limit...)
+	b = append(b, `,"remaining":`...)
+	b = append(b, lr.nums.remaining...)
+	b = append(b, `,"reset":`...)
+	b = append(b, lr.nums.reset...)
 	b = append(b, `},"timestamp":"`...)
 	b = p.appendTimestamp(b, lr.now)
 	b = append(b, `","trace_id":`...)
 	b = append(b, lr.traceID...)
 	body := append(b, '}')
 
-	// The header values are views of p.s.replyText, sized up front so that
-	// no append moves it while earlier views point into it.
-	if cap(p.s.replyText) < replyTextBytes {
-		p.s.replyText = make([]byte, 0, replyTextBytes)
-	}
-	text := p.s.replyText[:0]
+	// The header values are views of p.s.replyText (formatNumbers).
 	headers := append(p.s.replyHeaders[:0],
 		[2]string{headerContentType, contentTypeJSON},
-		[2]string{headerRetryAfter, ""})
-	text, headers[1][1] = appendView(text, lr.retryAfterSeconds)
+		[2]string{headerRetryAfter, lr.nums.retryAfter})
 	if lr.withLimits {
-		headers, text = h.appendLimitHeaders(headers, text)
+		headers, text = h.appendLimitHeaders(headers, text, &lr.nums)
 	}
 	if err := proxywasm.SendHttpResponseWithDetails(uint32(lr.status), lr.details, headers, body, proxywasm.GrpcStatusNone); err != nil {
 		proxywasm.LogWarn("sluice: sending the local reply: " + err.Error())
@@ -206,17 +228,12 @@ func appendView(text []byte, v uint64) ([]byte, string) {
 // The second form is draft-ietf-httpapi-ratelimit-headers-09 (§3, §4:
 // structured-field lists of named policies with the q, w, r and t
 // parameters); w is left out for concurrency rules, which have no window.
-func (h *httpContext) appendLimitHeaders(headers [][2]string, text []byte) ([][2]string, []byte) {
+func (h *httpContext) appendLimitHeaders(headers [][2]string, text []byte, nums *replyNumbers) ([][2]string, []byte) {
 	r := &h.report
 	style := r.rule.headers
-	var v string
 	if style.XRateLimit() {
-		text, v = appendView(text, r.limit)
-		headers = append(headers, [2]string{headerXLimit, v})
-		text, v = appendView(text, r.remaining)
-		headers = append(headers, [2]string{headerXRemaining, v})
-		text, v = appendView(text, r.resetSeconds)
-		headers = append(headers, [2]string{headerXReset, v})
+		headers = append(headers, [2]string{headerXLimit, nums.limit},
+			[2]string{headerXRemaining, nums.remaining}, [2]string{headerXReset, nums.reset})
 	}
 	if style.IETF() {
 		start := len(text)

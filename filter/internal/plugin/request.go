@@ -127,7 +127,7 @@ func (h *httpContext) OnHttpRequestHeaders(numHeaders int, endOfStream bool) typ
 		action = types.ActionPause
 	default:
 		h.keepCharges(now)
-		h.setState(ps, out.failed, nil)
+		h.setState(ps, out.failed)
 	}
 	p.releaseScratch()
 	return action
