@@ -184,19 +184,7 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 				l.waiting -= hits
 				waits = false
 			}
-			l.units -= hits
-			l.used += hits
-			l.lastUse = now
-			o := l.report(cfg, now, true)
-			refill := !l.once && !l.exact && l.asking == nil && l.units*refillBelow < l.last && l.short(now)
-			if refill {
-				l.asking = make(chan struct{})
-			}
-			l.mu.Unlock()
-			if refill {
-				s.refill(refillJob{fr: fr, key: key, l: l})
-			}
-			return o
+			return s.spend(fr, key, l, hits, now)
 		}
 		switch {
 		case hits > cfg.Limit+cfg.Burst:
@@ -243,6 +231,26 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			}
 		}
 	}
+}
+
+// spend takes hits units from l's lease at now and answers the call admitted,
+// starting a refill in the background when the lease runs low (refillBelow,
+// short) and the key is not down to its last units (exact). The caller holds
+// l.mu, which spend releases.
+func (s *Server) spend(fr *quota.FleetRule, key string, l *lease, hits uint64, now int64) outcome {
+	l.units -= hits
+	l.used += hits
+	l.lastUse = now
+	o := l.report(fr.Rule.Config, now, true)
+	refill := !l.once && !l.exact && l.asking == nil && l.units*refillBelow < l.last && l.short(now)
+	if refill {
+		l.asking = make(chan struct{})
+	}
+	l.mu.Unlock()
+	if refill {
+		s.refill(refillJob{fr: fr, key: key, l: l})
+	}
+	return o
 }
 
 // short reports whether the lease's units will run out well before it ends
