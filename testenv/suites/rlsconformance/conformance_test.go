@@ -42,27 +42,7 @@ func TestEveryAnswerIsEnvoyproxyRatelimits(t *testing.T) {
 			}
 			them := startPeer(t, files, l.merge)
 			us := startSluice(t, files, l.merge)
-			// Every sequence of a load falls in one minute, hour and day; a
-			// sequence of one-second windows in one second.
-			proctest.AwaitOneWindow(t, time.Minute, 25*time.Second)
-			proctest.AwaitOneWindow(t, time.Hour, 25*time.Second)
-			proctest.AwaitOneWindow(t, 24*time.Hour, 25*time.Second)
-			calls, differ := 0, 0
-			for _, d := range readTrees(t, files) {
-				for _, seq := range sequences(d) {
-					if seq[0].second {
-						proctest.AwaitOneWindow(t, time.Second, 400*time.Millisecond)
-					}
-					for _, s := range seq {
-						a, b := them.call(t, s.req), us.call(t, s.req)
-						calls++
-						if diff := differences(a, b); len(diff) > 0 {
-							differ++
-							t.Errorf("%s: envoyproxy/ratelimit ≠ sluice: %s", s.what, strings.Join(diff, "; "))
-						}
-					}
-				}
-			}
+			calls, differ := sendBoth(t, them, us, files, differences)
 			t.Logf("%d calls, %d answered differently", calls, differ)
 			total += calls
 		})
@@ -84,31 +64,16 @@ func TestGlobalModesAndDynamicMetadataAreEnvoyproxyRatelimits(t *testing.T) {
 				files := []configFile{{name: filepath.Base(l.files[0]), path: filepath.Join(dir, l.files[0])}}
 				env := []string{mode + "=true", "RESPONSE_DYNAMIC_METADATA=true"}
 				them, us := startPeer(t, files, false, env...), startSluiceAsRatelimit(t, files, false, env...)
-				proctest.AwaitOneWindow(t, time.Minute, 25*time.Second)
-				proctest.AwaitOneWindow(t, time.Hour, 25*time.Second)
-				proctest.AwaitOneWindow(t, 24*time.Hour, 25*time.Second)
-				calls, differ, over := 0, 0, 0
-				for _, d := range readTrees(t, files) {
-					for _, seq := range sequences(d) {
-						if seq[0].second {
-							proctest.AwaitOneWindow(t, time.Second, 400*time.Millisecond)
-						}
-						for _, s := range seq {
-							a, b := them.call(t, s.req), us.call(t, s.req)
-							calls++
-							if a.GetDynamicMetadata().GetFields()["domain"] == nil {
-								t.Fatalf("%s: envoyproxy/ratelimit wrote no dynamic metadata: %v", s.what, a)
-							}
-							if _, ok := a.GetDynamicMetadata().AsMap()["quotaModeViolations"]; ok || a.GetOverallCode() == rlsv3.RateLimitResponse_OK && overLimit(a) {
-								over++
-							}
-							if diff := append(differences(a, b), metadataDifferences(a, b)...); len(diff) > 0 {
-								differ++
-								t.Errorf("%s: envoyproxy/ratelimit ≠ sluice: %s", s.what, strings.Join(diff, "; "))
-							}
-						}
+				over := 0
+				calls, differ := sendBoth(t, them, us, files, func(a, b *rlsv3.RateLimitResponse) []string {
+					if a.GetDynamicMetadata().GetFields()["domain"] == nil {
+						t.Fatalf("envoyproxy/ratelimit wrote no dynamic metadata: %v", a)
 					}
-				}
+					if _, ok := a.GetDynamicMetadata().AsMap()["quotaModeViolations"]; ok || a.GetOverallCode() == rlsv3.RateLimitResponse_OK && overLimit(a) {
+						over++
+					}
+					return append(differences(a, b), metadataDifferences(a, b)...)
+				})
 				t.Logf("%d calls (%d over a limit, answered OK by the mode), %d answered differently", calls, over, differ)
 				if over == 0 {
 					t.Errorf("no call went over a limit: the mode was not exercised")
@@ -116,6 +81,34 @@ func TestGlobalModesAndDynamicMetadataAreEnvoyproxyRatelimits(t *testing.T) {
 			})
 		}
 	}
+}
+
+// sendBoth sends the calls of files' descriptors (sequences) to them and to us,
+// one call to one and then to the other, each sequence inside one minute,
+// hour and day (a sequence of one-second windows inside one second), and
+// reports every pair of answers compare finds differences in. It returns
+// the calls sent and how many were answered differently.
+func sendBoth(t *testing.T, them, us *service, files []configFile, compare func(them, us *rlsv3.RateLimitResponse) []string) (calls, differ int) {
+	t.Helper()
+	proctest.AwaitOneWindow(t, time.Minute, 25*time.Second)
+	proctest.AwaitOneWindow(t, time.Hour, 25*time.Second)
+	proctest.AwaitOneWindow(t, 24*time.Hour, 25*time.Second)
+	for _, d := range readTrees(t, files) {
+		for _, seq := range sequences(d) {
+			if seq[0].second {
+				proctest.AwaitOneWindow(t, time.Second, 400*time.Millisecond)
+			}
+			for _, s := range seq {
+				a, b := them.call(t, s.req), us.call(t, s.req)
+				calls++
+				if diff := compare(a, b); len(diff) > 0 {
+					differ++
+					t.Errorf("%s: envoyproxy/ratelimit ≠ sluice: %s", s.what, strings.Join(diff, "; "))
+				}
+			}
+		}
+	}
+	return calls, differ
 }
 
 // overLimit reports whether a status of resp is OVER_LIMIT.
