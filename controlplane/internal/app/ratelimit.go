@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -226,7 +227,13 @@ func listenGRPC(s rlsenv.Settings, rs *rls.Server, hc *healthCheck, src *rlssour
 				return nil, errNoConfig
 			}
 			return next(ctx, req)
-		})}
+		}),
+		// Calls run on a pool of goroutines whose stacks have already grown
+		// (as the sluice-controlplane gRPC listener's do): a new goroutine per
+		// call grows its stack while decoding the request, 13 % of the
+		// service's CPU in a profile of one warm key, 6 % with the pool. When
+		// every worker is busy a call gets a goroutine of its own.
+		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0)))}
 	if tc != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}
