@@ -245,16 +245,29 @@ func (m *Memory) Len() int {
 // meaning absent): ARGV[2] is the new header, ARGV[3] the expiry in ms, then a
 // count and that many name/value pairs to set, a count and names to delete, a
 // count and name/increment pairs to add (a field at zero or below is deleted).
-// It touches one key, so it runs on the Cluster node owning that key's slot.
+// The header and the fields are set by one HSET, and the deletions made by
+// one HDEL, of at most 512 arguments each (Lua's unpack takes a bounded
+// number). It touches one key, so it runs on the Cluster node owning that
+// key's slot.
 var casScript = redis.NewScript(`local cur = redis.call('HGET', KEYS[1], 'h')
 if cur == false then cur = '' end
 if cur ~= ARGV[1] then return 0 end
+local chunk = 512
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
-redis.call('HSET', KEYS[1], 'h', ARGV[2])
-for _ = 1, n do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
+local a = {'h', ARGV[2]}
+for _ = 1, n do
+  a[#a + 1] = ARGV[i]; a[#a + 1] = ARGV[i + 1]; i = i + 2
+  if #a >= chunk then redis.call('HSET', KEYS[1], unpack(a)); a = {} end
+end
+if #a > 0 then redis.call('HSET', KEYS[1], unpack(a)) end
 n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('HDEL', KEYS[1], ARGV[i]); i = i + 1 end
+a = {}
+for _ = 1, n do
+  a[#a + 1] = ARGV[i]; i = i + 1
+  if #a >= chunk then redis.call('HDEL', KEYS[1], unpack(a)); a = {} end
+end
+if #a > 0 then redis.call('HDEL', KEYS[1], unpack(a)) end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   if redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end

@@ -30,6 +30,7 @@ func TestConformance(t *testing.T) {
 			t.Run("TimeWheelExpiredGrantsAreNotCountedTwice", func(t *testing.T) { expiredNotTwice(t, b1, "tw", base()+16*int64(time.Hour)) })
 			t.Run("TwoReplicasShareOneBudget", func(t *testing.T) { twoReplicas(t, b1, b2) })
 			t.Run("AnswersPerKeyStatus", func(t *testing.T) { perKeyStatus(t, b1) })
+			t.Run("ASwapSetsAndDeletesManyFieldsAtOnce", func(t *testing.T) { swapManyFields(t, b1) })
 			if cluster != nil {
 				t.Run("StateLandsOnTheSlotOwner", func(t *testing.T) { slotOwner(t, b1, client, cluster) })
 			}
