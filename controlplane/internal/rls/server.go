@@ -289,10 +289,9 @@ var unlimitedStatus = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.Rate
 // over is set when the descriptor is over its limit and answered OK by quota
 // mode.
 func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitRequest, d *commonrl.RateLimitDescriptor, over *bool) *rlsv3.RateLimitResponse_DescriptorStatus {
-	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	if ref == nil {
 		s.m.noRule.Inc()
-		return ok
+		return okStatus()
 	}
 	if u := ref.use; u != nil {
 		u.decisions.Add(1)
@@ -304,7 +303,7 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		return unlimitedStatus
 	case ref.rule.Descriptor.NoLimit:
 		ref.c.noLimit.Inc()
-		return ok
+		return okStatus()
 	case ref.rule.Limit == 0:
 		// Always over (envoyproxy/ratelimit's requests_per_unit 0): nothing
 		// to count, the window's reset as for any fixed window.
@@ -313,8 +312,10 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 		return s.status(ref.c, ref.limit, ref.rule.Shadow, ref.rule.Descriptor.QuotaMode,
 			outcome{admitted: hits(req, d) == 0, reset: time.Duration(w - s.o.Now()%w)}, over)
 	}
-	n := len(d.Entries)
-	var hs [rules.MaxDescriptorEntries]rules.Header
+	// The entries as headers, of their own length: Request keeps them, so
+	// they live on the heap (a fixed array of MaxDescriptorEntries was a
+	// third of the bytes this package allocated per call).
+	hs := make([]rules.Header, len(d.Entries))
 	for i, e := range d.Entries {
 		hs[i] = rules.Header{Name: e.GetKey(), Value: e.GetValue()}
 	}
@@ -322,18 +323,23 @@ func (s *Server) decide(ctx context.Context, ref *ruleRef, req *rlsv3.RateLimitR
 	if fr == nil {
 		s.warn("resolve:"+reason, "rls: a descriptor rule cannot be served; its descriptors pass", "policy", ref.policy, "rule", ref.rule.ID, "reason", reason)
 		s.m.noRule.Inc()
-		return ok
+		return okStatus()
 	}
-	rreq, valid := ref.rule.Descriptor.Request(hs[:n])
+	rreq, valid := ref.rule.Descriptor.Request(hs)
 	key, found := fr.Key(&rreq)
 	if !valid || !found {
 		// An entry the rule keys on has an empty value (or a client_ip value
 		// that is no address): as a request without a key part's value, not
 		// counted.
 		s.m.noRule.Inc()
-		return ok
+		return okStatus()
 	}
 	return s.status(ref.c, ref.limit, fr.Rule.Shadow, ref.rule.Descriptor.QuotaMode, s.take(ctx, fr, key, hits(req, d)), over)
+}
+
+// okStatus is a new status answering OK with no limit.
+func okStatus() *rlsv3.RateLimitResponse_DescriptorStatus {
+	return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 }
 
 // hits is what descriptor d of req costs: its own hits_addend when set (0
