@@ -161,6 +161,8 @@ type scratch struct {
 	trace        []byte
 	replyHeaders [][2]string
 	replyText    []byte
+	// lastNums is the numbers replyText begins with (formatNumbers).
+	lastNums numbersMemo
 	// ts is the reply timestamp of second tsSec (appendTimestamp).
 	ts    []byte
 	tsSec int64

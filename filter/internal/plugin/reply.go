@@ -112,17 +112,38 @@ type replyNumbers struct{ limit, remaining, reset, retryAfter string }
 
 // formatNumbers sets lr.nums, views of the reused buffer p.s.replyText (sized
 // up front, so that no append moves it while views point into it), and
-// returns the buffer for the reply's other header values (sendReply).
+// returns the buffer for the reply's other header values (sendReply). A
+// flood of denials from one key repeats the numbers of the reply before
+// (the reset changes once a second): then the buffer already begins with
+// them, and they are not formatted again.
 func (p *pluginContext) formatNumbers(lr *localReply) []byte {
+	m := &p.s.lastNums
 	if cap(p.s.replyText) < replyTextBytes {
 		p.s.replyText = make([]byte, 0, replyTextBytes)
+		*m = numbersMemo{}
+	}
+	v := [4]uint64{lr.limit, lr.remaining, lr.resetSeconds, lr.retryAfterSeconds}
+	if m.end > 0 && m.v == v {
+		lr.nums = m.nums
+		return p.s.replyText[:m.end]
 	}
 	text := p.s.replyText[:0]
 	text, lr.nums.limit = appendView(text, lr.limit)
 	text, lr.nums.remaining = appendView(text, lr.remaining)
 	text, lr.nums.reset = appendView(text, lr.resetSeconds)
 	text, lr.nums.retryAfter = appendView(text, lr.retryAfterSeconds)
+	*m = numbersMemo{v: v, nums: lr.nums, end: len(text)}
 	return text
+}
+
+// numbersMemo is the last reply's numbers (formatNumbers): their values
+// (limit, remaining, reset, retry-after), their text, and where that text
+// ends in p.s.replyText (0: none kept). Only the bytes after end are
+// written by a reply's other header values.
+type numbersMemo struct {
+	v    [4]uint64
+	nums replyNumbers
+	end  int
 }
 
 // sendReply sends the JSON local reply
