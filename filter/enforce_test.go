@@ -2,6 +2,7 @@ package main
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,5 +176,36 @@ func TestALocalReplyCarriesOneTraceIDInItsBodyAndItsFilterState(t *testing.T) {
 			t.Errorf("id %q: the body's trace_id is %q", id, b.TraceID)
 		}
 		wantState(t, resp.FilterState, map[string]string{"sluice.trace_id": id, "sluice.rate_limited": "true"})
+	}
+}
+
+// TestDenialsOfTwoRulesWithTheSameNumbersEachNameTheirOwnRule: two rules of
+// the same limit, denied in turn at one instant, give replies of the same
+// numbers; each reply's headers still name its own rule (a reply's headers
+// are kept for the next one only when both its numbers and its rule match).
+func TestDenialsOfTwoRulesWithTheSameNumbersEachNameTheirOwnRule(t *testing.T) {
+	pol := `{"policy":"p","version":1,"rules":[` +
+		`{"id":"ra","match":{"path_prefix":"/a/"},"algorithm":"fixed_window","limit":1,"window":"1h"},` +
+		`{"id":"rb","match":{"path_prefix":"/b/"},"algorithm":"fixed_window","limit":1,"window":"1h"}]}`
+	e := newEnv(t, `{"tick":"1m","headers":"both","policy":`+pol+`}`, 1)
+	for _, path := range []string{"/a/x", "/b/x"} {
+		if resp := e.do(0, req{path: path}); resp.Status != 200 {
+			t.Fatalf("%s: first request: status %d", path, resp.Status)
+		}
+	}
+	for i, rule := range []string{"ra", "ra", "rb", "ra", "rb", "rb"} {
+		resp := e.do(0, req{path: "/" + rule[1:] + "/x"})
+		if resp.Status != 429 {
+			t.Fatalf("denial %d (%s): status %d", i, rule, resp.Status)
+		}
+		wantHeaders(t, resp.Headers, map[string]string{
+			"ratelimit-policy": `"` + rule + `";q=1;w=3600`, "x-ratelimit-limit": "1", "x-ratelimit-remaining": "0",
+			"content-type": "application/json"})
+		if got, _ := resp.Headers.Lookup("ratelimit"); !strings.HasPrefix(got, `"`+rule+`";r=0;t=`) {
+			t.Errorf("denial %d (%s): RateLimit %q", i, rule, got)
+		}
+		if b := decodeReply(t, resp); b.Data.Rule != rule {
+			t.Errorf("denial %d (%s): the body names rule %q", i, rule, b.Data.Rule)
+		}
 	}
 }

@@ -110,6 +110,14 @@ func SendHttpResponseWithDetails(statusCode uint32, details string, headers [][2
 	return statusError(st)
 }
 
+// SendHttpResponseEncoded is SendHttpResponseWithDetails with the headers
+// already in the proxy-wasm pairs encoding (pairs.AppendEncode: a count,
+// then each key's and value's length, then the NUL-terminated texts), for a
+// caller that sends the same headers again and keeps their encoding.
+func SendHttpResponseEncoded(statusCode uint32, details string, encodedHeaders []byte, body []byte, grpcStatus int32) error {
+	return statusError(hostSendLocalResponse(statusCode, details, body, encodedHeaders, grpcStatus))
+}
+
 // ResumeHttpRequest resumes a request paused with types.ActionPause, with
 // proxy_continue_stream(HTTP_REQUEST) (spec v0.2.1 "HTTP streams"). Envoy
 // resumes after the current callback returns.

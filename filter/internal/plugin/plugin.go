@@ -161,8 +161,12 @@ type scratch struct {
 	trace        []byte
 	replyHeaders [][2]string
 	replyText    []byte
-	// lastNums is the numbers replyText begins with (formatNumbers).
-	lastNums numbersMemo
+	// lastNums is the numbers replyText begins with (formatNumbers);
+	// replyPairs the last reply's headers in the pairs encoding, and
+	// pairsOf what they were made of (sendReply).
+	lastNums   numbersMemo
+	replyPairs []byte
+	pairsOf    replyHeadersOf
 	// ts is the reply timestamp of second tsSec (appendTimestamp).
 	ts    []byte
 	tsSec int64

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
 	"github.com/sluice-proxy/sluice/shared/limit"
 	"github.com/sluice-proxy/sluice/shared/strictjson"
 )
@@ -154,8 +155,9 @@ type numbersMemo struct {
 // with Content-Type, Retry-After (whole seconds, rounded up) and, when
 // withLimits, the configured rate-limit headers. The body, the header list
 // and the numbers in it are built in buffers reused across replies (a
-// flood of denials allocates nothing); the hostcall serializes them before
-// it returns. The caller writes the filter state first, so the access log
+// flood of denials allocates nothing), and the headers' encoding is kept
+// for the next reply made of the same numbers and rule (at most a few
+// hundred bytes: replyTextBytes bounds their values). The caller writes the filter state first, so the access log
 // finds the same trace_id as the body.
 func (h *httpContext) sendReply(lr *localReply, text []byte) {
 	p := h.p
@@ -171,24 +173,44 @@ func (h *httpContext) sendReply(lr *localReply, text []byte) {
 	b = append(b, lr.traceID...)
 	body := append(b, '}')
 
-	// The header values are views of p.s.replyText (formatNumbers).
-	headers := append(p.s.replyHeaders[:0],
-		[2]string{headerContentType, contentTypeJSON},
-		[2]string{headerRetryAfter, lr.nums.retryAfter})
+	// A flood of denials from one key sends the headers of the reply
+	// before: their encoding is kept and sent again.
+	of := replyHeadersOf{v: [4]uint64{lr.limit, lr.remaining, lr.resetSeconds, lr.retryAfterSeconds}, ok: true}
 	if lr.withLimits {
-		headers, text = h.appendLimitHeaders(headers, text, &lr.nums)
+		of.rule = h.report.rule
 	}
-	if err := proxywasm.SendHttpResponseWithDetails(uint32(lr.status), lr.details, headers, body, proxywasm.GrpcStatusNone); err != nil {
+	if of != p.s.pairsOf {
+		// The header values are views of p.s.replyText (formatNumbers).
+		headers := append(p.s.replyHeaders[:0],
+			[2]string{headerContentType, contentTypeJSON},
+			[2]string{headerRetryAfter, lr.nums.retryAfter})
+		if lr.withLimits {
+			headers, text = h.appendLimitHeaders(headers, text, &lr.nums)
+		}
+		p.s.replyPairs = pairs.AppendEncode(p.s.replyPairs[:0], headers)
+		p.s.pairsOf = of
+		clear(headers)
+		p.s.replyHeaders = headers[:0]
+		if cap(text) == replyTextBytes {
+			p.s.replyText = text[:0]
+		}
+	}
+	if err := proxywasm.SendHttpResponseEncoded(uint32(lr.status), lr.details, p.s.replyPairs, body, proxywasm.GrpcStatusNone); err != nil {
 		proxywasm.LogWarn("sluice: sending the local reply: " + err.Error())
-	}
-	clear(headers)
-	p.s.replyHeaders = headers[:0]
-	if cap(text) == replyTextBytes {
-		p.s.replyText = text[:0]
 	}
 	if cap(body) <= maxKeepBytes {
 		p.s.body = body[:0]
 	}
+}
+
+// replyHeadersOf is what a local reply's headers are made of: its four
+// numbers (limit, remaining, reset, retry-after) and, with the rate-limit
+// headers, the rule reported (whose style, id and window they write; a
+// ruleState never changes once configured). ok: the value is set.
+type replyHeadersOf struct {
+	v    [4]uint64
+	rule *ruleState
+	ok   bool
 }
 
 // replyBodyPrefix is the constant start of a local reply's body, up to
