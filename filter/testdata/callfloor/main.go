@@ -29,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/sluice-proxy/sluice/filter/proxywasm"
+	"github.com/sluice-proxy/sluice/filter/proxywasm/pairs"
 	"github.com/tetratelabs/proxy-wasm-go-sdk/proxywasm/types"
 )
 
@@ -45,8 +46,10 @@ var (
 	state     = []string{"sluice"}
 	stateJSON = []byte(`{"rate_limited":false,"shadow":false,"policy_version":1,"rule":"per-user","key":"rl:bench:default/per-user:user=user-0001:60s","limit":1000,"remaining":999,"reset":1}`)
 	replyBody = []byte(`{"code":429,"message":"rate limit exceeded","data":{"rule":"per-user","limit":1,"remaining":0,"reset":3600},"timestamp":"2026-11-25T22:01:05Z","trace_id":"`)
-	headers   = [][2]string{{"content-type", "application/json"}, {"retry-after", "3600"},
-		{"x-ratelimit-limit", "1"}, {"x-ratelimit-remaining", "0"}, {"x-ratelimit-reset", "3600"}}
+	// headers are encoded once, as sluice keeps a reply's encoded headers
+	// for the next reply of the same numbers and rule.
+	headers = pairs.AppendEncode(nil, [][2]string{{"content-type", "application/json"}, {"retry-after", "3600"},
+		{"x-ratelimit-limit", "1"}, {"x-ratelimit-remaining", "0"}, {"x-ratelimit-reset", "3600"}})
 	scratch = make([]byte, bucketBytes)
 	body    = make([]byte, 0, 512)
 	sink    int64
@@ -111,7 +114,7 @@ func (s *stream) OnHttpRequestHeaders(int, bool) types.Action {
 		id, _ := proxywasm.GetHttpRequestHeader("x-request-id")
 		_ = proxywasm.SetProperty(state, stateJSON)
 		b := append(append(append(body[:0], replyBody...), id...), '"', '}')
-		_ = proxywasm.SendHttpResponseWithDetails(429, "sluice_rate_limited", headers, b, proxywasm.GrpcStatusNone)
+		_ = proxywasm.SendHttpResponseEncoded(429, "sluice_rate_limited", headers, b, proxywasm.GrpcStatusNone)
 		return types.ActionPause
 	}
 	for r := 0; ; {
