@@ -167,6 +167,10 @@ type scratch struct {
 	lastNums   numbersMemo
 	replyPairs []byte
 	pairsOf    replyHeadersOf
+	// bodyHead is how much of body is the last reply's body up to its
+	// trace id, made of bodyOf (sendReply).
+	bodyHead int
+	bodyOf   replyBodyOf
 	// ts is the reply timestamp of second tsSec (appendTimestamp).
 	ts    []byte
 	tsSec int64

@@ -161,15 +161,25 @@ type numbersMemo struct {
 // finds the same trace_id as the body.
 func (h *httpContext) sendReply(lr *localReply, text []byte) {
 	p := h.p
-	b := append(p.s.body[:0], lr.prefix...)
-	b = append(b, lr.nums.limit...)
-	b = append(b, `,"remaining":`...)
-	b = append(b, lr.nums.remaining...)
-	b = append(b, `,"reset":`...)
-	b = append(b, lr.nums.reset...)
-	b = append(b, `},"timestamp":"`...)
-	b = p.appendTimestamp(b, lr.now)
-	b = append(b, `","trace_id":`...)
+	// A flood of denials from one key repeats the body of the reply before
+	// up to its trace id: that part is kept and reused within one second.
+	head := replyBodyOf{prefix: &lr.prefix[0], v: [3]uint64{lr.limit, lr.remaining, lr.resetSeconds},
+		sec: lr.now / int64(time.Second), ok: true}
+	var b []byte
+	if head == p.s.bodyOf && p.s.bodyHead <= cap(p.s.body) {
+		b = p.s.body[:p.s.bodyHead]
+	} else {
+		b = append(p.s.body[:0], lr.prefix...)
+		b = append(b, lr.nums.limit...)
+		b = append(b, `,"remaining":`...)
+		b = append(b, lr.nums.remaining...)
+		b = append(b, `,"reset":`...)
+		b = append(b, lr.nums.reset...)
+		b = append(b, `},"timestamp":"`...)
+		b = p.appendTimestamp(b, lr.now)
+		b = append(b, `","trace_id":`...)
+		p.s.bodyOf, p.s.bodyHead = head, len(b)
+	}
 	b = append(b, lr.traceID...)
 	body := append(b, '}')
 
@@ -200,7 +210,20 @@ func (h *httpContext) sendReply(lr *localReply, text []byte) {
 	}
 	if cap(body) <= maxKeepBytes {
 		p.s.body = body[:0]
+	} else {
+		p.s.bodyOf = replyBodyOf{}
 	}
+}
+
+// replyBodyOf is what a local reply's body is made of up to its trace id:
+// its start (the rule's replyBodyPrefix, by address: those are made once
+// per rule and never change), its limit, remaining and reset, and the
+// second of its timestamp. ok: the value is set.
+type replyBodyOf struct {
+	prefix *byte
+	v      [3]uint64
+	sec    int64
+	ok     bool
 }
 
 // replyHeadersOf is what a local reply's headers are made of: its four
