@@ -234,10 +234,15 @@ func sequences(d *domainTree) [][]step {
 	}
 	seqs = append(seqs, append(override(d.name, 3, 3), override(d.name, 5, 3)...), override(d.name+"-unknown", 1, 2))
 	if len(leaves) > 0 {
+		// One sequence, started early in a second: the call holds the
+		// per-second limits too, and both calls must meet them in the same
+		// window at both services.
+		var seq []step
 		for i := range 2 {
-			seqs = append(seqs, []step{{what: d.name + " every limited descriptor, call " + strconv.Itoa(i+1),
-				req: &rlsv3.RateLimitRequest{Domain: d.name, Descriptors: leaves}}})
+			seq = append(seq, step{what: d.name + " every limited descriptor, call " + strconv.Itoa(i+1),
+				req: &rlsv3.RateLimitRequest{Domain: d.name, Descriptors: leaves}, second: true})
 		}
+		seqs = append(seqs, seq)
 	}
 	return seqs
 }
