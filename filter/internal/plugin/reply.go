@@ -123,7 +123,7 @@ func (p *pluginContext) formatNumbers(lr *localReply) []byte {
 		p.s.replyText = make([]byte, 0, replyTextBytes)
 		*m = numbersMemo{}
 	}
-	v := [4]uint64{lr.limit, lr.remaining, lr.resetSeconds, lr.retryAfterSeconds}
+	v := lr.values()
 	if m.end > 0 && m.v == v {
 		lr.nums = m.nums
 		return p.s.replyText[:m.end]
@@ -135,6 +135,13 @@ func (p *pluginContext) formatNumbers(lr *localReply) []byte {
 	text, lr.nums.retryAfter = appendView(text, lr.retryAfterSeconds)
 	*m = numbersMemo{v: v, nums: lr.nums, end: len(text)}
 	return text
+}
+
+// values is the reply's four numbers: limit, remaining, reset and
+// retry-after (what formatNumbers formats and the kept reply parts are
+// compared on).
+func (lr *localReply) values() [4]uint64 {
+	return [4]uint64{lr.limit, lr.remaining, lr.resetSeconds, lr.retryAfterSeconds}
 }
 
 // numbersMemo is the last reply's numbers (formatNumbers): their values
@@ -157,14 +164,14 @@ type numbersMemo struct {
 // and the numbers in it are built in buffers reused across replies (a
 // flood of denials allocates nothing), and the headers' encoding is kept
 // for the next reply made of the same numbers and rule (at most a few
-// hundred bytes: replyTextBytes bounds their values). The caller writes the filter state first, so the access log
-// finds the same trace_id as the body.
+// hundred bytes: replyTextBytes bounds their values). The caller writes the
+// filter state first, so the access log finds the same trace_id as the body.
 func (h *httpContext) sendReply(lr *localReply, text []byte) {
 	p := h.p
 	// A flood of denials from one key repeats the body of the reply before
 	// up to its trace id: that part is kept and reused within one second.
-	head := replyBodyOf{prefix: &lr.prefix[0], v: [3]uint64{lr.limit, lr.remaining, lr.resetSeconds},
-		sec: lr.now / int64(time.Second), ok: true}
+	v := lr.values()
+	head := replyBodyOf{prefix: &lr.prefix[0], v: [3]uint64(v[:3]), sec: lr.now / int64(time.Second), ok: true}
 	var b []byte
 	if head == p.s.bodyOf && p.s.bodyHead <= cap(p.s.body) {
 		b = p.s.body[:p.s.bodyHead]
@@ -185,7 +192,7 @@ func (h *httpContext) sendReply(lr *localReply, text []byte) {
 
 	// A flood of denials from one key sends the headers of the reply
 	// before: their encoding is kept and sent again.
-	of := replyHeadersOf{v: [4]uint64{lr.limit, lr.remaining, lr.resetSeconds, lr.retryAfterSeconds}, ok: true}
+	of := replyHeadersOf{v: v, ok: true}
 	if lr.withLimits {
 		of.rule = h.report.rule
 	}
