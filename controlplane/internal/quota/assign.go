@@ -179,6 +179,13 @@ type AssignResult struct {
 	// Left is the key's units left to grant after this ask, at Now: its limit
 	// less what was admitted and what the leases and assignments out hold.
 	Left uint64
+	// HeldElsewhere is the units the key's other entries hold after this ask,
+	// as the ledger knows them: granted, and neither reported used nor
+	// returned (so it counts units spent since their holder's last report, and
+	// leases ended that no round has cleared yet); 0 when every lease on the
+	// key has ended. Units an asker lacks may still reach it from these: their
+	// holder returns them, or spends them and reports.
+	HeldElsewhere uint64
 }
 
 // Assign decides asks, each on its own key or all on distinct keys, by the same
@@ -211,7 +218,8 @@ func (s *Service) Assign(ctx context.Context, asks []Assignment) ([]AssignResult
 		if a.err != nil {
 			return nil, errors.Join(ErrUnavailable, a.err)
 		}
-		r := AssignResult{Status: a.res.Status, Granted: a.res.Granted, Returned: a.res.Returned, Tag: a.tag, Now: a.at, RetryAfter: a.res.RetryAfter, Left: aos[i].left}
+		r := AssignResult{Status: a.res.Status, Granted: a.res.Granted, Returned: a.res.Returned, Tag: a.tag, Now: a.at, RetryAfter: a.res.RetryAfter, Left: aos[i].left,
+			HeldElsewhere: aos[i].heldElsewhere}
 		if a.res.Held > 0 {
 			r.End = a.at + int64(a.res.ExpiresIn)
 		}

@@ -199,8 +199,9 @@ type assignOpts struct {
 	// (Assignment.Reserve).
 	reserve uint64
 	// left is set by decide: the key's units left after the ask
-	// (AssignResult.Left).
-	left uint64
+	// (AssignResult.Left); heldElsewhere, what the other entries hold
+	// (AssignResult.HeldElsewhere).
+	left, heldElsewhere uint64
 }
 
 // assignmentEntry reports whether a ledger entry is an assignment client's (an
@@ -379,6 +380,9 @@ func (f *fleetLimiter) decide(l *ledger, now int64, envoy string, k *quota.KeyRe
 	f.record(d, granted)
 	if ao != nil {
 		ao.left = f.lim.Decide(d.cur, d.tmp, d.now, 0).Remaining
+		if l.maxExp > d.now {
+			ao.heldElsewhere = l.heldSum - min(l.heldSum, d.me.held)
+		}
 	}
 	return d.res, true
 }
