@@ -132,7 +132,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 		}
 		go bootstrap(ctx, srv, doc, s.ResyncInterval, log)
 	}
-	qsvc, closeQuota, err := NewQuota(s, snap, reg, log)
+	qsvc, recalls, closeQuota, err := NewQuota(s, snap, reg, log)
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func Run(ctx context.Context, s config.Settings, log *slog.Logger, listening fun
 	var gs *grpc.Server
 	var rs *rls.Server
 	if s.GRPCListen != "" {
-		if gs, rs, err = serveGRPC(ctx, s, qsvc, snap, tlsSrv, reg, log); err != nil {
+		if gs, rs, err = serveGRPC(ctx, s, qsvc, recalls, snap, tlsSrv, reg, log); err != nil {
 			l.Close()
 			return err
 		}
@@ -287,8 +287,9 @@ func logListening(s config.Settings, addr net.Addr, kind string, tls bool, log *
 
 // serveGRPC listens on --grpc-listen and serves the Rate Limit Quota Service and
 // the RateLimitService from qsvc (TLS as the REST listener has it), the latter's
-// sweep running until ctx ends.
-func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, snap *snapshot.Snapshot, tlsSrv *tlsconf.Server, reg *prometheus.Registry, log *slog.Logger) (*grpc.Server, *rls.Server, error) {
+// sweep running until ctx ends; recalls (nil for none) carry the latter's
+// recalls between replicas.
+func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, recalls rls.Recalls, snap *snapshot.Snapshot, tlsSrv *tlsconf.Server, reg *prometheus.Registry, log *slog.Logger) (*grpc.Server, *rls.Server, error) {
 	gl, err := net.Listen("tcp", s.GRPCListen)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen on %s: %w", s.GRPCListen, err)
@@ -297,7 +298,7 @@ func serveGRPC(ctx context.Context, s config.Settings, qsvc *quota.Service, snap
 	if tlsSrv != nil {
 		creds = credentials.NewTLS(tlsSrv.Config())
 	}
-	rs := rls.New(rls.Options{Quota: qsvc, Policies: snap, Env: s.RLSEnv, Registry: reg, Logger: log})
+	rs := rls.New(rls.Options{Quota: qsvc, Policies: snap, Env: s.RLSEnv, Recalls: recalls, Registry: reg, Logger: log})
 	go rs.Run(ctx)
 	gs := rlqs.NewGRPCServer(rlqs.New(rlqs.Options{Quota: qsvc, Registry: reg, Logger: log,
 		MaxBuckets: s.RLQSMaxBuckets, MaxBucketsPerIdentity: s.RLQSMaxBucketsPerIdentity}), creds, rs.Register)
@@ -335,18 +336,21 @@ func shutdown(s config.Settings, srv *api.Server, hs *http.Server, gs *grpc.Serv
 // NewQuota builds the quota service (POST /v1/quota, and the assignments of the Rate
 // Limit Quota Service) the settings select: its state in Redis (a client of its own,
 // tuned to fail fast, on the --redis-url addresses) or, with the embedded store, in
-// this process's memory. close releases the client.
-func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger) (q *quota.Service, close func(), err error) {
+// this process's memory. recalls are the RateLimitService's recalls over that
+// Redis (nil with the embedded store: no other replica shares its budgets).
+// close releases the client.
+func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Registry, log *slog.Logger) (q *quota.Service, recalls rls.Recalls, close func(), err error) {
 	var b quota.Backend
 	close = func() {}
 	if s.RedisURL != "" {
 		uo, err := redisstore.Options{URL: s.RedisURL, MasterName: s.RedisMasterName}.UniversalOptions()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		quota.TuneClient(uo)
 		c := redis.NewUniversalClient(uo)
 		b, close = quota.NewRedis(c), func() { _ = c.Close() }
+		recalls = rls.RedisRecalls{Client: c}
 	} else {
 		b = quota.NewMemory()
 	}
@@ -354,7 +358,7 @@ func NewQuota(s config.Settings, snap *snapshot.Snapshot, reg *prometheus.Regist
 		Backend: b, Policies: snap, Token: s.QuotaToken, Identity: identityMode(s), MaxEntriesPerIdentity: s.QuotaMaxEntriesPerIdentity,
 		Open:     s.QuotaToken == "" && s.AdminToken == "" && s.ReadToken == "",
 		Registry: reg, Logger: log,
-	}), close, nil
+	}), recalls, close, nil
 }
 
 // readBootstrap reads the --bootstrap-policy file, YAML or JSON, as JSON and

@@ -92,7 +92,7 @@ func RunRateLimit(ctx context.Context, s rlsenv.Settings, log *slog.Logger, list
 	defer rc.Close()
 	qsvc := quota.New(quota.Options{Backend: quota.NewRedis(rc), Policies: src, Open: true, Identity: quota.IdentityBody,
 		Registry: reg, Logger: log})
-	rs := rls.New(rls.Options{Quota: qsvc, Policies: src, Registry: reg, Logger: log,
+	rs := rls.New(rls.Options{Quota: qsvc, Policies: src, Recalls: rls.RedisRecalls{Client: rc}, Registry: reg, Logger: log,
 		ShadowMode: s.GlobalShadowMode, QuotaMode: s.GlobalQuotaMode, DynamicMetadata: s.ResponseDynamicMetadata})
 	rsCtx, stopRS := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRS()

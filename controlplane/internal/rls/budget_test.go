@@ -73,7 +73,62 @@ func TestConcurrentCallersAreNeverRefusedWhileTheWindowHasBudget(t *testing.T) {
 	f := newFixture(t, budgetPolicy)
 	f.clk = nil
 	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
-	r := f.replica(t, "a", "")
+	admitted, early := callConcurrently(t, 10*time.Second, callers{f.replica(t, "a", ""), 128, new(atomic.Int64), 2560})
+	if admitted != 2000 || early != 0 {
+		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
+	}
+}
+
+// TestTwoReplicasNeverRefuseWhileTheOtherHoldsUnspentUnits: 64 callers, three
+// quarters of them on one replica and a quarter on the other, send 2,600
+// calls of one key of 2,000 a minute between them, each call given Envoy's
+// ratelimit filter timeout of the generated configuration (100 ms): a
+// replica whose lease and the key's last units are spent while the other
+// replica still holds units of its lease does not answer OVER_LIMIT before
+// the other has spent or returned them.
+func TestTwoReplicasNeverRefuseWhileTheOtherHoldsUnspentUnits(t *testing.T) {
+	f := newFixture(t, budgetPolicy)
+	f.clk = nil
+	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
+	sent := new(atomic.Int64)
+	admitted, early := callConcurrently(t, 100*time.Millisecond,
+		callers{f.replica(t, "a", ""), 48, sent, 2600}, callers{f.replica(t, "b", ""), 16, sent, 2600})
+	if admitted != 2000 || early != 0 {
+		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
+	}
+}
+
+// TestAReplicaWhoseDemandStoppedGivesItsUnitsToOneThatIsShort: on one key of
+// 2,000 a minute, one replica's 48 callers send 1,920 calls and the other's
+// 16 callers 640, then stop, each call given 100 ms: the units the second
+// replica's lease holds when its calls stop reach the first replica's
+// callers (recalled), so exactly 2,000 are admitted, none refused before an
+// admitted call started.
+func TestAReplicaWhoseDemandStoppedGivesItsUnitsToOneThatIsShort(t *testing.T) {
+	f := newFixture(t, budgetPolicy)
+	f.clk = nil
+	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
+	admitted, early := callConcurrently(t, 100*time.Millisecond,
+		callers{f.replica(t, "a", ""), 48, new(atomic.Int64), 1920}, callers{f.replica(t, "b", ""), 16, new(atomic.Int64), 640})
+	if admitted != 2000 || early != 0 {
+		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
+	}
+}
+
+// callers are n goroutines calling replica r with the descriptor k=busy
+// until sent counts calls (shared with other callers or not).
+type callers struct {
+	r     *replica
+	n     int
+	sent  *atomic.Int64
+	calls int64
+}
+
+// callConcurrently runs every group of callers, each call within timeout,
+// and returns how many calls were admitted and how many were refused before
+// an admitted call started (their order by a sequence counter).
+func callConcurrently(t *testing.T, timeout time.Duration, groups ...callers) (admitted, early int) {
+	t.Helper()
 	type span struct {
 		start, end int64
 		ok         bool
@@ -82,28 +137,29 @@ func TestConcurrentCallersAreNeverRefusedWhileTheWindowHasBudget(t *testing.T) {
 	var spans []span
 	var seq atomic.Int64
 	var wg sync.WaitGroup
-	for range 128 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 20 {
-				start := seq.Add(1)
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				resp, err := r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "b",
-					Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "busy")}})
-				cancel()
-				if err != nil {
-					t.Error(err)
-					return
+	for _, g := range groups {
+		for range g.n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for g.sent.Add(1) <= g.calls {
+					start := seq.Add(1)
+					ctx, cancel := context.WithTimeout(context.Background(), timeout)
+					resp, err := g.r.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "b",
+						Descriptors: []*commonrl.RateLimitDescriptor{desc("k", "busy")}})
+					cancel()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					spans = append(spans, span{start: start, end: seq.Add(1), ok: resp.OverallCode == rlsv3.RateLimitResponse_OK})
+					mu.Unlock()
 				}
-				mu.Lock()
-				spans = append(spans, span{start: start, end: seq.Add(1), ok: resp.OverallCode == rlsv3.RateLimitResponse_OK})
-				mu.Unlock()
-			}
-		}()
+			}()
+		}
 	}
 	wg.Wait()
-	admitted, early := 0, 0
 	lastStart := int64(0)
 	for _, s := range spans {
 		if s.ok {
@@ -116,9 +172,7 @@ func TestConcurrentCallersAreNeverRefusedWhileTheWindowHasBudget(t *testing.T) {
 			early++
 		}
 	}
-	if admitted != 2000 || early != 0 {
-		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
-	}
+	return admitted, early
 }
 
 // TestDescriptorsAnsweredAsEnvoyproxyRatelimitAnswersThem: a value without a

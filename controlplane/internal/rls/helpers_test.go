@@ -114,7 +114,7 @@ func (f *fixture) replica(t testing.TB, name string, token string, opts ...func(
 	}
 	q := quota.New(quota.Options{Backend: quota.NewRedis(rc), Policies: f.pol, Open: token == "", Token: token,
 		Now: now, Registry: reg})
-	so := Options{Quota: q, Policies: f.pol, Replica: name, Now: now, Registry: reg}
+	so := Options{Quota: q, Policies: f.pol, Replica: name, Recalls: RedisRecalls{Client: rc}, Now: now, Registry: reg}
 	for _, set := range opts {
 		set(&so)
 	}

@@ -54,6 +54,17 @@ const (
 	// limit is decided a call at a time throughout (at most this many store
 	// rounds a window for its admitted calls).
 	perCallUnits = 128
+	// heldPoll is how often a call whose units other holders' leases hold
+	// asks again (heldElsewhere), and maxHeldWait the longest it waits for
+	// them, or three quarters of the time its deadline leaves, whichever is
+	// less (the answer must reach Envoy within its ratelimit filter's
+	// timeout, or Envoy decides by failure_mode_deny instead).
+	heldPoll    = 3 * time.Millisecond
+	maxHeldWait = 100 * time.Millisecond
+	// heldGiveUp is how long after a call waited maxHeldWait in vain the
+	// key's calls short of units are refused without asking or waiting (a
+	// holder that died keeps its units counted until its lease ends).
+	heldGiveUp = time.Second
 )
 
 // lease is the replica's holding on one fleet key.
@@ -70,7 +81,8 @@ type lease struct {
 	tag         uint64
 	// used is units admitted since the last ask, reported by the next one;
 	// stale units granted under an earlier fingerprint of the key's rule (a
-	// limit override of another limit on the same counter), returned by it;
+	// limit override of another limit on the same counter), or recalled by
+	// another replica (recall), returned by it;
 	// charge units admitted by on_quota_failure while the quota service
 	// could not decide, booked by it as a charge (taken from the budget even
 	// past the limit, as the Wasm filter's degraded decisions are).
@@ -90,6 +102,10 @@ type lease struct {
 	// on_quota_failure until this.
 	refused, failed int64
 	refusedNeed     uint64
+	// heldElsewhere: the last ask lacked units that other holders' leases
+	// hold (quota.AssignResult.HeldElsewhere); the calls short of units ask
+	// again every heldPoll until they return or spend them.
+	heldElsewhere uint64
 	// lastUse is when a decision last took units.
 	lastUse int64
 	// asking is closed when the ask in flight ends; nil when none is.
@@ -139,7 +155,7 @@ func (ls *leases) get(key string) *lease {
 
 // take decides hits units of key under fr at the service clock: from the
 // lease while it holds enough, else after an ask.
-func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits uint64) outcome {
+func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits uint64) (o outcome) {
 	l := s.leases.get(key)
 	if l == nil {
 		s.m.leasesFull.Inc()
@@ -149,6 +165,16 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 	// waits: hits are counted in l.waiting (the call lacks units; the asks
 	// made meanwhile need them), until the call takes them or ends.
 	waits := false
+	// held: when this call began waiting for units other leases hold (real
+	// time: its deadline is); polled: it waited heldPoll since its last ask;
+	// polls: how many times (they are not attempts).
+	var held time.Time
+	polled, polls := false, 0
+	defer func() {
+		if !held.IsZero() {
+			s.m.heldWaits.WithLabelValues(codeName(o.admitted)).Inc()
+		}
+	}()
 	defer func() {
 		if waits {
 			l.mu.Lock()
@@ -175,7 +201,7 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 		if hits == 0 && (l.askedAt != 0 || attempt > 0 || now < l.failed) {
 			// A check: what is left, nothing taken. A key never asked for
 			// asks first, to know what the budget has left.
-			o := l.report(cfg, now, true)
+			o = l.report(cfg, now, true)
 			l.mu.Unlock()
 			return o
 		}
@@ -189,23 +215,23 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 		switch {
 		case hits > cfg.Limit+cfg.Burst:
 			// More than the key can ever hold at once: never admitted.
-			o := l.report(cfg, now, false)
+			o = l.report(cfg, now, false)
 			l.mu.Unlock()
 			return o
 		case now < l.failed:
 			l.mu.Unlock()
-			o := s.onFailure(fr, key, hits, now)
+			o = s.onFailure(fr, key, hits, now)
 			if o.admitted && !l.once {
 				l.mu.Lock()
 				l.charge += hits
 				l.mu.Unlock()
 			}
 			return o
-		case now < l.refused && hits-min(hits, l.units) >= l.refusedNeed || attempt >= maxAttempts:
+		case now < l.refused && hits-min(hits, l.units) >= l.refusedNeed || attempt-polls >= maxAttempts:
 			// The budget beyond every lease lacked what this call needs at
 			// the last ask (or the key is that contended): refused. Units
 			// that others took meanwhile are no reason: ask again.
-			o := l.report(cfg, now, false)
+			o = l.report(cfg, now, false)
 			l.mu.Unlock()
 			return o
 		}
@@ -213,6 +239,22 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			l.waiting += hits
 			waits = true
 		}
+		if l.heldElsewhere > 0 && !polled && attempt > 0 {
+			// What this call lacks is in other holders' leases: wait for them
+			// to spend or return it, then ask again.
+			l.mu.Unlock()
+			if !awaitHeld(ctx, &held) {
+				l.mu.Lock()
+				l.refused, l.refusedNeed, l.heldElsewhere = now+int64(heldGiveUp), 1, 0
+				o = l.report(cfg, now, false)
+				l.mu.Unlock()
+				return o
+			}
+			polled = true
+			polls++
+			continue
+		}
+		polled = false
 		ch := l.asking
 		if ch == nil {
 			ch = make(chan struct{})
@@ -230,6 +272,32 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 				return outcome{failed: true}
 			}
 		}
+	}
+}
+
+// awaitHeld waits heldPoll for a call that lacks units other holders' leases
+// hold, and reports whether it may ask again: false once the call has waited
+// since *since (set at its first wait) as long as maxHeldWait or three
+// quarters of what ctx's deadline left it then, or ctx ended.
+func awaitHeld(ctx context.Context, since *time.Time) bool {
+	now := time.Now()
+	if since.IsZero() {
+		*since = now
+	}
+	budget := maxHeldWait
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, dl.Sub(*since)*3/4)
+	}
+	if now.Add(heldPoll).Sub(*since) > budget {
+		return false
+	}
+	t := time.NewTimer(heldPoll)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -403,6 +471,12 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	res, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
 		Used: used, Return: ret + stale, Charge: charge, Want: want, Need: short, Interval: askInterval, Reserve: perCallUnits}})
 
+	recall := false
+	defer func() {
+		if recall {
+			s.publishRecall(ctx, key)
+		}
+	}()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ch := l.asking
@@ -422,7 +496,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		return
 	}
 	r := res[0]
-	l.failed = 0
+	l.failed, l.heldElsewhere = 0, 0
 	l.left, l.exact = r.Left, r.Left <= perCallUnits
 	if l.fp != fr.Rule.Fingerprint {
 		// The key's rule changed while the ask was out (a limit override of
@@ -441,6 +515,13 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		l.units += r.Granted
 		l.last = l.units
 		l.refused = 0
+		return
+	}
+	if need > 0 && l.units < need && r.HeldElsewhere > 0 {
+		// Other holders' leases hold units: the calls wait for them (take),
+		// and the holders are asked to give them back.
+		l.heldElsewhere = r.HeldElsewhere
+		recall = s.o.Recalls != nil
 		return
 	}
 	if need > 0 && l.units < need {

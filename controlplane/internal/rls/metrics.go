@@ -21,6 +21,10 @@ import (
 //	sluice_controlplane_rls_ask_failures_total            asks the quota service could not decide
 //	sluice_controlplane_rls_failure_decisions_total{on_quota_failure,code}
 //	                                                      descriptors decided by on_quota_failure
+//	sluice_controlplane_rls_held_waits_total{code}        descriptors that waited for units other holders'
+//	                                                      leases held, by how they were answered
+//	sluice_controlplane_rls_recalls_total{event}          recalls published, failed to publish, and
+//	                                                      answered by returning a lease's units
 //	sluice_controlplane_rls_leases                        fleet keys the replica holds a lease on now
 //	sluice_controlplane_rls_leases_full_total             decisions on a key beyond the lease bound
 //	                                                      (asked for one by one)
@@ -28,6 +32,7 @@ import (
 //	sluice_controlplane_rls_request_duration_seconds      call received → answered (histogram)
 type metrics struct {
 	requests, descriptors, failureDecisions  *prometheus.CounterVec
+	heldWaits, recalls                       *prometheus.CounterVec
 	asks, askFailures, leasesFull, overrides prometheus.Counter
 	duration                                 prometheus.Histogram
 	// The children counted per call.
@@ -75,6 +80,10 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 			Help: "Rate limit descriptors decided: ok, over_limit, shadow (over the limit of a shadow rule, answered OK), unlimited, no_limit (a no_limit rule's, answered OK without a limit), quota_mode (over the limit of a quota-mode rule, answered OK with the limit), replaced (by another descriptor's rule in the call), no_rule; by the rule's domain and policy/id (empty for no_rule, (override) for a limit override; past 1000 rules, (other))."}, []string{"result", "domain", "rule"}),
 		failureDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_failure_decisions_total",
 			Help: "Descriptors decided by the rule's on_quota_failure because the quota service could not decide, by that policy and code."}, []string{"on_quota_failure", "code"}),
+		heldWaits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_held_waits_total",
+			Help: "Descriptors that lacked units other holders' leases held and waited for them, by the code they were answered."}, []string{"code"}),
+		recalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_controlplane_rls_recalls_total",
+			Help: "Recalls of other replicas' units of a key: published, failed (not published), returned (this replica gave a lease's units back)."}, []string{"event"}),
 		asks: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_asks_total",
 			Help: "Asks of the rate limit service for units of a fleet key (each one quota service round for its key)."}),
 		askFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_rls_ask_failures_total",
@@ -93,7 +102,7 @@ func newMetrics(reg *prometheus.Registry, leases func() float64) *metrics {
 	if reg != nil {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_controlplane_rls_leases",
 			Help: "Fleet keys the rate limit service holds a lease on now."}, leases)
-		reg.MustRegister(m.requests, m.descriptors, m.failureDecisions, m.asks, m.askFailures, m.leasesFull, m.overrides, m.duration, g)
+		reg.MustRegister(m.requests, m.descriptors, m.failureDecisions, m.heldWaits, m.recalls, m.asks, m.askFailures, m.leasesFull, m.overrides, m.duration, g)
 	}
 	return m
 }

@@ -86,6 +86,12 @@ type Options struct {
 	// them, after its decision: a caller deciding one descriptor at a time on
 	// a virtual clock (the policy lab) then depends on its inputs alone.
 	InlineRefills bool
+	// Recalls, when set, carry recalls between the replicas on the quota
+	// service's store (RedisRecalls): a call short of units that another
+	// replica's lease holds has them given back within a round trip or two
+	// instead of waiting for that replica to spend them. Nil: none are sent
+	// or answered (one replica, or a store of its own).
+	Recalls Recalls
 	// Now is the clock in Unix nanoseconds (default time.Now().UnixNano).
 	Now func() int64
 	// Registry receives the metrics; nil registers none.
@@ -157,11 +163,15 @@ func (s *Server) Register(g *grpc.Server) string {
 	return rlsv3.RateLimitService_ServiceDesc.ServiceName
 }
 
-// Run runs the background refills and sweeps idle leases every second (their
-// units back to the budget) until ctx ends.
+// Run runs the background refills, answers recalls (Options.Recalls) and
+// sweeps idle leases every second (their units back to the budget) until ctx
+// ends.
 func (s *Server) Run(ctx context.Context) {
 	for range 2 * runtime.GOMAXPROCS(0) {
 		go s.refillWorker(ctx)
+	}
+	if s.o.Recalls != nil {
+		go s.subscribeRecalls(ctx)
 	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
