@@ -480,7 +480,28 @@ func TestADestinationClusterRuleCountsOnlyRequestsToThatCluster(t *testing.T) {
 // and no request refused before an admitted one started (its 429 written
 // while the window still had budget).
 func TestEnvoysRatelimitFilterNeverRefusesWhileTheWindowHasBudget(t *testing.T) {
-	s := startRLSStackWith(t, `domain: edge
+	s := startRLSStackWith(t, apiPerMinute, 2)
+	proctest.AwaitOneWindow(t, time.Minute, 40*time.Second)
+	window := time.Now().Truncate(time.Minute)
+	sent := new(atomic.Int64)
+	countWindow(t, s, window, offer{s.envoys[0], 32, sent, 2600}, offer{s.envoys[1], 32, sent, 2600})
+}
+
+// TestAnEnvoyWhoseTrafficStoppedLeavesItsUnitsToTheOther: as above, but the
+// first Envoy's 48 clients offer 1,920 requests and the second's 16 clients
+// 640, then stop: the units the second Envoy's replica holds when its
+// traffic stops reach the first Envoy's requests (recalled), so exactly 2,000
+// are admitted and none refused before an admitted one started.
+func TestAnEnvoyWhoseTrafficStoppedLeavesItsUnitsToTheOther(t *testing.T) {
+	s := startRLSStackWith(t, apiPerMinute, 2)
+	proctest.AwaitOneWindow(t, time.Minute, 40*time.Second)
+	window := time.Now().Truncate(time.Minute)
+	countWindow(t, s, window, offer{s.envoys[0], 48, new(atomic.Int64), 1920}, offer{s.envoys[1], 16, new(atomic.Int64), 640})
+}
+
+// apiPerMinute is one key of 2,000 a minute in envoyproxy/ratelimit's
+// configuration language.
+const apiPerMinute = `domain: edge
 descriptors:
   - key: generic_key
     value: api
@@ -488,25 +509,41 @@ descriptors:
       name: api
       unit: minute
       requests_per_unit: 2000
-`, 2)
-	proctest.AwaitOneWindow(t, time.Minute, 40*time.Second)
-	window := time.Now().Truncate(time.Minute)
-	var next atomic.Int64
+`
+
+// offer is n clients sending requests to Envoy e until sent counts requests
+// (shared with other offers or not).
+type offer struct {
+	e        *envoyproc.Envoy
+	n        int
+	sent     *atomic.Int64
+	requests int64
+}
+
+// countWindow runs every offer, then reads the Envoys' access logs until
+// every request sent is logged in the minute from window, and asserts that
+// exactly 2,000 were admitted and no 429 was written before an admitted
+// request started.
+func countWindow(t *testing.T, s *rlsStack, window time.Time, offers ...offer) {
+	t.Helper()
+	var total atomic.Int64
 	var wg sync.WaitGroup
-	for w := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			e := s.envoys[w%len(s.envoys)]
-			for next.Add(1) <= 2600 {
-				resp, err := fresh.Get("http://" + e.Listener + "/items")
-				if err != nil {
-					t.Errorf("%s: %v", e.Name, err)
-					return
+	for _, o := range offers {
+		for range o.n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for o.sent.Add(1) <= o.requests {
+					resp, err := fresh.Get("http://" + o.e.Listener + "/items")
+					if err != nil {
+						t.Errorf("%s: %v", o.e.Name, err)
+						return
+					}
+					resp.Body.Close()
+					total.Add(1)
 				}
-				resp.Body.Close()
-			}
-		}()
+			}()
+		}
 	}
 	wg.Wait()
 	type logged struct {
@@ -514,6 +551,7 @@ descriptors:
 		status     int
 	}
 	var lines []logged
+	want := int(total.Load())
 	proctest.WaitFor(10*time.Second, func() bool {
 		lines = lines[:0]
 		for _, e := range s.envoys {
@@ -529,7 +567,7 @@ descriptors:
 				lines = append(lines, logged{start: ts, end: ts.Add(d), status: status(line["status"])})
 			}
 		}
-		return len(lines) == 2600
+		return len(lines) == want
 	})
 	admitted, refused, early := 0, 0, 0
 	var lastAdmittedStart time.Time
@@ -553,8 +591,8 @@ descriptors:
 		}
 	}
 	t.Logf("%d logged in the window: %d admitted, %d refused, %d refused before an admitted request started", len(lines), admitted, refused, early)
-	if len(lines) != 2600 || admitted != 2000 || early != 0 {
-		t.Errorf("want 2,600 logged, exactly 2,000 admitted and none refused before an admitted request started")
+	if len(lines) != want || admitted != 2000 || early != 0 {
+		t.Errorf("want %d logged, exactly 2,000 admitted and none refused before an admitted request started", want)
 	}
 }
 
