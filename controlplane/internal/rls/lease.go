@@ -61,9 +61,11 @@ const (
 	// timeout, or Envoy decides by failure_mode_deny instead).
 	heldPoll    = 3 * time.Millisecond
 	maxHeldWait = 100 * time.Millisecond
-	// heldGiveUp is how long after a call waited maxHeldWait in vain the
-	// key's calls short of units are refused without asking or waiting (a
-	// holder that died keeps its units counted until its lease ends).
+	// heldGiveUp bounds how long after a call waited in vain the key's calls
+	// short of units are refused without asking or waiting (a holder that
+	// died keeps its units counted until its lease ends): until the budget
+	// may have more (the answer's RetryAfter, a fixed window's end when it is
+	// spent), at most this.
 	heldGiveUp = time.Second
 )
 
@@ -104,8 +106,12 @@ type lease struct {
 	refusedNeed     uint64
 	// heldElsewhere: the last ask lacked units that other holders' leases
 	// hold (quota.AssignResult.HeldElsewhere); the calls short of units ask
-	// again every heldPoll until they return or spend them.
+	// again every heldPoll until they return or spend them, or until
+	// heldRetry (service clock: when the budget may have more without them,
+	// at most heldGiveUp after that answer; a fixed window's end at the
+	// latest).
 	heldElsewhere uint64
+	heldRetry     int64
 	// lastUse is when a decision last took units.
 	lastUse int64
 	// asking is closed when the ask in flight ends; nil when none is.
@@ -242,10 +248,11 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 		if l.heldElsewhere > 0 && !polled && attempt > 0 {
 			// What this call lacks is in other holders' leases: wait for them
 			// to spend or return it, then ask again.
+			retry := l.heldRetry
 			l.mu.Unlock()
-			if !awaitHeld(ctx, &held) {
+			if !awaitHeld(ctx, &held, time.Duration(retry-now)) {
 				l.mu.Lock()
-				l.refused, l.refusedNeed, l.heldElsewhere = now+int64(heldGiveUp), 1, 0
+				l.refused, l.refusedNeed, l.heldElsewhere = retry, 1, 0
 				o = l.report(cfg, now, false)
 				l.mu.Unlock()
 				return o
@@ -278,8 +285,11 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 // awaitHeld waits heldPoll for a call that lacks units other holders' leases
 // hold, and reports whether it may ask again: false once the call has waited
 // since *since (set at its first wait) as long as maxHeldWait or three
-// quarters of what ctx's deadline left it then, or ctx ended.
-func awaitHeld(ctx context.Context, since *time.Time) bool {
+// quarters of what ctx's deadline left it then, when the wait would not end
+// before left (the time until the lease's heldRetry: a call admitted in the
+// next window would count, in Envoy's access log, in the window it arrived
+// in), or when ctx ended.
+func awaitHeld(ctx context.Context, since *time.Time, left time.Duration) bool {
 	now := time.Now()
 	if since.IsZero() {
 		*since = now
@@ -288,7 +298,7 @@ func awaitHeld(ctx context.Context, since *time.Time) bool {
 	if dl, ok := ctx.Deadline(); ok {
 		budget = min(budget, dl.Sub(*since)*3/4)
 	}
-	if now.Add(heldPoll).Sub(*since) > budget {
+	if now.Add(heldPoll).Sub(*since) > budget || 2*heldPoll >= left {
 		return false
 	}
 	t := time.NewTimer(heldPoll)
@@ -521,6 +531,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		// Other holders' leases hold units: the calls wait for them (take),
 		// and the holders are asked to give them back.
 		l.heldElsewhere = r.HeldElsewhere
+		l.heldRetry = r.Now + int64(min(max(r.RetryAfter, time.Millisecond), heldGiveUp))
 		recall = s.o.Recalls != nil
 		return
 	}
