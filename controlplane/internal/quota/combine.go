@@ -303,13 +303,30 @@ func (s *Service) attempt(pending *[]group) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 	defer cancel()
 	reads := make([]Read, len(gs))
+	snaps := make([]Snapshot, len(gs))
+	cached := make([]bool, len(gs))
+	var load []Read
 	for j, g := range gs {
 		reads[j] = s.readOf(g)
+		if cached[j] = s.reads.fill(reads[j], &snaps[j]); !cached[j] {
+			load = append(load, reads[j])
+		}
 	}
-	snaps, err := s.o.Backend.Load(ctx, reads)
-	if err != nil {
-		return err
+	if len(load) > 0 {
+		loaded, err := s.o.Backend.Load(ctx, load)
+		if err != nil {
+			return err
+		}
+		i := 0
+		for j := range gs {
+			if !cached[j] {
+				snaps[j] = loaded[i]
+				s.reads.loaded(reads[j], loaded[i])
+				i++
+			}
+		}
 	}
+	s.m.readsSkipped.Add(float64(len(gs) - len(load)))
 	s.m.rounds.Add(float64(len(gs)))
 	now := s.o.Now()
 	ops := make([]Op, 0, len(gs))
@@ -323,13 +340,24 @@ func (s *Service) attempt(pending *[]group) error {
 	}
 	var applied []bool
 	if len(ops) > 0 {
+		var err error
 		if applied, err = s.o.Backend.Swap(ctx, ops); err != nil {
+			for j := range gs {
+				s.reads.forget(gs[j].key)
+			}
 			return err
 		}
 	}
 	next := gs[:0:0]
 	for j, g := range gs {
-		if opOf[j] >= 0 && !applied[opOf[j]] {
+		switch {
+		case opOf[j] >= 0 && applied[opOf[j]]:
+			s.reads.wrote(ops[opOf[j]])
+		case opOf[j] >= 0 || cached[j]:
+			// A conflict, or a decision from the cache that wrote nothing
+			// (its answer was never compared with the stored header): read
+			// the key and decide again.
+			s.reads.forget(g.key)
 			next = append(next, g)
 		}
 	}

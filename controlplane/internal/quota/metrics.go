@@ -22,6 +22,8 @@ import (
 //	sluice_controlplane_quota_keys_total{status}      keys answered, by status (granted, partial, refused, stale_policy, ...)
 //	sluice_controlplane_quota_cas_retries_total       compare-and-swap conflicts retried (per key)
 //	sluice_controlplane_quota_rounds_total            read–decide–write rounds run (per key and attempt)
+//	sluice_controlplane_quota_reads_skipped_total     rounds decided from what this service last wrote
+//	                                                  (readCache: no one else wrote the key since)
 //	sluice_controlplane_quota_contended_total{stage}  keys answered retry because of contention:
 //	                                                  stage "queued" (still queued at the request's deadline)
 //	                                                  or "round" (conflicts with other replicas past the timeout)
@@ -40,7 +42,7 @@ import (
 // under rule "_other") and counts at most maxKeysPerRule keys per rule.
 type metrics struct {
 	asked, granted, returned, charged    prometheus.Counter
-	casRetries                           prometheus.Counter
+	casRetries, readsSkipped             prometheus.Counter
 	rounds, queueTimeouts, roundTimeouts prometheus.Counter
 	evictions, identityFull, keyFull     prometheus.Counter
 	corrupt                              prometheus.Counter
@@ -67,6 +69,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help: "Quota units Envoys admitted without a lease (on_quota_failure local or pass, while they could not reach the service), booked against their keys' budgets."}),
 		casRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_cas_retries_total",
 			Help: "Keys decided again after a compare-and-swap conflict."}),
+		readsSkipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_reads_skipped_total",
+			Help: "Rounds decided from what this service last wrote to or read of the key (no one else wrote it since), without reading it."}),
 		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_rounds_total",
 			Help: "Read-decide-write rounds run on the backend, per key and attempt; asks per round shows how much contention was combined."}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controlplane_quota_ledger_evictions_total",
@@ -89,7 +93,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		[]string{"scope"})
 	m.identityFull, m.keyFull = full.WithLabelValues("identity"), full.WithLabelValues("key")
 	if reg != nil {
-		reg.MustRegister(m.asked, m.granted, m.returned, m.charged, m.casRetries, m.rounds, m.evictions, m.corrupt, contended, full, m.keys, m.duration, m.active)
+		reg.MustRegister(m.asked, m.granted, m.returned, m.charged, m.casRetries, m.readsSkipped, m.rounds, m.evictions, m.corrupt, contended, full, m.keys, m.duration, m.active)
 	}
 	return m
 }

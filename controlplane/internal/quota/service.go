@@ -99,6 +99,7 @@ type Service struct {
 
 	comb     *combiner
 	sweeps   sweeper
+	reads    readCache
 	mu       sync.Mutex
 	cache    map[cacheKey]*compiled
 	lastWarn atomic.Int64
