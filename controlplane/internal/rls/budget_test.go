@@ -70,13 +70,8 @@ func TestAnyHitsTheWindowHoldsAreAdmitted(t *testing.T) {
 // (2,560 in all): exactly 2,000 admitted, and no call is refused before a call
 // that is then admitted has started (the refusal was made with budget left).
 func TestConcurrentCallersAreNeverRefusedWhileTheWindowHasBudget(t *testing.T) {
-	f := newFixture(t, budgetPolicy)
-	f.clk = nil
-	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
-	admitted, early := callConcurrently(t, 10*time.Second, callers{f.replica(t, "a", ""), 128, new(atomic.Int64), 2560})
-	if admitted != 2000 || early != 0 {
-		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
-	}
+	f := realClockFixture(t)
+	spendTheWindow(t, 10*time.Second, callers{f.replica(t, "a", ""), 128, new(atomic.Int64), 2560})
 }
 
 // TestTwoReplicasNeverRefuseWhileTheOtherHoldsUnspentUnits: 64 callers, three
@@ -87,15 +82,10 @@ func TestConcurrentCallersAreNeverRefusedWhileTheWindowHasBudget(t *testing.T) {
 // replica still holds units of its lease does not answer OVER_LIMIT before
 // the other has spent or returned them.
 func TestTwoReplicasNeverRefuseWhileTheOtherHoldsUnspentUnits(t *testing.T) {
-	f := newFixture(t, budgetPolicy)
-	f.clk = nil
-	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
+	f := realClockFixture(t)
 	sent := new(atomic.Int64)
-	admitted, early := callConcurrently(t, 100*time.Millisecond,
+	spendTheWindow(t, 100*time.Millisecond,
 		callers{f.replica(t, "a", ""), 48, sent, 2600}, callers{f.replica(t, "b", ""), 16, sent, 2600})
-	if admitted != 2000 || early != 0 {
-		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
-	}
 }
 
 // TestAReplicaWhoseDemandStoppedGivesItsUnitsToOneThatIsShort: on one key of
@@ -105,14 +95,18 @@ func TestTwoReplicasNeverRefuseWhileTheOtherHoldsUnspentUnits(t *testing.T) {
 // callers (recalled), so exactly 2,000 are admitted, none refused before an
 // admitted call started.
 func TestAReplicaWhoseDemandStoppedGivesItsUnitsToOneThatIsShort(t *testing.T) {
+	f := realClockFixture(t)
+	spendTheWindow(t, 100*time.Millisecond,
+		callers{f.replica(t, "a", ""), 48, new(atomic.Int64), 1920}, callers{f.replica(t, "b", ""), 16, new(atomic.Int64), 640})
+}
+
+// realClockFixture is a fixture of budgetPolicy on the real clock, at least
+// 20 s before the current minute ends.
+func realClockFixture(t *testing.T) *fixture {
 	f := newFixture(t, budgetPolicy)
 	f.clk = nil
 	proctest.AwaitOneWindow(t, time.Minute, 20*time.Second)
-	admitted, early := callConcurrently(t, 100*time.Millisecond,
-		callers{f.replica(t, "a", ""), 48, new(atomic.Int64), 1920}, callers{f.replica(t, "b", ""), 16, new(atomic.Int64), 640})
-	if admitted != 2000 || early != 0 {
-		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
-	}
+	return f
 }
 
 // callers are n goroutines calling replica r with the descriptor k=busy
@@ -124,10 +118,10 @@ type callers struct {
 	calls int64
 }
 
-// callConcurrently runs every group of callers, each call within timeout,
-// and returns how many calls were admitted and how many were refused before
-// an admitted call started (their order by a sequence counter).
-func callConcurrently(t *testing.T, timeout time.Duration, groups ...callers) (admitted, early int) {
+// spendTheWindow runs every group of callers, each call within timeout, and
+// asserts that exactly the key's 2,000 were admitted and none was refused
+// before an admitted call started (their order by a sequence counter).
+func spendTheWindow(t *testing.T, timeout time.Duration, groups ...callers) {
 	t.Helper()
 	type span struct {
 		start, end int64
@@ -160,7 +154,7 @@ func callConcurrently(t *testing.T, timeout time.Duration, groups ...callers) (a
 		}
 	}
 	wg.Wait()
-	lastStart := int64(0)
+	admitted, early, lastStart := 0, 0, int64(0)
 	for _, s := range spans {
 		if s.ok {
 			admitted++
@@ -172,7 +166,9 @@ func callConcurrently(t *testing.T, timeout time.Duration, groups ...callers) (a
 			early++
 		}
 	}
-	return admitted, early
+	if admitted != 2000 || early != 0 {
+		t.Errorf("admitted %d of 2,000; %d calls refused before an admitted call started", admitted, early)
+	}
 }
 
 // TestDescriptorsAnsweredAsEnvoyproxyRatelimitAnswersThem: a value without a
