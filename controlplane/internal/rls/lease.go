@@ -159,29 +159,32 @@ func (ls *leases) get(key string) *lease {
 	return l
 }
 
+// leaseOf returns the lease of key; past the bound of leases, one of a single
+// decision, decided by an ask of its own and not kept.
+func (s *Server) leaseOf(key string) *lease {
+	if l := s.leases.get(key); l != nil {
+		return l
+	}
+	s.m.leasesFull.Inc()
+	return &lease{once: true}
+}
+
 // take decides hits units of key under fr at the service clock: from the
 // lease while it holds enough, else after an ask.
 func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits uint64) (o outcome) {
-	l := s.leases.get(key)
-	if l == nil {
-		s.m.leasesFull.Inc()
-		l = &lease{once: true} // decided by an ask of its own, not kept
-	}
+	l := s.leaseOf(key)
 	cfg := fr.Rule.Config
 	// waits: hits are counted in l.waiting (the call lacks units; the asks
 	// made meanwhile need them), until the call takes them or ends.
 	waits := false
-	// held: when this call began waiting for units other leases hold (real
-	// time: its deadline is); polled: it waited heldPoll since its last ask;
-	// polls: how many times (they are not attempts).
+	// held: when the call began waiting for units other leases hold (real
+	// time, as its deadline); polled: it waited since its last ask, polls times.
 	var held time.Time
 	polled, polls := false, 0
 	defer func() {
 		if !held.IsZero() {
 			s.m.heldWaits.WithLabelValues(codeName(o.admitted)).Inc()
 		}
-	}()
-	defer func() {
 		if waits {
 			l.mu.Lock()
 			l.waiting -= hits
@@ -192,15 +195,9 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 		now := s.o.Now()
 		l.mu.Lock()
 		if l.gone {
-			if waits {
-				l.waiting -= hits
-				waits = false
-			}
+			l.unwait(&waits, hits)
 			l.mu.Unlock()
-			if l = s.leases.get(key); l == nil {
-				s.m.leasesFull.Inc()
-				l = &lease{once: true}
-			}
+			l = s.leaseOf(key)
 			continue
 		}
 		l.expire(fr, now)
@@ -212,10 +209,7 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			return o
 		}
 		if hits > 0 && l.units >= hits {
-			if waits {
-				l.waiting -= hits
-				waits = false
-			}
+			l.unwait(&waits, hits)
 			return s.spend(fr, key, l, hits, now)
 		}
 		switch {
@@ -248,13 +242,7 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 		if l.heldElsewhere > 0 && !polled && attempt > 0 {
 			// What this call lacks is in other holders' leases: wait for them
 			// to spend or return it, then ask again.
-			retry := l.heldRetry
-			l.mu.Unlock()
-			if !awaitHeld(ctx, &held, time.Duration(retry-now)) {
-				l.mu.Lock()
-				l.refused, l.refusedNeed, l.heldElsewhere = retry, 1, 0
-				o = l.report(cfg, now, false)
-				l.mu.Unlock()
+			if o, refused := l.waitHeld(ctx, cfg, now, &held); refused {
 				return o
 			}
 			polled = true
@@ -280,6 +268,32 @@ func (s *Server) take(ctx context.Context, fr *quota.FleetRule, key string, hits
 			}
 		}
 	}
+}
+
+// unwait takes a call's hits out of l.waiting if it waits (*waits), and
+// records that it no longer does. The caller holds l.mu.
+func (l *lease) unwait(waits *bool, hits uint64) {
+	if *waits {
+		l.waiting -= hits
+		*waits = false
+	}
+}
+
+// waitHeld waits heldPoll (awaitHeld) for a call at now that lacks units
+// other holders' leases hold, and returns refused with its answer once it
+// waited in vain: the key's calls short of units are then refused without
+// asking until heldRetry. The caller holds l.mu, which waitHeld releases.
+func (l *lease) waitHeld(ctx context.Context, cfg limit.Config, now int64, held *time.Time) (o outcome, refused bool) {
+	retry := l.heldRetry
+	l.mu.Unlock()
+	if awaitHeld(ctx, held, time.Duration(retry-now)) {
+		return outcome{}, false
+	}
+	l.mu.Lock()
+	l.refused, l.refusedNeed, l.heldElsewhere = retry, 1, 0
+	o = l.report(cfg, now, false)
+	l.mu.Unlock()
+	return o, true
 }
 
 // awaitHeld waits heldPoll for a call that lacks units other holders' leases
@@ -481,17 +495,9 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	res, err := s.o.Quota.Assign(ctx, []quota.Assignment{{Rule: fr, Key: key, Entry: s.entry,
 		Used: used, Return: ret + stale, Charge: charge, Want: want, Need: short, Interval: askInterval, Reserve: perCallUnits}})
 
-	recall := false
-	defer func() {
-		if recall {
-			s.publishRecall(ctx, key)
-		}
-	}()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	ch := l.asking
 	l.asking = nil
-	defer close(ch)
 	if err != nil || res[0].Status == sq.StatusRetry {
 		if err == nil {
 			err = errors.New("the key's ledger is full (retry)")
@@ -503,9 +509,22 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		l.stale += stale
 		l.charge += charge
 		l.failed = s.o.Now() + int64(failureHold)
+		l.mu.Unlock()
+		close(ch)
 		return
 	}
-	r := res[0]
+	recall := l.record(fr, res[0], need) && s.o.Recalls != nil
+	l.mu.Unlock()
+	close(ch)
+	if recall {
+		s.publishRecall(ctx, key)
+	}
+}
+
+// record takes the quota service's answer r to an ask that needed need units
+// (0: a refill) into the lease, and reports whether the ask lacked units that
+// other holders' leases hold (to recall them). The caller holds l.mu.
+func (l *lease) record(fr *quota.FleetRule, r quota.AssignResult, need uint64) (heldElsewhere bool) {
 	l.failed, l.heldElsewhere = 0, 0
 	l.left, l.exact = r.Left, r.Left <= perCallUnits
 	if l.fp != fr.Rule.Fingerprint {
@@ -513,7 +532,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		// another limit on the same counter): units granted under the old
 		// one are not this one's to spend; the next ask returns them.
 		l.stale += r.Granted
-		return
+		return false
 	}
 	if r.Granted > 0 {
 		if r.Tag != l.tag || r.End > l.end {
@@ -525,15 +544,14 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		l.units += r.Granted
 		l.last = l.units
 		l.refused = 0
-		return
+		return false
 	}
 	if need > 0 && l.units < need && r.HeldElsewhere > 0 {
 		// Other holders' leases hold units: the calls wait for them (take),
 		// and the holders are asked to give them back.
 		l.heldElsewhere = r.HeldElsewhere
 		l.heldRetry = r.Now + int64(min(max(r.RetryAfter, time.Millisecond), heldGiveUp))
-		recall = s.o.Recalls != nil
-		return
+		return true
 	}
 	if need > 0 && l.units < need {
 		// Nothing now: the budget is spent until RetryAfter (capped, so that
@@ -543,6 +561,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		l.refused = r.Now + int64(min(max(r.RetryAfter, time.Millisecond), time.Second))
 		l.refusedNeed = 1
 	}
+	return false
 }
 
 // onFailure decides a descriptor the quota service could not: by the rule's
