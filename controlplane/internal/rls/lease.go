@@ -517,7 +517,7 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 	l.mu.Unlock()
 	close(ch)
 	if recall {
-		s.publishRecall(ctx, key)
+		s.publishRecall(key)
 	}
 }
 

@@ -65,14 +65,21 @@ func (r RedisRecalls) Subscribe(ctx context.Context, recall func(msg string)) er
 }
 
 // publishRecall asks the other holders of key to give back what their leases
-// hold (Options.Recalls).
-func (s *Server) publishRecall(ctx context.Context, key string) {
-	if err := s.o.Recalls.Publish(ctx, s.entry+"\n"+key); err != nil {
-		s.m.recalls.WithLabelValues("failed").Inc()
-		s.warn("recall", "rls: a recall could not be published", "key", key, "err", err)
-		return
-	}
-	s.m.recalls.WithLabelValues("published").Inc()
+// hold (Options.Recalls), in the background and within maxHeldWait (a recall
+// later than that finds no call waiting for it): a store that does not answer
+// delays no call (at most about maxHeldWait/heldPoll publishes of a key whose
+// calls wait are then in flight).
+func (s *Server) publishRecall(key string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), maxHeldWait)
+		defer cancel()
+		if err := s.o.Recalls.Publish(ctx, s.entry+"\n"+key); err != nil {
+			s.m.recalls.WithLabelValues("failed").Inc()
+			s.warn("recall", "rls: a recall could not be published", "key", key, "err", err)
+			return
+		}
+		s.m.recalls.WithLabelValues("published").Inc()
+	}()
 }
 
 // recall answers a recall another replica published: the units this
