@@ -68,8 +68,8 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 		t.Fatalf("README walkthrough: %d commands, want 12", len(cmds))
 	}
 	runDir := t.TempDir()
-	cp, proxy, proxy2, up := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
-	grpc, rls, rlsAdmin := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
+	addrs := proctest.FreeAddrs(t, 7)
+	cp, proxy, proxy2, up, grpc, rls, rlsAdmin := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4], addrs[5], addrs[6]
 	port := func(a string) string { _, p, _ := net.SplitHostPort(a); return p }
 	out := &proctest.SyncBuffer{}
 	cmd := exec.Command("make", "run", "CP_PORT="+port(cp), "PROXY_PORT="+port(proxy), "PROXY2_PORT="+port(proxy2), "UPSTREAM_PORT="+port(up), "RUN_DIR="+runDir,
@@ -92,7 +92,21 @@ func testMakeRun(t *testing.T, kind, envoy, says string) {
 			t.Logf("make run output:\n%s", out)
 		}
 	})
-	if !proctest.WaitFor(5*time.Minute, func() bool { return strings.Contains(out.String(), "sluice is running.") }) {
+	var exitErr error
+	early := false
+	ready := proctest.WaitFor(5*time.Minute, func() bool {
+		select {
+		case exitErr = <-exited:
+			early, stopped = true, true
+			return true
+		default:
+		}
+		return strings.Contains(out.String(), "sluice is running.")
+	})
+	switch {
+	case early:
+		t.Fatalf("make run exited before it was ready: %v", exitErr)
+	case !ready:
 		t.Fatalf("make run not ready within 5 minutes")
 	}
 	for _, want := range []string{"export SLUICE_ADMIN_TOKEN=" + adminToken, "export SLUICE_SERVER=http://" + cp, "access.log", "access2.log", "proxies: " + says} {

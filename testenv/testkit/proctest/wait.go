@@ -25,6 +25,23 @@ func FreeAddr(t testing.TB) string {
 	return addr
 }
 
+// FreeAddrs returns n loopback addresses as FreeAddr does, with n distinct
+// ports: every port is held until all are found (FreeAddr called n times may
+// return one port twice, once its listener is closed).
+func FreeAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
+	}
+	return addrs
+}
+
 // WaitFor checks cond every PollInterval until it holds or limit (wall
 // time) has passed, and reports whether it held. It bounds a wait; tests
 // never assert a timing with it.
