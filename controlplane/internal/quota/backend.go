@@ -65,7 +65,9 @@ type Delta struct {
 }
 
 // Op is one compare-and-swap: if Key's header is Old, set it to New with the
-// fields Set, delete the fields Del, apply Add, and expire the key after TTL.
+// fields Set, delete the fields Del, apply Add, and expire the key after TTL
+// (0: keep the expiry the key has, as Redis's HSET does; a new key must have
+// one).
 type Op struct {
 	Key      string
 	Old, New []byte
@@ -191,7 +193,9 @@ func (m *Memory) Swap(ctx context.Context, ops []Op) ([]bool, error) {
 				delete(e.fields, d.Name)
 			}
 		}
-		e.exp = now.Add(op.TTL)
+		if op.TTL > 0 || e.exp.IsZero() {
+			e.exp = now.Add(op.TTL)
+		}
 		m.m[op.Key] = e
 	}
 	// Sweep expired entries now and then so the map does not grow without bound.
@@ -242,7 +246,8 @@ func (m *Memory) Len() int {
 }
 
 // casScript applies one Op to the hash KEYS[1] iff its "h" field is ARGV[1] (""
-// meaning absent): ARGV[2] is the new header, ARGV[3] the expiry in ms, then a
+// meaning absent): ARGV[2] is the new header, ARGV[3] the expiry in ms (0: the
+// key keeps the one it has; no PEXPIRE), then a
 // count and that many name/value pairs to set, a count and names to delete, a
 // count and name/increment pairs to add (a field at zero or below is deleted).
 // The header and the fields are set by one HSET, and the deletions made by
@@ -273,7 +278,7 @@ for _ = 1, n do
   if redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
   i = i + 2
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if ARGV[3] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1`)
 
 // Redis is the Backend over a go-redis UniversalClient (single server, Sentinel or
@@ -353,10 +358,19 @@ func (r *Redis) Swap(ctx context.Context, ops []Op) ([]bool, error) {
 	return out, nil
 }
 
+// ttlArg is the CAS script's ARGV[3] for an Op's TTL: "0" for 0 (keep the
+// key's expiry), else the milliseconds, at least 1.
+func ttlArg(ttl time.Duration) string {
+	if ttl == 0 {
+		return "0"
+	}
+	return strconv.FormatInt(max(1, ttl.Milliseconds()), 10)
+}
+
 // swapArgs is the CAS script's ARGV for op.
 func swapArgs(op *Op) []any {
 	args := make([]any, 0, 6+2*len(op.Set)+len(op.Del)+2*len(op.Add))
-	args = append(args, op.Old, op.New, strconv.FormatInt(max(1, op.TTL.Milliseconds()), 10), len(op.Set))
+	args = append(args, op.Old, op.New, ttlArg(op.TTL), len(op.Set))
 	for _, f := range op.Set {
 		args = append(args, f.Name, f.Value)
 	}

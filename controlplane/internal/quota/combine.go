@@ -393,6 +393,12 @@ func (s *Service) decideKey(g group, rd Read, snap Snapshot, now int64) (Op, boo
 		s.failUndecodable(g, len(snap.Header), err)
 		return Op{}, false
 	}
+	// The until its write set the key's expiry from (store): decided then at
+	// its latest decision or later, so no later than that write's.
+	var prev int64
+	if len(snap.Header) > 0 {
+		prev = g.f.until(&h, h.latest)
+	}
 	l := newLedger(h)
 	l.maxEntries = uint32(min(s.o.MaxEntriesPerKey, 1<<31))
 	l.windowed = g.f.validity == 0
@@ -421,7 +427,7 @@ func (s *Service) decideKey(g group, rd Read, snap Snapshot, now int64) (Op, boo
 	if !changed {
 		return Op{}, false
 	}
-	return s.writeOf(g, l, snap.Header, now), true
+	return s.writeOf(g, l, snap.Header, now, prev), true
 }
 
 // decideAsk decides one ask a of g on l at now into a.res, and reports
@@ -447,10 +453,10 @@ func (s *Service) decideAsk(g group, l *ledger, a *keyAsk, now int64) bool {
 }
 
 // writeOf is the write of g's key after a round changed l: the header (old,
-// the one read, is the compare-and-swap's witness), the changed and removed
-// entries, and the identities' count changes.
-func (s *Service) writeOf(g group, l *ledger, old []byte, now int64) Op {
-	next, ttl := g.f.store(&l.header, now)
+// the one read, is the compare-and-swap's witness; prev its until, store), the
+// changed and removed entries, and the identities' count changes.
+func (s *Service) writeOf(g group, l *ledger, old []byte, now, prev int64) Op {
+	next, ttl := g.f.store(&l.header, now, prev)
 	op := Op{Key: g.key, Old: old, New: next, TTL: ttl, Del: make([]string, 0, len(l.removed))}
 	for name := range l.dirty {
 		op.Set = append(op.Set, Field{Name: entryPrefix + name, Value: l.entries[name].encode(l.windowed)})

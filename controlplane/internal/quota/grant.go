@@ -167,14 +167,30 @@ func keyNow(h *header, now int64) int64 {
 	return min(max(h.latest, now), now+int64(maxSkew))
 }
 
-// store encodes h for the backend, with the key's expiry: until the state is
-// idle, every lease has ended and every entry would be forgotten, plus ttlSlack.
-func (f *fleetLimiter) store(h *header, now int64) ([]byte, time.Duration) {
+// until is when h, decided at now (the key's clock), becomes equivalent to an
+// absent value: its state is idle, every lease has ended and every entry would
+// be forgotten (Unix ns).
+func (f *fleetLimiter) until(h *header, now int64) int64 {
+	return max(f.lim.IdleAt(h.state, now), h.maxExp, h.latest+int64(forgetAfter))
+}
+
+// store encodes h for the backend, with the key's expiry (Op.TTL). Time is cut
+// into spans of ttlSlack, and a key whose until (the moment it becomes
+// equivalent to an absent value) falls in span k expires at the end of span
+// k+1: at least ttlSlack past its until. prev is the until of the value read
+// (0: none), which this write replaces; while the until stays in prev's span
+// or an earlier one, the expiry that value's write left still holds, and it is
+// left as it is (TTL 0: the round makes one Redis command fewer, the PEXPIRE).
+func (f *fleetLimiter) store(h *header, now, prev int64) ([]byte, time.Duration) {
 	now = keyNow(h, now)
-	until := max(f.lim.IdleAt(h.state, now), h.maxExp, h.latest+int64(forgetAfter))
+	until := f.until(h, now)
 	h.writes++
 	next := h.encode(make([]byte, 0, 96+len(h.state)+ringSlots*9))
-	return next, time.Duration(max(until-now, 0)) + ttlSlack
+	span := int64(ttlSlack)
+	if prev > 0 && until/span <= prev/span {
+		return next, 0
+	}
+	return next, time.Duration(max((until/span+2)*span-now, int64(ttlSlack)))
 }
 
 // assignOpts are the differences of an assignment-style lease (Envoy's native
