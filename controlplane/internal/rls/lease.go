@@ -20,7 +20,8 @@ import (
 const (
 	// askHorizon is how much of a key's observed demand one ask wants: the
 	// units its decisions took over this long (a window's rest when shorter),
-	// with a quarter more (the ledger caps it at the replica's share of the
+	// with a quarter more, or twice that many far from the limit
+	// (farFromLimit; the ledger caps it at the replica's share of the
 	// budget).
 	askHorizon = time.Second
 	// minDemandSpan is the shortest time a demand estimate divides by: units
@@ -28,6 +29,11 @@ const (
 	// right after a grant asks for a few times them, growing ask by ask while
 	// the demand lasts).
 	minDemandSpan = askHorizon / 4
+	// farFromLimit: a key whose budget beyond every lease was at least this
+	// many times a replica's demand over askHorizon at its last ask is far
+	// from its limit, and the replica asks for twice its demand instead of
+	// a quarter more.
+	farFromLimit = 16
 	// refillBelow is the fraction (1/refillBelow) of the last grant left at
 	// which an ask for more starts in the background, so that a steadily used
 	// key is seldom decided behind a store round trip.
@@ -473,7 +479,16 @@ func (s *Server) ask(ctx context.Context, fr *quota.FleetRule, key string, l *le
 		}
 		// Over at least minDemandSpan: a few decisions just after a grant
 		// are no rate to lease a long window's budget for.
-		demand := float64(used) * float64(horizon) / float64(max(now-l.askedAt, int64(minDemandSpan))) * 1.25
+		demand := float64(used) * float64(horizon) / float64(max(now-l.askedAt, int64(minDemandSpan)))
+		if float64(l.left) >= farFromLimit*demand {
+			// Far from the limit, twice the demand: a window's demand
+			// scatters by more than a quarter, and each refill it would
+			// start is a store round; units held beyond need cost the
+			// key's other holders nothing while this much is left.
+			demand *= 2
+		} else {
+			demand *= 1.25
+		}
 		want = max(want, uint64(min(demand, float64(limit.MaxLimit)))+1)
 	}
 	want = min(want, top)
