@@ -11,11 +11,27 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"runtime/debug"
 
 	"github.com/sluice-proxy/sluice/controlplane/internal/app"
 )
 
+// gcPercent is the garbage collector's target (GOGC) when the environment sets
+// none: a collection starts when the heap has grown by twice what the last
+// one left live, where Go's default is once. docs/operations.md, "Garbage
+// collection".
+const gcPercent = 200
+
+// tuneGC sets the garbage collector's target to gcPercent unless lookup (the
+// environment's) has GOGC, which the Go runtime has then applied.
+func tuneGC(lookup func(string) (string, bool)) {
+	if _, ok := lookup("GOGC"); !ok {
+		debug.SetGCPercent(gcPercent)
+	}
+}
+
 func main() {
+	tuneGC(os.LookupEnv)
 	if filepath.Base(os.Args[0]) == "ratelimit" || len(os.Args) > 1 && os.Args[1] == "ratelimit" {
 		os.Exit(app.MainRateLimit(os.Stderr))
 	}
