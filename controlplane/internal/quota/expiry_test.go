@@ -2,8 +2,6 @@ package quota
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,21 +9,15 @@ import (
 	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
 
-// calls returns how many times the Redis at addr has run cmd (INFO
-// commandstats; a script's inner commands included).
-func calls(t *testing.T, addr, cmd string) int {
+// calls returns how many times the Redis at addr has run cmd
+// (redisproc.CommandCalls).
+func calls(t testing.TB, addr, cmd string) int {
 	t.Helper()
-	out, err := redisproc.Command(addr, "INFO", "commandstats")
+	c, err := redisproc.CommandCalls(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(out, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
-		}
-	}
-	return 0
+	return int(c[cmd])
 }
 
 // TestAKeyAlwaysOutlivesItsLedgerThoughMostRoundsSetNoExpiry: an Envoy asks

@@ -1,33 +1,10 @@
 package quota
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/sluice-proxy/sluice/testenv/testkit/redisproc"
 )
-
-// hmgets returns how many HMGET commands the Redis at addr has run.
-func hmgets(t *testing.T, addr string) int {
-	t.Helper()
-	out, err := redisproc.Command(addr, "INFO", "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_hmget:calls="); ok {
-			n := 0
-			for _, c := range rest {
-				if c < '0' || c > '9' {
-					break
-				}
-				n = n*10 + int(c-'0')
-			}
-			return n
-		}
-	}
-	return 0
-}
 
 // TestAKeyNoOneElseWritesIsDecidedWithoutReadingIt: ten rounds of one
 // Envoy on one key read the key twice (the first round, and the one that
@@ -44,23 +21,23 @@ func TestAKeyNoOneElseWritesIsDecidedWithoutReadingIt(t *testing.T) {
 	s2 := newService(t, NewRedis(redisClient(rs.Addr())), pol, clk)
 	a, b := &envoy{name: "a"}, &envoy{name: "b"}
 	key := globalKey("fw")
-	before := hmgets(t, rs.Addr())
+	before := calls(t, rs.Addr(), "hmget")
 	var granted uint64
 	for range 10 {
 		granted += ask(t, s1, a, "fw", key, 0, 0, 10).Granted
 	}
-	if got := hmgets(t, rs.Addr()) - before; got != 2 {
+	if got := calls(t, rs.Addr(), "hmget") - before; got != 2 {
 		t.Errorf("ten rounds of one service read the key %d times, want 2", got)
 	}
 	granted += ask(t, s2, b, "fw", key, 0, 0, 1000).Granted
-	before = hmgets(t, rs.Addr())
+	before = calls(t, rs.Addr(), "hmget")
 	for range 50 {
 		granted += ask(t, s1, a, "fw", key, 0, 0, 1000).Granted
 	}
 	if granted != 1000 {
 		t.Errorf("granted %d in the window, want exactly its limit of 1,000", granted)
 	}
-	if got := hmgets(t, rs.Addr()) - before; got < 1 {
+	if got := calls(t, rs.Addr(), "hmget") - before; got < 1 {
 		t.Errorf("the round after another service's write read the key %d times, want at least 1", got)
 	}
 }

@@ -290,6 +290,32 @@ func (c *Cluster) Owner(key string) (*Server, error) {
 	return nil, errors.New("redisproc: no node owns slot " + slotS)
 }
 
+// CommandCalls returns how many times the Redis at addr has run each command
+// since it started, by lower-case name ("hmget", "evalsha"), as INFO
+// commandstats counts them: a script's inner commands included, and this
+// INFO itself.
+// https://redis.io/docs/latest/commands/info/ ("commandstats").
+func CommandCalls(addr string) (map[string]uint64, error) {
+	out, err := Command(addr, "INFO", "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	calls := map[string]uint64{}
+	for _, line := range strings.Split(out, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _, _ := strings.Cut(rest, ",")
+		v, err := strconv.ParseUint(n, 10, 64)
+		if err != nil {
+			return nil, errors.New("redisproc: INFO commandstats: " + line)
+		}
+		calls[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return calls, nil
+}
+
 // Command sends one command in RESP to addr and returns its reply as text: a
 // simple or bulk string as is, an integer in decimal, an array as its elements
 // joined by newlines; an error reply is returned as an error.
