@@ -10,7 +10,7 @@ VERSION_LDFLAGS := -X github.com/sluice-proxy/sluice/controlplane/version.Versio
 # The filter reports VERSION as its build (x-sluice-build, sluicectl status's BUILD).
 WASM_LDFLAGS := -X github.com/sluice-proxy/sluice/filter/internal/policysync.Build=$(VERSION)
 
-.PHONY: all help wasm build envoy run test bench bench-envoy check lint clean print-version
+.PHONY: all help wasm pgo build envoy run test bench bench-envoy check lint clean print-version
 
 all: build
 
@@ -29,6 +29,15 @@ wasm:
 	@$(GO) mod download
 	@echo "==> building $(WASM)"
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -trimpath -ldflags='$(WASM_LDFLAGS)' -o $(WASM) ./filter
+
+## pgo: regenerate filter/default.pgo, the CPU profile Go's compiler builds the filter with
+## (profile-guided optimization; go build picks up a main package's default.pgo by itself):
+## the filter's request path run natively over the binding's emulator (BenchmarkStreamMix).
+## Run it after a change to the request path; docs/benchmarks.md, "Profile-guided build".
+pgo:
+	@mkdir -p $(BUILD)
+	$(GO) test -run '^$$' -bench '^BenchmarkStreamMix$$' -benchtime 3s -o $(BUILD)/plugin.test \
+		-cpuprofile $(abspath filter/default.pgo) ./filter/internal/plugin
 
 ## build: the filter and every binary.
 build: wasm
