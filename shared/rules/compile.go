@@ -61,12 +61,16 @@ type CompiledRule struct {
 	// ResponseCostHeader is the rule's response_cost_header ("" if none).
 	ResponseCostHeader string
 
-	match      matcher
-	exempt     exemptSet
-	keyPrefix  string // "rl:{env}:{policy}/{rule}:"
-	keySuffix  string // ":{period}s"
-	globalKey  string // the whole key when the rule has no key parts
-	parts      [][]keyAlt
+	match     matcher
+	exempt    exemptSet
+	keyPrefix string // "rl:{env}:{policy}/{rule}:"
+	keySuffix string // ":{period}s"
+	globalKey string // the whole key when the rule has no key parts
+	parts     [][]keyAlt
+	// partsClass is the same for two rules whose key parts build the same
+	// middle of a counter key for every request (SameKeyParts); -1 for a
+	// rule without key parts.
+	partsClass int
 	routeValue string // escaped value of the "route" part
 	cost       uint64
 	costHeader string
@@ -105,7 +109,47 @@ func Compile(p *Policy, opts CompileOptions) (*Compiled, error) {
 	if errs != nil {
 		return nil, errs
 	}
+	c.classifyKeyParts()
 	return c, nil
+}
+
+// classifyKeyParts sets every rule's partsClass: a rule whose key parts equal
+// an earlier rule's (the same alternatives in the same order, and the same
+// route value when a part reads the route) takes that rule's class.
+func (c *Compiled) classifyKeyParts() {
+	for i := range c.rules {
+		r := &c.rules[i]
+		r.partsClass = -1
+		if len(r.parts) == 0 {
+			continue
+		}
+		r.partsClass = i
+		for j := range i {
+			if sameParts(r, &c.rules[j]) {
+				r.partsClass = c.rules[j].partsClass
+				break
+			}
+		}
+	}
+}
+
+// sameParts reports whether a and b build the same middle of a counter key
+// (between keyPrefix and keySuffix) for every request.
+func sameParts(a, b *CompiledRule) bool {
+	if len(a.parts) != len(b.parts) || len(a.parts) == 0 {
+		return false
+	}
+	for n := range a.parts {
+		if len(a.parts[n]) != len(b.parts[n]) {
+			return false
+		}
+		for k, x := range a.parts[n] {
+			if x != b.parts[n][k] || x.kind == partRoute && a.routeValue != b.routeValue {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (c *Compiled) compileRule(i int, r *Rule) error {

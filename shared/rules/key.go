@@ -29,6 +29,27 @@ func (c *Compiled) AppendKey(dst []byte, i int, req *Request) ([]byte, bool) {
 	return append(dst, r.keySuffix...), true
 }
 
+// SameKeyParts reports whether rules i and j have the same key parts, so that
+// for any request their counter keys differ only in the rule's prefix and
+// period suffix (see the package documentation's key format) and
+// AppendKeyLike can build one from the other. False for a rule without key
+// parts.
+func (c *Compiled) SameKeyParts(i, j int) bool {
+	return c.rules[i].partsClass >= 0 && c.rules[i].partsClass == c.rules[j].partsClass
+}
+
+// AppendKeyLike appends to dst the counter key of a request under rule i,
+// given key, the key AppendKey returned for the same request under rule j,
+// where SameKeyParts(i, j): the key parts' values are copied from key rather
+// than read and escaped again. The result equals what AppendKey(dst, i, req)
+// returns. It does not allocate when dst has room for the key.
+func (c *Compiled) AppendKeyLike(dst []byte, i int, key []byte, j int) []byte {
+	r, o := &c.rules[i], &c.rules[j]
+	dst = append(dst, r.keyPrefix...)
+	dst = append(dst, key[len(o.keyPrefix):len(key)-len(o.keySuffix)]...)
+	return append(dst, r.keySuffix...)
+}
+
 // appendPart appends "tag=value" for one alternative, or returns false (dst
 // unchanged) when the request has no non-empty value for it.
 func (c *Compiled) appendPart(dst []byte, a *keyAlt, r *CompiledRule, req *Request) ([]byte, bool) {

@@ -61,9 +61,12 @@ func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) o
 	for _, i := range s.matched {
 		rs := &ps.rules[i]
 		start := len(s.key)
-		var ok bool
-		s.key, ok = ps.compiled.AppendKey(s.key, i, req)
-		if !ok {
+		ok := true
+		if like := sameKeyEval(ps, s.evals, i); like != nil {
+			// Rules on the same key parts (per second and per hour, say):
+			// the values are read and escaped once.
+			s.key = ps.compiled.AppendKeyLike(s.key, i, s.key[like.keyOff:like.keyEnd], like.rule.index)
+		} else if s.key, ok = ps.compiled.AppendKey(s.key, i, req); !ok {
 			continue // a key part has no value: the rule does not count the request
 		}
 		ev := eval{rule: rs, keyOff: start, keyEnd: len(s.key), nextOff: stateBytes}
@@ -107,6 +110,17 @@ func (h *httpContext) evaluate(ps *policyState, req *rules.Request, now int64) o
 		}
 	}
 	return h.commit(now)
+}
+
+// sameKeyEval returns the latest of evals whose rule has the same key parts
+// as rule i (rules.Compiled.SameKeyParts), or nil.
+func sameKeyEval(ps *policyState, evals []eval, i int) *eval {
+	for k := len(evals) - 1; k >= 0; k-- {
+		if ps.compiled.SameKeyParts(i, evals[k].rule.index) {
+			return &evals[k]
+		}
+	}
+	return nil
 }
 
 // readDecide reads ev's bucket and decides the rule from it; false if shared
