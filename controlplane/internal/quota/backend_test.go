@@ -2,8 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,83 +145,5 @@ func TestConcurrentSwapsOnOneServerShareScriptCalls(t *testing.T) {
 	t.Logf("%d ops in %d script calls", ops, calls)
 	if calls == 0 || calls*4 > ops {
 		t.Errorf("%d ops in %d script calls, want fewer than a quarter", ops, calls)
-	}
-}
-
-// TestASwapQueuedPastItsDeadlineIsNeverSent: while one Swap is in flight on a
-// redis-server held busy for 450 ms (a script that loops; the quota client's
-// read timeout is 500 ms), a second Swap whose context ends after 50 ms returns
-// the context's error before the first is answered, and its op is never
-// applied; the first is applied when the server answers, and the next Swap
-// goes alone.
-func TestASwapQueuedPastItsDeadlineIsNeverSent(t *testing.T) {
-	rs := redisproc.Start(t)
-	c := redisClient(rs.Addr())
-	plain := redis.NewClient(&redis.Options{Addr: rs.Addr()})
-	t.Cleanup(func() { c.Close(); plain.Close() })
-	b := NewRedis(c)
-	ctx := context.Background()
-
-	busy := make(chan error, 1)
-	go func() {
-		busy <- plain.Eval(ctx, `local t = redis.call('TIME')
-local start = tonumber(t[1]) * 1000000 + tonumber(t[2])
-while true do
-  local n = redis.call('TIME')
-  if tonumber(n[1]) * 1000000 + tonumber(n[2]) - start > 450000 then return 1 end
-end`, nil).Err()
-	}()
-	probe := redis.NewClient(&redis.Options{Addr: rs.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { probe.Close() })
-	for { // until the server is held by the script: a PING no longer answers
-		pctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		err := probe.Ping(pctx).Err()
-		cancel()
-		if err != nil {
-			break
-		}
-	}
-
-	first := make(chan error, 1)
-	go func() {
-		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		ok, err := b.Swap(fctx, []Op{{Key: "first", New: []byte("h"), TTL: time.Minute}})
-		if err == nil && !ok[0] {
-			err = errors.New("not applied")
-		}
-		first <- err
-	}()
-	for { // until the first Swap is in flight
-		b.b.mu.Lock()
-		inFlight := b.b.busy && len(b.b.queue) == 0
-		b.b.mu.Unlock()
-		if inFlight {
-			break
-		}
-		runtime.Gosched()
-	}
-	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_, err := b.Swap(sctx, []Op{{Key: "second", New: []byte("h"), TTL: time.Minute}})
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a Swap queued past its deadline: %v, want context.DeadlineExceeded", err)
-	}
-	select {
-	case err := <-first:
-		t.Fatalf("the queued Swap returned only once the one in flight was answered (%v)", err)
-	default:
-	}
-	if err := <-first; err != nil {
-		t.Fatalf("the Swap in flight: %v", err)
-	}
-	if err := <-busy; err != nil {
-		t.Fatal(err)
-	}
-	if n, err := plain.Exists(ctx, "second").Result(); err != nil || n != 0 {
-		t.Errorf("the op of the Swap that gave up: exists %d (%v), want never applied", n, err)
-	}
-	if ok, err := b.Swap(ctx, []Op{{Key: "third", New: []byte("h"), TTL: time.Minute}}); err != nil || !ok[0] {
-		t.Errorf("a Swap after: %v %v", ok, err)
 	}
 }
