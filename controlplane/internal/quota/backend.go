@@ -245,51 +245,80 @@ func (m *Memory) Len() int {
 	return n
 }
 
-// casScript applies one Op to the hash KEYS[1] iff its "h" field is ARGV[1] (""
-// meaning absent): ARGV[2] is the new header, ARGV[3] the expiry in ms (0: the
-// key keeps the one it has; no PEXPIRE), then a
-// count and that many name/value pairs to set, a count and names to delete, a
-// count and name/increment pairs to add (a field at zero or below is deleted).
-// The header and the fields are set by one HSET, and the deletions made by
-// one HDEL, of at most 512 arguments each (Lua's unpack takes a bounded
-// number). It touches one key, so it runs on the Cluster node owning that
-// key's slot.
-var casScript = redis.NewScript(`local cur = redis.call('HGET', KEYS[1], 'h')
-if cur == false then cur = '' end
-if cur ~= ARGV[1] then return 0 end
-local chunk = 512
-local i = 4
-local n = tonumber(ARGV[i]); i = i + 1
-local a = {'h', ARGV[2]}
-for _ = 1, n do
-  a[#a + 1] = ARGV[i]; a[#a + 1] = ARGV[i + 1]; i = i + 2
-  if #a >= chunk then redis.call('HSET', KEYS[1], unpack(a)); a = {} end
+// casScript applies Ops, one per key: the op on KEYS[k] is applied iff the
+// hash's "h" field is its Old ("" meaning absent). Each op's ARGV, in the
+// keys' order: Old, the new header, the expiry in ms ("0": the key keeps the
+// one it has; no PEXPIRE), then a count and that many name/value pairs to set,
+// a count and names to delete, a count and name/increment pairs to add (a
+// field at zero or below is deleted). The header and the fields are set by one
+// HSET, and the deletions made by one HDEL, of at most 512 arguments each
+// (Lua's unpack takes a bounded number). It returns per key 1 (applied), 0
+// (the header differed) or the error of reading the header (a key that is not
+// a hash: WRONGTYPE), which leaves the other keys' ops to apply. On a Redis
+// Cluster it is called with one key, so it runs on the node owning that key's
+// slot; on one server with the ops of several rounds (swapBatch).
+var casScript = redis.NewScript(`local chunk = 512
+local out = {}
+local i = 1
+for k = 1, #KEYS do
+  local key = KEYS[k]
+  local nset = tonumber(ARGV[i + 3])
+  local ndel = tonumber(ARGV[i + 4 + 2 * nset])
+  local nadd = tonumber(ARGV[i + 5 + 2 * nset + ndel])
+  local nxt = i + 6 + 2 * nset + ndel + 2 * nadd
+  local cur = redis.pcall('HGET', key, 'h')
+  if type(cur) == 'table' and cur.err then
+    out[k] = cur.err
+  else
+    if cur == false then cur = '' end
+    if cur ~= ARGV[i] then
+      out[k] = 0
+    else
+      local a = {'h', ARGV[i + 1]}
+      local j = i + 4
+      for _ = 1, nset do
+        a[#a + 1] = ARGV[j]; a[#a + 1] = ARGV[j + 1]; j = j + 2
+        if #a >= chunk then redis.call('HSET', key, unpack(a)); a = {} end
+      end
+      if #a > 0 then redis.call('HSET', key, unpack(a)) end
+      j = j + 1
+      a = {}
+      for _ = 1, ndel do
+        a[#a + 1] = ARGV[j]; j = j + 1
+        if #a >= chunk then redis.call('HDEL', key, unpack(a)); a = {} end
+      end
+      if #a > 0 then redis.call('HDEL', key, unpack(a)) end
+      j = j + 1
+      for _ = 1, nadd do
+        if redis.call('HINCRBY', key, ARGV[j], ARGV[j + 1]) <= 0 then redis.call('HDEL', key, ARGV[j]) end
+        j = j + 2
+      end
+      if ARGV[i + 2] ~= '0' then redis.call('PEXPIRE', key, ARGV[i + 2]) end
+      out[k] = 1
+    end
+  end
+  i = nxt
 end
-if #a > 0 then redis.call('HSET', KEYS[1], unpack(a)) end
-n = tonumber(ARGV[i]); i = i + 1
-a = {}
-for _ = 1, n do
-  a[#a + 1] = ARGV[i]; i = i + 1
-  if #a >= chunk then redis.call('HDEL', KEYS[1], unpack(a)); a = {} end
-end
-if #a > 0 then redis.call('HDEL', KEYS[1], unpack(a)) end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  if redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) <= 0 then redis.call('HDEL', KEYS[1], ARGV[i]) end
-  i = i + 2
-end
-if ARGV[3] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-return 1`)
+return out`)
 
 // Redis is the Backend over a go-redis UniversalClient (single server, Sentinel or
-// Cluster). A batch is two pipelines, HMGET (and HSCAN) then EVALSHA of the CAS
-// script, which a ClusterClient splits per node.
+// Cluster). Load is one pipeline of HMGET (and HSCAN). Swap is one EVALSHA of the
+// CAS script per op on a Cluster, pipelined (a ClusterClient splits the pipeline per
+// node); on one server, the ops of concurrent Swaps go in one EVALSHA over all their
+// keys (swapBatch).
 type Redis struct {
 	c redis.UniversalClient
+	// cluster: the ops cannot share a script call (their keys are in
+	// different slots).
+	cluster bool
+	b       swapBatch
 }
 
 // NewRedis returns the Backend over c; the caller owns c.
-func NewRedis(c redis.UniversalClient) *Redis { return &Redis{c: c} }
+func NewRedis(c redis.UniversalClient) *Redis {
+	_, cluster := c.(*redis.ClusterClient)
+	return &Redis{c: c, cluster: cluster}
+}
 
 // Load implements Backend.
 func (r *Redis) Load(ctx context.Context, reads []Read) ([]Snapshot, error) {
@@ -343,10 +372,21 @@ func bytesOf(v any) []byte {
 	return nil
 }
 
-// Swap implements Backend. It runs the CAS script by EVALSHA and, for the ops a node
-// answered NOSCRIPT (it had not cached the script, so the op was not applied), once
-// more by EVAL.
+// Swap implements Backend. On a Cluster it runs the CAS script by EVALSHA per op
+// (swapEach); on one server it adds ops to the next script call of concurrent Swaps
+// (swapBatch). An op the server cannot apply (its key is not a hash) fails the
+// Swap with the server's error.
 func (r *Redis) Swap(ctx context.Context, ops []Op) ([]bool, error) {
+	if r.cluster {
+		return r.swapEach(ctx, ops)
+	}
+	return r.b.swap(ctx, ops, r.swapAll)
+}
+
+// swapEach runs the CAS script once per op, in one pipeline, by EVALSHA and, for
+// the ops a node answered NOSCRIPT (it had not cached the script, so the op was not
+// applied), once more by EVAL.
+func (r *Redis) swapEach(ctx context.Context, ops []Op) ([]bool, error) {
 	out := make([]bool, len(ops))
 	missing, err := r.swap(ctx, ops, out, nil, true)
 	if err == nil && len(missing) > 0 {
@@ -356,6 +396,46 @@ func (r *Redis) Swap(ctx context.Context, ops []Op) ([]bool, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// swapAll runs the CAS script once over every op, by EVALSHA and, when the server
+// answers NOSCRIPT (nothing was applied), by EVAL. It returns per op whether it was
+// applied or the error of that op, or one error for all.
+func (r *Redis) swapAll(ctx context.Context, ops []Op) ([]bool, []error, error) {
+	keys := make([]string, len(ops))
+	var args []any
+	for i := range ops {
+		keys[i] = ops[i].Key
+		args = append(args, swapArgs(&ops[i])...)
+	}
+	res, err := casScript.EvalSha(ctx, r.c, keys, args...).Slice()
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		res, err = casScript.Eval(ctx, r.c, keys, args...).Slice()
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(res) != len(ops) {
+		return nil, nil, errors.New("quota: the CAS script answered " + strconv.Itoa(len(res)) + " results for " + strconv.Itoa(len(ops)) + " ops")
+	}
+	out := make([]bool, len(ops))
+	errs := make([]error, len(ops))
+	for i, v := range res {
+		out[i], errs[i] = opResult(v)
+	}
+	return out, errs, nil
+}
+
+// opResult is the CAS script's result for one op: applied (1), not applied (0),
+// or the error the server gave reading the key.
+func opResult(v any) (bool, error) {
+	switch v := v.(type) {
+	case int64:
+		return v == 1, nil
+	case string:
+		return false, errors.New(v)
+	}
+	return false, errors.New("quota: unexpected CAS script result")
 }
 
 // ttlArg is the CAS script's ARGV[3] for an Op's TTL: "0" for 0 (keep the
@@ -408,7 +488,7 @@ func (r *Redis) swap(ctx context.Context, ops []Op, out []bool, only []int, sha 
 	})
 	var missing []int
 	for j, c := range cmds {
-		n, e := c.Int()
+		res, e := c.Slice()
 		if e != nil {
 			if sha && strings.HasPrefix(e.Error(), "NOSCRIPT") {
 				missing = append(missing, only[j])
@@ -416,7 +496,12 @@ func (r *Redis) swap(ctx context.Context, ops []Op, out []bool, only []int, sha 
 			}
 			return nil, e
 		}
-		out[only[j]] = n == 1
+		if len(res) != 1 {
+			return nil, errors.New("quota: unexpected CAS script result")
+		}
+		if out[only[j]], e = opResult(res[0]); e != nil {
+			return nil, e
+		}
 	}
 	if err != nil && len(missing) == 0 {
 		return nil, err

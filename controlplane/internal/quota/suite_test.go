@@ -31,6 +31,7 @@ func TestConformance(t *testing.T) {
 			t.Run("TwoReplicasShareOneBudget", func(t *testing.T) { twoReplicas(t, b1, b2) })
 			t.Run("AnswersPerKeyStatus", func(t *testing.T) { perKeyStatus(t, b1) })
 			t.Run("ASwapSetsAndDeletesManyFieldsAtOnce", func(t *testing.T) { swapManyFields(t, b1) })
+			t.Run("ConcurrentSwapsEachCompareAndSwapTheirOwnKey", func(t *testing.T) { concurrentSwaps(t, b1, client) })
 			if cluster != nil {
 				t.Run("StateLandsOnTheSlotOwner", func(t *testing.T) { slotOwner(t, b1, client, cluster) })
 			}
