@@ -67,6 +67,9 @@ type tat struct {
 	maxHi    uint64 // 2·C·W, the deepest debt
 	maxLo    uint64
 	maxAhead uint64 // ceil(2·C·W/L) + tatSkew: the furthest a believable TAT is ahead, ns
+	// narrow: every value Decide computes fits in 64 bits, so it decides in
+	// 64-bit arithmetic (see narrowFits).
+	narrow bool
 }
 
 // A token_bucket or gcra state, field by field (little-endian); offsets and
@@ -82,7 +85,24 @@ func newTAT(c Config) *tat {
 	t.capHi, t.capLo = mul64(t.capacity, t.window)
 	t.maxHi, t.maxLo = add128(t.capHi, t.capLo, t.capHi, t.capLo)
 	t.maxAhead = ceilDiv128(t.maxHi, t.maxLo, t.limit) + uint64(tatSkew) // <= 2·MaxRefill + tatSkew
+	t.narrow = narrowFits(t.capHi, t.capLo, t.maxAhead, t.limit, t.window)
 	return t
+}
+
+// narrowFits reports whether a bucket of C·W = (capHi, capLo) ticks whose
+// TATs are believed up to maxAhead ns ahead at limit L ticks per ns decides
+// in 64-bit arithmetic: a decoded debt is at most (maxAhead+1)·L, a debt
+// with a request's cost added at most 3·C·W (2·C·W clamped, plus at most
+// C·W), and both must stay below 2^64. Every rule of a sane size does (1,000
+// a minute: C·W = 6·10^13 ticks); a rule of 10^9 a minute does not (C·W =
+// 6·10^19) and keeps the 128-bit arithmetic. A zero limit or window (never
+// valid) is not narrow.
+func narrowFits(capHi, capLo, maxAhead, limit, window uint64) bool {
+	if limit == 0 || window == 0 || capHi != 0 || capLo > (1<<64-1)/3 || maxAhead == 1<<64-1 {
+		return false
+	}
+	hi, _ := mul64(maxAhead+1, limit)
+	return hi == 0
 }
 
 // StateSize is 16 bytes.
@@ -129,8 +149,59 @@ func (t *tat) report(d *Decision, hi, lo uint64) {
 }
 
 // Decide admits cost units iff they are in the bucket now; see the type comment.
+//
+// A narrow bucket (narrowFits) decides here in 64-bit arithmetic, where the
+// 128-bit one (decideWide) costs a function call per operation and a long
+// multiplication under wasm: its values are the 128-bit ones with a zero high
+// word, and a test compares the two on random states.
 func (t *tat) Decide(state, next []byte, now int64, cost uint64) Decision {
 	now = clampNow(now)
+	if !t.narrow {
+		return t.decideWide(state, next, now, cost)
+	}
+	// The debt, as debt computes it.
+	var d uint64
+	over := false
+	if len(state) == tatSize {
+		at := int64(ld64(state, tatAt))
+		frac := ld64(state, tatFrac)
+		if frac < t.limit && (at > now || (at == now && frac != 0)) && uint64(at-now) <= t.maxAhead {
+			d = uint64(at-now)*t.limit + frac
+			if d > t.maxLo {
+				d, over = t.maxLo, true
+			}
+		}
+	}
+	var dec Decision
+	if cost <= t.capacity {
+		n := d + cost*t.window
+		if n <= t.capLo {
+			t.encode64(next, now, n)
+			dec.Allowed = true
+			t.report64(&dec, n)
+			return dec
+		}
+		e := n - t.capLo
+		wait := e / t.limit
+		if e%t.limit != 0 {
+			wait++
+		}
+		dec.RetryAfter = dur(wait)
+	} else {
+		dec.RetryAfter = Never
+	}
+	if over {
+		copy(next[:tatSize], state) // keep the deeper stored debt
+	} else {
+		t.encode64(next, now, d)
+	}
+	t.report64(&dec, d)
+	return dec
+}
+
+// decideWide is Decide (now already clamped) in 128-bit arithmetic, for a
+// bucket that is not narrow.
+func (t *tat) decideWide(state, next []byte, now int64, cost uint64) Decision {
 	hi, lo, over := t.debt(state, now)
 	var d Decision
 	if cost <= t.capacity {
@@ -155,6 +226,30 @@ func (t *tat) Decide(state, next []byte, now int64, cost uint64) Decision {
 	}
 	t.report(&d, hi, lo)
 	return d
+}
+
+// encode64 is encode for a debt of d ticks below 2^64.
+func (t *tat) encode64(next []byte, now int64, d uint64) {
+	if d == 0 {
+		st64(next, tatAt, 0)
+		st64(next, tatFrac, 0)
+		return
+	}
+	st64(next, tatAt, uint64(addSat(now, d/t.limit)))
+	st64(next, tatFrac, d%t.limit)
+}
+
+// report64 is report for a debt of d ticks below 2^64.
+func (t *tat) report64(dec *Decision, d uint64) {
+	dec.Limit = t.capacity
+	if d < t.capLo {
+		dec.Remaining = (t.capLo - d) / t.window
+	}
+	reset := d / t.limit
+	if d%t.limit != 0 {
+		reset++
+	}
+	dec.Reset = dur(reset)
 }
 
 // Adjust charges (delta > 0) or refunds (delta < 0) delta units; see the type comment.
