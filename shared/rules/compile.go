@@ -71,6 +71,9 @@ type CompiledRule struct {
 	// middle of a counter key for every request (SameKeyParts); -1 for a
 	// rule without key parts.
 	partsClass int
+	// matchClass is the first rule (this one or an earlier one) whose match
+	// conditions equal this rule's, so that Match decides them once.
+	matchClass int
 	routeValue string // escaped value of the "route" part
 	cost       uint64
 	costHeader string
@@ -110,7 +113,23 @@ func Compile(p *Policy, opts CompileOptions) (*Compiled, error) {
 		return nil, errs
 	}
 	c.classifyKeyParts()
+	c.classifyMatches()
 	return c, nil
+}
+
+// classifyMatches sets every rule's matchClass: the first rule whose match
+// conditions equal its own.
+func (c *Compiled) classifyMatches() {
+	for i := range c.rules {
+		r := &c.rules[i]
+		r.matchClass = i
+		for j := range i {
+			if r.match.equal(&c.rules[j].match) {
+				r.matchClass = j
+				break
+			}
+		}
+	}
 }
 
 // classifyKeyParts sets every rule's partsClass: a rule whose key parts equal

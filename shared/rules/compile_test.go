@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -431,5 +432,63 @@ func TestClientIPSourceAskedOnlyWhenNeeded(t *testing.T) {
 	second := ex.Exempt(&req)
 	if first || second || calls != 1 {
 		t.Errorf("unknown address: exempt %v then %v, asked %d times; want not exempt, asked once", first, second, calls)
+	}
+}
+
+// Rules with equal match conditions are decided once per request; Match must
+// still answer for each rule what its own conditions and exempt list say,
+// past the 64 rules it remembers answers for too.
+func TestRulesWithEqualConditionsMatchAsEachOnItsOwn(t *testing.T) {
+	variants := []string{
+		`"match":{"path_prefix":"/api/"}`,
+		`"match":{"path":"/api/login","methods":["POST"]}`,
+		`"match":{"path_prefix":"/api/","headers":[{"name":"x-env","exact":"prod"}]}`,
+		`"match":{"path_prefix":"/api/","headers":[{"name":"x-env","prefix":"pro"}]}`,
+		``,
+	}
+	var rs []string
+	for i := 0; i < 80; i++ {
+		m := variants[i%len(variants)]
+		if i >= 66 && i%2 == 0 {
+			m = `"match":{"methods":["DELETE"]}` // first at rule 66: past the remembered 64
+		}
+		ex := ""
+		if i%7 == 3 {
+			ex = `,"exempt":{"users":["vip"]}`
+		}
+		if m != "" {
+			m += ","
+		}
+		rs = append(rs, fmt.Sprintf(`{"id":"r%d",%s"algorithm":"gcra","limit":1,"window":"1s"%s}`, i, m, ex))
+	}
+	c := mustCompile(t, `{"policy":"p","identity":{"user_header":"x-user-id"},"rules":[`+strings.Join(rs, ",")+`]}`, "")
+	reqs := []Request{
+		{Method: "GET", Path: "/"},
+		{Method: "GET", Path: "/api/x"},
+		{Method: "POST", Path: "/api/login"},
+		{Method: "POST", Path: "/api/login", Headers: hdrs("x-env", "prod", "x-user-id", "vip")},
+		{Method: "GET", Path: "/api/x", Headers: hdrs("x-env", "produce")},
+		{Method: "DELETE", Path: "/api/x", Headers: hdrs("x-env", "prod")},
+		{Method: "DELETE", Path: "/", Headers: hdrs("x-user-id", "vip")},
+	}
+	shared := 0
+	for i := range c.rules {
+		if c.rules[i].matchClass != i {
+			shared++
+		}
+	}
+	if shared < 70 {
+		t.Fatalf("%d rules share an earlier rule's conditions, want at least 70", shared)
+	}
+	for n, req := range reqs {
+		var want []int
+		for i := 0; i < c.Len(); i++ {
+			if c.Matches(i, &req) && !c.RuleExempt(i, &req) {
+				want = append(want, i)
+			}
+		}
+		if got := c.Match(&req, nil); !reflect.DeepEqual(got, want) {
+			t.Errorf("request %d: Match = %v, want %v", n, got, want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -143,6 +144,13 @@ type matcher struct {
 	headers []HeaderMatch
 }
 
+// equal reports whether m and o hold for the same requests because they are
+// the same conditions (slices.Equal on the methods and header matches).
+func (m *matcher) equal(o *matcher) bool {
+	return m.never == o.never && m.path == o.path && m.hasPath == o.hasPath && m.prefix == o.prefix &&
+		slices.Equal(m.methods, o.methods) && slices.Equal(m.headers, o.headers)
+}
+
 func (m *matcher) matches(req *Request) bool {
 	if m.never {
 		return false
@@ -223,8 +231,24 @@ func (c *Compiled) Match(req *Request, out []int) []int {
 	if len(c.rules) == 0 || c.Exempt(req) {
 		return out
 	}
+	// held has bit k set when rule k's match conditions held (k < 64): a rule
+	// whose conditions equal an earlier one's takes its answer from there.
+	var held uint64
 	for i := range c.rules {
-		if c.rules[i].match.matches(req) && !c.RuleExempt(i, req) {
+		r := &c.rules[i]
+		var ok bool
+		if k := r.matchClass; k != i && k < 64 {
+			ok = held&(1<<k) != 0
+		} else {
+			ok = r.match.matches(req)
+		}
+		if !ok {
+			continue
+		}
+		if i < 64 {
+			held |= 1 << i
+		}
+		if r.exempt.empty() || !c.RuleExempt(i, req) {
 			out = append(out, i)
 		}
 	}
