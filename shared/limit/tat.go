@@ -93,9 +93,11 @@ func newTAT(c Config) *tat {
 // TATs are believed up to maxAhead ns ahead at limit L ticks per ns decides
 // in 64-bit arithmetic: a decoded debt is at most (maxAhead+1)·L, a debt
 // with a request's cost added at most 3·C·W (2·C·W clamped, plus at most
-// C·W), and both must stay below 2^64. Every rule of a sane size does (1,000
-// a minute: C·W = 6·10^13 ticks); a rule of 10^9 a minute does not (C·W =
-// 6·10^19) and keeps the 128-bit arithmetic. A zero limit or window (never
+// C·W), and both must stay below 2^64: a capacity times the window in ns
+// below about 6·10^18, so up to about 10^8 a minute, 1.7·10^6 an hour or
+// 71,000 a day (1,000 a minute: C·W = 6·10^13 ticks). A larger bucket (10^9 a
+// minute: C·W = 6·10^19; 10^6 a day: 8.64·10^19) keeps the 128-bit
+// arithmetic. A zero limit or window (never
 // valid) is not narrow.
 func narrowFits(capHi, capLo, maxAhead, limit, window uint64) bool {
 	if limit == 0 || window == 0 || capHi != 0 || capLo > (1<<64-1)/3 || maxAhead == 1<<64-1 {

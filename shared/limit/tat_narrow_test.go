@@ -87,12 +87,19 @@ func TestABucketPast64BitsIsNotNarrow(t *testing.T) {
 	for _, c := range []Config{
 		{Algorithm: TokenBucket, Limit: 1_000_000_000, Window: time.Minute},
 		{Algorithm: TokenBucket, Limit: 1 << 40, Window: time.Hour},
+		{Algorithm: TokenBucket, Limit: 1_000_000, Window: 24 * time.Hour},
 	} {
 		if mustNew(t, c).(*tat).narrow {
 			t.Errorf("%+v: narrow, its C·W does not fit in 64 bits", c)
 		}
 	}
-	if !mustNew(t, Config{Algorithm: TokenBucket, Limit: 100_000_000, Window: time.Minute}).(*tat).narrow {
-		t.Errorf("10^8 a minute: not narrow, its values fit in 64 bits")
+	for _, c := range []Config{
+		{Algorithm: TokenBucket, Limit: 100_000_000, Window: time.Minute},
+		{Algorithm: TokenBucket, Limit: 1_700_000, Window: time.Hour},
+		{Algorithm: TokenBucket, Limit: 71_000, Window: 24 * time.Hour},
+	} {
+		if !mustNew(t, c).(*tat).narrow {
+			t.Errorf("%+v: not narrow, its values fit in 64 bits", c)
+		}
 	}
 }
